@@ -1,0 +1,282 @@
+"""The Completions API wire models: the request (with every rule) and the response shapes.
+
+Fields are listed in OpenAI's documented order, then the vLLM extras named in the
+seed API. Bounds live in ``Field``; rules that tie fields together are named
+``model_validator``s that raise :class:`~schemas.errors.FieldRuleError` naming the
+offending field. Validation is strict (no ``"5"`` for an int, no ``0`` for a bool)
+and unknown fields are refused by name (``extra="forbid"``).
+
+``null`` means "the default" for every nullable field, as in OpenAI's spec: the
+gateway never forwards a ``null`` upstream (see :meth:`CompletionRequest.upstream_fields`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
+
+from schemas.errors import FieldRuleError
+
+__all__ = [
+    "DEFAULT_MAX_TOKENS",
+    "INT64_MAX",
+    "NEUTRAL_VALUES",
+    "VLLM_EXTRA_FIELDS",
+    "Choice",
+    "CompletionChunk",
+    "CompletionRequest",
+    "CompletionResponse",
+    "Logprobs",
+    "Prompt",
+    "StreamOptions",
+    "Usage",
+]
+
+DEFAULT_MAX_TOKENS = 16
+INT64_MAX = 2**63 - 1
+MAX_STOP_SEQUENCES = 4
+MAX_LOGPROBS = 5
+
+TokenId = Annotated[StrictInt, Field(ge=0)]
+# The four prompt forms: text, a batch of texts, token ids, a batch of token-id lists.
+Prompt = (
+    str
+    | Annotated[list[str], Field(min_length=1)]
+    | Annotated[list[TokenId], Field(min_length=1)]
+    | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)]
+)
+StopSequence = Annotated[str, Field(min_length=1)]
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    include_usage: bool | None = None
+    # vLLM extra: a usage object on every chunk.
+    continuous_usage_stats: bool | None = None
+
+
+class CompletionRequest(BaseModel):
+    """``POST /v1/completions``: OpenAI's fields, then vLLM's sampling extras."""
+
+    # allow_inf_nan=False: JSON ``NaN``/``Infinity`` would pass unbounded floats (length_penalty)
+    # and one-sided ones (repetition_penalty) and then not serialize as valid JSON upstream.
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+
+    # --- OpenAI ---------------------------------------------------------------
+    model: Annotated[str, Field(min_length=1)]
+    prompt: Prompt
+    best_of: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
+    echo: StrictBool | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    max_tokens: Annotated[StrictInt, Field(ge=0)] | None = None
+    n: Annotated[StrictInt, Field(ge=1, le=128)] | None = None
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    seed: Annotated[StrictInt, Field(ge=-(2**63), le=INT64_MAX)] | None = None
+    stop: StopSequence | Annotated[list[StopSequence], Field(min_length=1, max_length=MAX_STOP_SEQUENCES)] | None = None
+    stream: StrictBool | None = None
+    stream_options: StreamOptions | None = None
+    suffix: str | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    user: str | None = None
+
+    # --- vLLM sampling extras (seed API) ---------------------------------------
+    top_k: Annotated[StrictInt, Field(ge=-1)] | None = None
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    use_beam_search: StrictBool | None = None
+    length_penalty: float | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None
+    early_stopping: StrictBool | None = None
+    stop_token_ids: list[TokenId] | None = None
+    include_stop_str_in_output: StrictBool | None = None
+    ignore_eos: StrictBool | None = None
+    min_tokens: Annotated[StrictInt, Field(ge=0)] | None = None
+    skip_special_tokens: StrictBool | None = None
+    spaces_between_special_tokens: StrictBool | None = None
+    add_special_tokens: StrictBool | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: Annotated[str, Field(min_length=1)] | None = None
+    guided_choice: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = None
+    guided_grammar: Annotated[str, Field(min_length=1)] | None = None
+    guided_decoding_backend: Annotated[str, Field(min_length=1)] | None = None
+    guided_whitespace_pattern: str | None = None
+
+    # --- cross-field rules ------------------------------------------------------
+    @model_validator(mode="after")
+    def check_logit_bias_keys(self) -> CompletionRequest:
+        if self.logit_bias:
+            for key in self.logit_bias:
+                # str.isdigit() alone accepts superscripts and non-ASCII digits.
+                if not (key.isascii() and key.isdigit()):
+                    raise FieldRuleError(
+                        "logit_bias",
+                        f"logit_bias keys must be token ids (non-negative integers as strings); got {key!r}",
+                    )
+        return self
+
+    @model_validator(mode="after")
+    def check_best_of(self) -> CompletionRequest:
+        if self.best_of is None:
+            return self
+        n = self.n or 1
+        if self.best_of < n:
+            raise FieldRuleError("best_of", f"best_of ({self.best_of}) must be greater than or equal to n ({n})")
+        if self.stream and self.best_of != n:
+            raise FieldRuleError("best_of", "best_of cannot be used with stream (results cannot be streamed)")
+        return self
+
+    @model_validator(mode="after")
+    def check_stream_options(self) -> CompletionRequest:
+        if self.stream_options is not None and not self.stream:
+            raise FieldRuleError("stream_options", "stream_options is only allowed when stream is true")
+        return self
+
+    @model_validator(mode="after")
+    def check_min_tokens(self) -> CompletionRequest:
+        if self.min_tokens:
+            max_tokens = DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
+            if self.min_tokens > max_tokens:
+                raise FieldRuleError(
+                    "min_tokens",
+                    f"min_tokens ({self.min_tokens}) must be less than or equal to max_tokens ({max_tokens})",
+                )
+        return self
+
+    @model_validator(mode="after")
+    def check_guided_count(self) -> CompletionRequest:
+        set_guides = [
+            name
+            for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+            if getattr(self, name) is not None
+        ]
+        if len(set_guides) > 1:
+            raise FieldRuleError(
+                set_guides[1], f"only one structured-output constraint may be set; got {', '.join(set_guides)}"
+            )
+        if self.guided_whitespace_pattern is not None and self.guided_json is None:
+            raise FieldRuleError("guided_whitespace_pattern", "guided_whitespace_pattern only applies with guided_json")
+        if self.guided_decoding_backend is not None and not set_guides:
+            raise FieldRuleError(
+                "guided_decoding_backend",
+                "guided_decoding_backend needs one of guided_json, guided_regex, guided_choice or guided_grammar",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_beam_search(self) -> CompletionRequest:
+        if self.use_beam_search and self.stream:
+            raise FieldRuleError("use_beam_search", "use_beam_search cannot be used with stream")
+        return self
+
+    # --- helpers for the request path --------------------------------------------
+    def upstream_fields(self) -> dict[str, Any]:
+        """The fields the client set to a non-null value, as plain JSON-able data.
+
+        This is what an OpenAI-shaped upstream receives (after the adapter maps
+        ``model``); unset and ``null`` fields fall back to the upstream's defaults.
+        """
+        return self.model_dump(exclude_none=True, exclude_unset=True)
+
+    @property
+    def effective_n(self) -> int:
+        return self.n or 1
+
+    @property
+    def prompt_count(self) -> int:
+        """How many prompts the request carries (a batch multiplies the choices)."""
+        prompt = self.prompt
+        if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int):
+            return 1
+        return len(prompt)
+
+
+# Values of the vLLM extras that mean "off": a field explicitly set to one of these
+# is not a capability violation on a backend that lacks the feature.
+NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
+    "top_k": (-1, 0),
+    "min_p": (0.0,),
+    "use_beam_search": (False,),
+    "length_penalty": (1.0,),
+    "repetition_penalty": (1.0,),
+    "early_stopping": (False,),
+    "stop_token_ids": ([],),
+    "include_stop_str_in_output": (False,),
+    "ignore_eos": (False,),
+    "min_tokens": (0,),
+    "skip_special_tokens": (True,),
+    "spaces_between_special_tokens": (True,),
+    "add_special_tokens": (True,),
+    "best_of": (1,),
+    "echo": (False,),
+    "suffix": ("",),
+    "logit_bias": ({},),
+    "frequency_penalty": (0.0,),
+    "presence_penalty": (0.0,),
+    "n": (1,),
+}
+
+VLLM_EXTRA_FIELDS: frozenset[str] = frozenset(
+    {
+        "top_k",
+        "min_p",
+        "use_beam_search",
+        "length_penalty",
+        "repetition_penalty",
+        "early_stopping",
+        "stop_token_ids",
+        "include_stop_str_in_output",
+        "ignore_eos",
+        "min_tokens",
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
+        "add_special_tokens",
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+        "guided_grammar",
+        "guided_decoding_backend",
+        "guided_whitespace_pattern",
+    }
+)
+
+
+# --- response shapes (used by the mock backend, OpenAPI and tests; the relay path
+# --- does not re-validate upstream bodies) ------------------------------------------
+
+
+class Logprobs(BaseModel):
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] | None = None
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class Choice(BaseModel):
+    text: str
+    index: int
+    logprobs: Logprobs | None = None
+    finish_reason: Literal["stop", "length", "content_filter"] | None = None
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    system_fingerprint: str | None = None
+    usage: Usage | None = None
+
+
+class CompletionChunk(CompletionResponse):
+    """A streamed chunk: the same shape, ``usage`` null except on the final usage chunk."""
