@@ -151,7 +151,7 @@ class GatewayConfig(_Strict):
             if backend.name in seen:
                 first = seen[backend.name]
                 raise ValueError(f"backends[{i}].name: duplicate backend name {backend.name!r} "
-                    f" (first at backends[{first}])")
+                    f"(first at backends[{first}])")
             seen[backend.name] = i
         model_seen: dict[str, int] = {}
         for i, model in enumerate(self.models):

@@ -1,0 +1,383 @@
+"""CompletionRequest: every field's types and bounds, the prompt forms, and the cross-field rules.
+
+Each case runs twice: on a Python dict (``model_validate``) and on the JSON text a client
+would send (``model_validate_json``), since strictness differs between the two modes in pydantic.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from schemas.completions import DEFAULT_MAX_TOKENS, INT64_MAX, CompletionRequest
+from schemas.errors import FieldRuleError
+
+BASE: dict[str, Any] = {"model": "m", "prompt": "Say hi"}
+MODES = ["python", "json"]
+
+# Fields whose valid values need another field set (the cross-field rules would refuse them alone).
+CONTEXT: dict[str, dict[str, Any]] = {
+    "stream_options": {"stream": True},
+    "guided_whitespace_pattern": {"guided_json": {"type": "object"}},
+    "guided_decoding_backend": {"guided_regex": "[a-z]+"},
+}
+
+BOOL_FIELDS = [
+    "echo",
+    "stream",
+    "use_beam_search",
+    "early_stopping",
+    "include_stop_str_in_output",
+    "ignore_eos",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "add_special_tokens",
+]
+
+
+def _penalty(field: str) -> list[tuple[str, Any, bool]]:
+    return [
+        (field, -2, True), (field, -2.0, True), (field, 0, True), (field, 1.5, True), (field, 2.0, True),
+        (field, -2.01, False), (field, 2.01, False), (field, "0", False), (field, True, False),
+        (field, math.nan, False), (field, math.inf, False),
+    ]  # fmt: skip
+
+
+def _unit_interval(field: str) -> list[tuple[str, Any, bool]]:
+    return [
+        (field, 0, True), (field, 0.5, True), (field, 1, True), (field, 1.0, True),
+        (field, -0.01, False), (field, 1.01, False), (field, "0.5", False), (field, False, False),
+        (field, math.nan, False),
+    ]  # fmt: skip
+
+
+# (field, value, valid). Invalid rows must be refused naming ``field`` (in the loc or as the rule's param).
+CASES: list[tuple[str, Any, bool]] = [
+    # --- OpenAI ---
+    ("model", "gpt-3.5-turbo-instruct", True), ("model", "", False), ("model", 1, False), ("model", None, False),
+    ("best_of", 1, True), ("best_of", 20, True), ("best_of", 21, False), ("best_of", 0, False),
+    ("best_of", -1, False), ("best_of", "2", False), ("best_of", 2.0, False), ("best_of", True, False),
+    *_penalty("frequency_penalty"),
+    ("logit_bias", {}, True), ("logit_bias", {"0": -100, "50256": 100}, True), ("logit_bias", {"7": 0.5}, True),
+    ("logit_bias", {"1": 100.5}, False), ("logit_bias", {"1": -100.5}, False), ("logit_bias", {"-1": 1}, False),
+    ("logit_bias", {"a": 1}, False), ("logit_bias", {"1.5": 1}, False), ("logit_bias", {"": 1}, False),
+    ("logit_bias", {" 1": 1}, False), ("logit_bias", {"²": 1}, False), ("logit_bias", {"1": "5"}, False),
+    ("logit_bias", {"1": True}, False), ("logit_bias", [[1, 5]], False),
+    ("logprobs", 0, True), ("logprobs", 5, True), ("logprobs", -1, False), ("logprobs", 6, False),
+    ("logprobs", "1", False), ("logprobs", 1.0, False), ("logprobs", True, False),
+    ("max_tokens", 0, True), ("max_tokens", 1, True), ("max_tokens", 1_000_000, True), ("max_tokens", -1, False),
+    ("max_tokens", "16", False), ("max_tokens", 16.0, False), ("max_tokens", 1.5, False), ("max_tokens", True, False),
+    ("n", 1, True), ("n", 128, True), ("n", 0, False), ("n", 129, False), ("n", "1", False), ("n", 1.5, False),
+    ("n", True, False),
+    *_penalty("presence_penalty"),
+    ("seed", -(2**63), True), ("seed", 0, True), ("seed", INT64_MAX, True), ("seed", 2**63, False),
+    ("seed", -(2**63) - 1, False), ("seed", "1", False), ("seed", 1.0, False), ("seed", False, False),
+    ("stop", "\n", True), ("stop", ["a"], True), ("stop", ["a", "b", "c", "d"], True), ("stop", "", False),
+    ("stop", [], False), ("stop", ["a", "b", "c", "d", "e"], False), ("stop", [""], False), ("stop", ["a", ""], False),
+    ("stop", [1], False), ("stop", 1, False), ("stop", ["a", None], False),
+    ("stream_options", {}, True), ("stream_options", {"include_usage": True}, True),
+    ("stream_options", {"continuous_usage_stats": False}, True), ("stream_options", {"include_usage": 1}, False),
+    ("stream_options", {"include_usage": "true"}, False), ("stream_options", "yes", False),
+    ("stream_options", True, False),
+    ("suffix", "!", True), ("suffix", "", True), ("suffix", 1, False), ("suffix", ["x"], False),
+    ("temperature", 0, True), ("temperature", 0.7, True), ("temperature", 2, True), ("temperature", -0.01, False),
+    ("temperature", 2.01, False), ("temperature", "1", False), ("temperature", True, False),
+    ("temperature", math.nan, False), ("temperature", math.inf, False),
+    *_unit_interval("top_p"),
+    ("user", "user-1", True), ("user", "", True), ("user", 1, False),
+    # --- vLLM extras ---
+    ("top_k", -1, True), ("top_k", 0, True), ("top_k", 50, True), ("top_k", -2, False), ("top_k", 1.0, False),
+    ("top_k", "5", False), ("top_k", True, False),
+    *_unit_interval("min_p"),
+    ("length_penalty", -1.5, True), ("length_penalty", 0, True), ("length_penalty", 2.0, True),
+    ("length_penalty", "1", False), ("length_penalty", math.nan, False), ("length_penalty", math.inf, False),
+    ("length_penalty", -math.inf, False),
+    ("repetition_penalty", 0.01, True), ("repetition_penalty", 1, True), ("repetition_penalty", 2.0, True),
+    ("repetition_penalty", 0, False), ("repetition_penalty", 0.0, False), ("repetition_penalty", -1.0, False),
+    ("repetition_penalty", math.inf, False), ("repetition_penalty", "1.1", False),
+    ("stop_token_ids", [], True), ("stop_token_ids", [0, 2, 50256], True), ("stop_token_ids", [-1], False),
+    ("stop_token_ids", [1.0], False), ("stop_token_ids", ["1"], False), ("stop_token_ids", [True], False),
+    ("stop_token_ids", 1, False),
+    ("min_tokens", 0, True), ("min_tokens", DEFAULT_MAX_TOKENS, True), ("min_tokens", DEFAULT_MAX_TOKENS + 1, False),
+    ("min_tokens", -1, False), ("min_tokens", "1", False), ("min_tokens", 1.0, False),
+    ("guided_json", '{"type": "object"}', True), ("guided_json", {"type": "object"}, True),
+    ("guided_json", 1, False), ("guided_json", ["a"], False),
+    ("guided_regex", "[a-z]+", True), ("guided_regex", "", False), ("guided_regex", 1, False),
+    ("guided_choice", ["yes", "no"], True), ("guided_choice", ["only"], True), ("guided_choice", [], False),
+    ("guided_choice", [""], False), ("guided_choice", "yes", False), ("guided_choice", [1], False),
+    ("guided_grammar", 'root ::= "a"', True), ("guided_grammar", "", False), ("guided_grammar", 1, False),
+    ("guided_decoding_backend", "xgrammar", True), ("guided_decoding_backend", "", False),
+    ("guided_decoding_backend", 1, False),
+    ("guided_whitespace_pattern", r"\s*", True), ("guided_whitespace_pattern", "", True),
+    ("guided_whitespace_pattern", 1, False),
+    # --- every boolean: strict, so no 0/1 and no "true" ---
+    *[(f, v, True) for f in BOOL_FIELDS for v in (True, False)],
+    *[(f, v, False) for f in BOOL_FIELDS for v in (0, 1, "true", "false")],
+]  # fmt: skip
+
+
+def _validate(data: dict[str, Any], mode: str) -> CompletionRequest:
+    if mode == "json":
+        return CompletionRequest.model_validate_json(json.dumps(data))
+    return CompletionRequest.model_validate(data)
+
+
+def make(mode: str = "python", **fields: Any) -> CompletionRequest:
+    return _validate({**BASE, **fields}, mode)
+
+
+def refusals(exc: ValidationError) -> list[tuple[tuple[int | str, ...], str]]:
+    """(loc, param) per error: param is the rule's ``FieldRuleError.param``, else the top of the loc."""
+    out = []
+    for err in exc.errors():
+        rule = err.get("ctx", {}).get("error")
+        param = rule.param if isinstance(rule, FieldRuleError) else str(err["loc"][0])
+        out.append((tuple(err["loc"]), param))
+    return out
+
+
+def refuse(mode: str = "python", **fields: Any) -> list[tuple[tuple[int | str, ...], str]]:
+    with pytest.raises(ValidationError) as info:
+        make(mode, **fields)
+    return refusals(info.value)
+
+
+def rule_error(mode: str = "python", **fields: Any) -> FieldRuleError:
+    """The single cross-field rule a request breaks (model-level, so its loc is empty)."""
+    with pytest.raises(ValidationError) as info:
+        make(mode, **fields)
+    [err] = info.value.errors()
+    assert err["loc"] == ()
+    rule = err["ctx"]["error"]
+    assert isinstance(rule, FieldRuleError)
+    return rule
+
+
+# --- per-field table ------------------------------------------------------------------
+
+
+def test_table_covers_every_field() -> None:
+    fields = set(CompletionRequest.model_fields) - {"prompt"}  # prompt has its own tables below
+    valid = {f for f, _, ok in CASES if ok}
+    invalid = {f for f, _, ok in CASES if not ok}
+    assert fields - valid == set()
+    assert fields - invalid == set()
+    assert {f for f, _, _ in CASES} <= fields
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("field", "value", "ok"), CASES, ids=[f"{f}={v!r}" for f, v, _ in CASES])
+def test_field(field: str, value: Any, ok: bool, mode: str) -> None:
+    fields = {**CONTEXT.get(field, {}), field: value}
+    if ok:
+        request = make(mode, **fields)
+        if isinstance(value, float) or (isinstance(value, int) and not isinstance(value, bool)):
+            assert getattr(request, field) == value
+        else:
+            assert request.upstream_fields()[field] == value
+    else:
+        found = refuse(mode, **fields)
+        assert found and all(param == field for _, param in found), found
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("field", sorted(set(CompletionRequest.model_fields) - {"model", "prompt"}))
+def test_every_optional_field_accepts_null(field: str, mode: str) -> None:
+    request = make(mode, **{field: None})
+    assert getattr(request, field) is None
+    assert field not in request.upstream_fields()
+
+
+# --- prompt forms -----------------------------------------------------------------------
+
+VALID_PROMPTS = [
+    ("text", "Once upon a time", 1),
+    ("text-batch", ["a", "b", "c"], 3),
+    ("single-text-batch", ["a"], 1),
+    ("tokens", [1, 2, 3], 1),
+    ("token-zero", [0], 1),
+    ("token-batch", [[1, 2], [3]], 2),
+    ("single-token-batch", [[50256]], 1),
+]
+
+INVALID_PROMPTS = [
+    ("empty-list", []),
+    ("empty-token-list", [[]]),
+    ("one-empty-token-list", [[1], []]),
+    ("negative-token", [-1]),
+    ("negative-token-in-batch", [[1, -2]]),
+    ("mixed-str-int", ["a", 1]),
+    ("mixed-int-str", [1, "a"]),
+    ("mixed-list-int", [[1], 2]),
+    ("float-token", [1.0]),
+    ("bool-token", [True]),
+    ("text-batch-nested", [["a"]]),
+    ("null", None),
+    ("int", 5),
+    ("object", {"text": "a"}),
+    ("null-item", ["a", None]),
+]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("prompt", "count"), [p[1:] for p in VALID_PROMPTS], ids=[p[0] for p in VALID_PROMPTS])
+def test_prompt_forms(prompt: Any, count: int, mode: str) -> None:
+    request = make(mode, prompt=prompt)
+    assert request.prompt == prompt
+    assert request.prompt_count == count
+    assert request.upstream_fields()["prompt"] == prompt
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("prompt", [p[1] for p in INVALID_PROMPTS], ids=[p[0] for p in INVALID_PROMPTS])
+def test_invalid_prompts(prompt: Any, mode: str) -> None:
+    found = refuse(mode, prompt=prompt)
+    assert found and all(loc[0] == "prompt" and param == "prompt" for loc, param in found), found
+
+
+@pytest.mark.parametrize("missing", ["model", "prompt"])
+def test_required_fields(missing: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        CompletionRequest.model_validate({k: v for k, v in BASE.items() if k != missing})
+    assert [(e["loc"], e["type"]) for e in info.value.errors()] == [((missing,), "missing")]
+
+
+# --- unknown fields ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    "name", ["foo", "Temperature", "messages", "max_completion_tokens", "prompt_logprobs", "response_format"]
+)
+def test_unknown_field_refused_by_name(name: str, mode: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        make(mode, **{name: 1})
+    assert [(e["loc"], e["type"]) for e in info.value.errors()] == [((name,), "extra_forbidden")]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_unknown_stream_options_key_refused(mode: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        make(mode, stream=True, stream_options={"include_usage": True, "include_obfuscation": True})
+    assert [(e["loc"], e["type"]) for e in info.value.errors()] == [
+        (("stream_options", "include_obfuscation"), "extra_forbidden")
+    ]
+
+
+# --- cross-field rules ---------------------------------------------------------------------
+
+# (fields, the param the rule must name)
+RULE_BREAKS: list[tuple[dict[str, Any], str]] = [
+    ({"best_of": 1, "n": 2}, "best_of"),
+    ({"best_of": 3, "n": 4}, "best_of"),
+    ({"best_of": 0}, "best_of"),
+    ({"best_of": 2, "stream": True}, "best_of"),
+    ({"best_of": 3, "n": 2, "stream": True}, "best_of"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ({"stream_options": {}, "stream": False}, "stream_options"),
+    ({"stream_options": {"include_usage": True}, "stream": None}, "stream_options"),
+    ({"min_tokens": 5, "max_tokens": 4}, "min_tokens"),
+    ({"min_tokens": 1, "max_tokens": 0}, "min_tokens"),
+    ({"min_tokens": DEFAULT_MAX_TOKENS + 1}, "min_tokens"),
+    ({"min_tokens": DEFAULT_MAX_TOKENS + 1, "max_tokens": None}, "min_tokens"),
+    # More than one guided_* constraint: the rule names the second one (order json, regex, choice, grammar).
+    ({"guided_json": {"type": "object"}, "guided_regex": "a+"}, "guided_regex"),
+    ({"guided_json": "{}", "guided_choice": ["a"]}, "guided_choice"),
+    ({"guided_regex": "a+", "guided_grammar": "root ::= x"}, "guided_grammar"),
+    ({"guided_choice": ["a"], "guided_grammar": "root ::= x"}, "guided_grammar"),
+    (
+        {"guided_json": {}, "guided_regex": "a", "guided_choice": ["a"], "guided_grammar": "root ::= x"},
+        "guided_regex",
+    ),
+    ({"guided_whitespace_pattern": r"\s*"}, "guided_whitespace_pattern"),
+    ({"guided_whitespace_pattern": r"\s*", "guided_regex": "a+"}, "guided_whitespace_pattern"),
+    ({"guided_decoding_backend": "xgrammar"}, "guided_decoding_backend"),
+    ({"use_beam_search": True, "stream": True}, "use_beam_search"),
+    ({"logit_bias": {"abc": 1}}, "logit_bias"),
+]
+
+RULE_KEEPS: list[dict[str, Any]] = [
+    {"best_of": 1},
+    {"best_of": 2, "n": 2},
+    {"best_of": 5, "n": 2},
+    {"best_of": 20, "n": 20},
+    {"best_of": 1, "stream": True},
+    {"best_of": 3, "n": 3, "stream": True},
+    {"best_of": 3, "n": 2, "stream": False},
+    {"stream_options": {"include_usage": True}, "stream": True},
+    {"stream": False, "stream_options": None},
+    {"min_tokens": 4, "max_tokens": 4},
+    {"min_tokens": 0, "max_tokens": 0},
+    {"min_tokens": 100, "max_tokens": 200},
+    {"min_tokens": DEFAULT_MAX_TOKENS},
+    {"guided_json": {"type": "object"}, "guided_whitespace_pattern": r"[ ]?", "guided_decoding_backend": "outlines"},
+    {"guided_choice": ["a", "b"], "guided_decoding_backend": "xgrammar"},
+    {"guided_grammar": "root ::= x", "guided_json": None},
+    {"use_beam_search": True, "stream": False},
+    {"use_beam_search": False, "stream": True},
+    {"use_beam_search": True, "n": 4},
+]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("fields", "param"), RULE_BREAKS, ids=[f"{p}:{sorted(f)}" for f, p in RULE_BREAKS])
+def test_cross_field_rule_names_param(fields: dict[str, Any], param: str, mode: str) -> None:
+    rule = rule_error(mode, **fields)
+    assert rule.param == param
+    assert param in rule.message
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("fields", RULE_KEEPS, ids=[str(sorted(f)) for f in RULE_KEEPS])
+def test_cross_field_rule_allows(fields: dict[str, Any], mode: str) -> None:
+    make(mode, **fields)
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+
+def test_upstream_fields_keeps_only_set_non_null_values() -> None:
+    request = make(
+        temperature=None,
+        top_k=None,
+        stop=None,
+        n=1,
+        echo=False,
+        max_tokens=0,
+        logprobs=0,
+        stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": None},
+    )
+    assert request.upstream_fields() == {
+        **BASE,
+        "n": 1,
+        "echo": False,
+        "max_tokens": 0,
+        "logprobs": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+def test_upstream_fields_minimal_request_and_json_round_trip() -> None:
+    assert make().upstream_fields() == BASE
+    request = make(prompt=[[1, 2], [3]], logit_bias={"50256": -100}, guided_json={"type": "object"}, seed=INT64_MAX)
+    fields = request.upstream_fields()
+    assert json.loads(json.dumps(fields)) == fields
+    assert fields["prompt"] == [[1, 2], [3]]
+    assert fields["seed"] == INT64_MAX
+
+
+@pytest.mark.parametrize(("n", "expected"), [(None, 1), (1, 1), (4, 4), (128, 128)])
+def test_effective_n(n: int | None, expected: int) -> None:
+    assert make(n=n).effective_n == expected
+
+
+def test_request_is_frozen() -> None:
+    request = make()
+    with pytest.raises(ValidationError):
+        request.temperature = 0.5  # type: ignore[misc]
