@@ -70,6 +70,19 @@ def _find_done(block: bytes) -> int:
     return -1
 
 
+_SPECIAL = (b'"usage":{', b'"usage": {', b'data: {"error"', b'data:{"error"', b'"object":"error"')
+
+
+def _special_at(block: bytes) -> int:
+    """Where the first event that must be parsed (usage object, error) is, or -1."""
+    found = -1
+    for marker in _SPECIAL:
+        at = block.find(marker)
+        if at >= 0 and (found < 0 or at < found):
+            found = at
+    return found
+
+
 class OpenAIStreamRelay(CompletionStream):
     """A :class:`CompletionStream` over an OpenAI-shaped SSE upstream (OpenAI, vLLM)."""
 
@@ -129,19 +142,31 @@ class OpenAIStreamRelay(CompletionStream):
         if done_at >= 0:
             self._finished = True
             block = block[:done_at]
-            if not block:
-                return b""
-        if (
-            b'"usage":{' in block
-            or b'"usage": {' in block
-            or b'data: {"error"' in block
-            or b'data:{"error"' in block
-            or b'"object":"error"' in block
-        ):
-            return self._process_slow(block)
+        out: list[bytes] = []
+        # Only the events that carry something to act on are parsed; the runs of
+        # ordinary events between them take the byte-level fast path.
+        while block:
+            at = _special_at(block)
+            if at < 0:
+                out.append(self._rename(block))
+                break
+            start = block.rfind(b"\n\n", 0, at)
+            start = 0 if start < 0 else start + 2
+            end = block.find(b"\n\n", at)
+            end = len(block) if end < 0 else end + 2
+            if start:
+                out.append(self._rename(block[:start]))
+            out.append(self._process_slow(block[start:end]))
+            block = block[end:]
+        return out[0] if len(out) == 1 else b"".join(out)
+
+    def _rename(self, block: bytes) -> bytes:
+        """Ordinary events: swap the upstream model id for the public name, bytes only."""
         models = block.count(b'"model"')
+        if not models:
+            return block
         if block.count(self._old) == models:
-            return block.replace(self._old, self._new) if models else block
+            return block.replace(self._old, self._new)
         if block.count(self._old_spaced) == models:
             return block.replace(self._old_spaced, self._new)
         return self._process_slow(block)
