@@ -57,12 +57,16 @@ class CompletionStream(ABC):
     - ends normally only when the upstream finished cleanly; a cut, a stall or an
       upstream error event raises an ``UpstreamError`` instead, so a truncated
       stream can never look complete;
-    - ``usage`` holds the totals once the upstream reported them;
+    - ``usage`` holds the totals once the upstream reported them; ``finished`` turns
+      true as soon as the upstream has ended cleanly;
     - ``aclose()`` releases the upstream (closing its connection if unfinished,
       which stops its generation); idempotent, and must be called by the consumer.
     """
 
     usage: TokenUsage | None = None
+    # True once the upstream finished cleanly: the next ``__anext__`` will stop. Lets the
+    # consumer send the last chunk, ``[DONE]`` and the end of the body in one write.
+    finished: bool = False
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self

@@ -15,6 +15,7 @@ escaped, so ``"model":``, ``"usage":{``, ``data: {"error"`` and
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import orjson
@@ -26,6 +27,7 @@ from backends.http import UpstreamResponse
 __all__ = ["OpenAIStreamRelay", "relay_completion_body", "usage_of"]
 
 _DONE = b"data: [DONE]"
+_DRAIN_SECONDS = 1.0
 _DONE_NOSPACE = b"data:[DONE]"
 
 
@@ -60,27 +62,32 @@ def relay_completion_body(data: bytes, call: UpstreamCall, backend: str) -> Comp
 
 
 def _find_done(block: bytes) -> int:
-    """Index of the ``data: [DONE]`` event in a block of whole events, or -1."""
+    """Index of the ``data: [DONE]`` event in a block of whole events, or -1.
+
+    Searched from the end: [DONE] is the last event, so this is short when present.
+    """
     for marker in (_DONE, _DONE_NOSPACE):
-        if block.startswith(marker):
-            return 0
-        at = block.find(b"\n" + marker)
-        if at >= 0:
-            return at + 1
+        at = block.rfind(marker)
+        if at == 0 or (at > 0 and block[at - 1] == 0x0A):
+            return at
     return -1
 
 
-_SPECIAL = (b'"usage":{', b'"usage": {', b'data: {"error"', b'data:{"error"', b'"object":"error"')
-
-
 def _special_at(block: bytes) -> int:
-    """Where the first event that must be parsed (usage object, error) is, or -1."""
-    found = -1
-    for marker in _SPECIAL:
-        at = block.find(marker)
-        if at >= 0 and (found < 0 or at < found):
-            found = at
-    return found
+    """Where the first event that must be parsed (a usage object, an error) is, or -1.
+
+    Two scans whatever the upstream's JSON spacing: ``"prompt_tokens"`` occurs only
+    inside a usage object (ordinary chunks carry ``"usage":null``), and ``"error"``
+    only in error events, in every shape (``{"error": ...}``, vLLM's old
+    ``{"object": "error"}``).
+    """
+    usage = block.find(b'"prompt_tokens"')
+    error = block.find(b'"error"')
+    if usage < 0:
+        return error
+    if error < 0:
+        return usage
+    return min(usage, error)
 
 
 class OpenAIStreamRelay(CompletionStream):
@@ -99,7 +106,7 @@ class OpenAIStreamRelay(CompletionStream):
         self._chunks = resp.iter_chunks()
         self._backend = backend
         self._buf = b""
-        self._finished = False
+        self.finished = False
         self._released = False
         self._public = call.public_model
         upstream = orjson.dumps(call.upstream_model)
@@ -109,9 +116,14 @@ class OpenAIStreamRelay(CompletionStream):
         self._keep_usage_chunk = client_wants_usage
         self._keep_chunk_usage = client_wants_continuous_usage
         self.usage: TokenUsage | None = None
+        self._pending: UpstreamProtocolError | None = None
 
     async def __anext__(self) -> bytes:
-        while not self._finished:
+        if self._pending is not None:
+            error, self._pending = self._pending, None
+            self._release()
+            raise error
+        while not self.finished:
             try:
                 chunk = await self._chunks.__anext__()
             except StopAsyncIteration:
@@ -131,8 +143,14 @@ class OpenAIStreamRelay(CompletionStream):
                 continue
             self._buf = buf[cut + 2 :]
             out = self._process(buf[: cut + 2])
-            if self._finished:
-                await self._drain()
+            if self._pending is not None:
+                # Events that arrived before the upstream's failure still reach the
+                # client; the error is raised on the next call.
+                self.finished = False
+                if out:
+                    return out
+                return await self.__anext__()
+
             if out:
                 return out
         raise StopAsyncIteration
@@ -140,7 +158,7 @@ class OpenAIStreamRelay(CompletionStream):
     def _process(self, block: bytes) -> bytes:
         done_at = _find_done(block)
         if done_at >= 0:
-            self._finished = True
+            self.finished = True
             block = block[:done_at]
         out: list[bytes] = []
         # Only the events that carry something to act on are parsed; the runs of
@@ -157,12 +175,18 @@ class OpenAIStreamRelay(CompletionStream):
             if start:
                 out.append(self._rename(block[:start]))
             out.append(self._process_slow(block[start:end]))
+            if self._pending is not None:
+                break
             block = block[end:]
         return out[0] if len(out) == 1 else b"".join(out)
 
     def _rename(self, block: bytes) -> bytes:
         """Ordinary events: swap the upstream model id for the public name, bytes only."""
+        # Self-check: one "model" key per data line, all spelled as expected; anything
+        # else (garbage, a renamed model, "data:" inside generated text) is parsed.
         models = block.count(b'"model"')
+        if models != block.count(b"data:"):
+            return self._process_slow(block)
         if not models:
             return block
         if block.count(self._old) == models:
@@ -180,17 +204,21 @@ class OpenAIStreamRelay(CompletionStream):
             try:
                 obj = orjson.loads(data)
             except orjson.JSONDecodeError:
-                raise UpstreamProtocolError(
-                    "the upstream sent a stream event that is not JSON", backend=self._backend, reason="stream_garbage"
-                ) from None
+                obj = None
             if not isinstance(obj, dict):
-                raise UpstreamProtocolError("the upstream sent a malformed stream event", backend=self._backend)
+                self._pending = UpstreamProtocolError(
+                    "the upstream sent a stream event that is not a JSON object",
+                    backend=self._backend,
+                    reason="stream_garbage",
+                )
+                break
             if "error" in obj or obj.get("object") == "error":
-                raise UpstreamProtocolError(
+                self._pending = UpstreamProtocolError(
                     f"the upstream failed mid-stream: {_error_message(obj)}",
                     backend=self._backend,
                     reason="stream_error",
                 )
+                break
             usage = usage_of(obj.get("usage"))
             if usage is not None:
                 self.usage = usage
@@ -199,18 +227,15 @@ class OpenAIStreamRelay(CompletionStream):
                         continue  # the gateway asked for it, for metrics only
                 elif not self._keep_chunk_usage:
                     obj["usage"] = None
+            upstream_model = obj.get("model")
+            if isinstance(upstream_model, str) and upstream_model != self._public:
+                # Upstreams may answer with another spelling than the id we sent (OpenAI adds
+                # a version suffix): learn it so later reads take the byte path again.
+                self._old = b'"model":' + orjson.dumps(upstream_model)
+                self._old_spaced = b'"model": ' + orjson.dumps(upstream_model)
             obj["model"] = self._public
             out.append(b"data: " + orjson.dumps(obj) + b"\n\n")
         return b"".join(out)
-
-    async def _drain(self) -> None:
-        """After [DONE], read to the end of the body so the connection can be reused."""
-        try:
-            async for _ in self._chunks:
-                pass
-        except Exception:
-            pass
-        self._release()
 
     def _release(self) -> None:
         if not self._released:
@@ -218,5 +243,15 @@ class OpenAIStreamRelay(CompletionStream):
             self._resp.release()
 
     async def aclose(self) -> None:
-        self._finished = True
+        if self.finished and not self._released and self._pending is None:
+            # After [DONE] read the body's end so the connection goes back to the pool.
+            # Done here, after the client got its last chunk, and bounded, so an upstream
+            # that keeps the body open after [DONE] costs a closed connection, not a hang.
+            try:
+                async with asyncio.timeout(_DRAIN_SECONDS):
+                    async for _ in self._chunks:
+                        pass
+            except Exception:
+                pass
+        self.finished = True
         self._release()

@@ -7,6 +7,7 @@ handlers only record metrics around them.
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import orjson
 from aiohttp import web
@@ -18,6 +19,8 @@ from schemas.completions import CompletionRequest
 from schemas.errors import GatewayError, UnsupportedParameterError
 
 __all__ = ["completions", "health", "list_models", "metrics"]
+
+log = logging.getLogger("gateway")
 
 _JSON = "application/json"
 _DONE = b"data: [DONE]\n\n"
@@ -60,6 +63,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
             raise
         except asyncio.CancelledError:
             metrics.client_disconnected(entry.name, None)
+            metrics.request_finished(entry.name, None, 499, loop.time() - started)
+            raise
+        except Exception:  # a bug: the middleware logs it and answers 500
+            metrics.request_finished(entry.name, None, 500, loop.time() - started)
             raise
         backend = route.backend.name
         if result.usage is not None:
@@ -88,6 +95,10 @@ async def _stream(
         raise
     except asyncio.CancelledError:
         metrics.client_disconnected(model, None)
+        metrics.request_finished(model, None, 499, loop.time() - started)
+        raise
+    except Exception:  # a bug: the middleware logs it and answers 500
+        metrics.request_finished(model, None, 500, loop.time() - started)
         raise
     backend = opened.route.backend.name
     stream = opened.stream
@@ -95,21 +106,44 @@ async def _stream(
     response = web.StreamResponse(headers={**_SSE_HEADERS, "x-request-id": rid})
     try:
         await response.prepare(request)
+        # When the upstream has already finished, the chunk, [DONE] and the end of the
+        # body leave in one write (one syscall instead of three for short streams).
+        if stream.finished:
+            await response.write_eof(opened.first + _DONE)
+            metrics.first_token(model, backend, loop.time() - started)
+            return response
         if opened.first:
             await response.write(opened.first)
         metrics.first_token(model, backend, loop.time() - started)
+        tail = _DONE
         try:
             async for chunk in stream:
+                if stream.finished:
+                    tail = chunk + _DONE
+                    break
                 await response.write(chunk)
         except UpstreamError as exc:
             # After the first byte nothing is retried: say what happened, then end cleanly.
             status = exc.status
             metrics.upstream_error(backend, exc.reason)
             metrics.stream_failed(model, backend, exc.reason)
-            await response.write(b"data: " + orjson.dumps(exc.envelope()) + b"\n\n" + _DONE)
-        else:
-            await response.write(_DONE)
-        await response.write_eof()
+            tail = b"data: " + orjson.dumps(exc.envelope()) + b"\n\n" + _DONE
+        except ConnectionResetError:
+            raise
+        except Exception as exc:
+            # Not an upstream failure but a bug. The response has started, so the middleware
+            # can no longer answer (it would write a second response into this body): log it
+            # and end the stream here, the same way as an upstream failure.
+            log.exception("unexpected error while streaming %s (request %s)", request.path, rid)
+            error = (
+                exc
+                if isinstance(exc, GatewayError)
+                else GatewayError("The gateway failed to process the request; see its log.", code="internal_error")
+            )
+            status = error.status
+            metrics.stream_failed(model, backend, "internal")
+            tail = b"data: " + orjson.dumps(error.envelope()) + b"\n\n" + _DONE
+        await response.write_eof(tail)
     except (ConnectionResetError, asyncio.CancelledError):
         metrics.client_disconnected(model, backend)
         status = 499  # nginx's "client closed request"

@@ -136,7 +136,9 @@ class FakeUpstream:
             await asyncio.sleep(behaviour.delay)
         if behaviour.kind == "status":
             payload = behaviour.body if isinstance(behaviour.body, bytes) else orjson.dumps(behaviour.body)
-            return web.Response(body=payload, status=behaviour.status, headers=behaviour.headers, content_type="application/json")
+            return web.Response(
+                body=payload, status=behaviour.status, headers=behaviour.headers, content_type="application/json"
+            )
         if behaviour.kind == "garbage":
             return web.Response(body=b"<html>oops</html>", content_type="text/html")
         if not body.get("stream"):
@@ -158,7 +160,14 @@ class FakeUpstream:
                     if behaviour.kind == "stall_mid":
                         await asyncio.sleep(behaviour.delay)
                     if behaviour.kind == "error_event":
-                        err = {"error": {"message": "engine died", "type": "InternalServerError", "param": None, "code": 500}}
+                        err = {
+                            "error": {
+                                "message": "engine died",
+                                "type": "InternalServerError",
+                                "param": None,
+                                "code": 500,
+                            }
+                        }
                         await resp.write(b"data: " + orjson.dumps(err) + b"\n\ndata: [DONE]\n\n")
                         return resp
                 finish = "length" if i == tokens - 1 else None
@@ -168,8 +177,12 @@ class FakeUpstream:
             options = body.get("stream_options") or {}
             if options.get("include_usage"):
                 usage = {
-                    "id": "cmpl-fake", "object": "text_completion", "created": 1, "model": body.get("model"),
-                    "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": tokens, "total_tokens": 3 + tokens},
+                    "id": "cmpl-fake",
+                    "object": "text_completion",
+                    "created": 1,
+                    "model": body.get("model"),
+                    "choices": [],
+                    "usage": {"prompt_tokens": 3, "completion_tokens": tokens, "total_tokens": 3 + tokens},
                 }
                 await resp.write(b"data: " + self._dumps(usage) + b"\n\n")
             await resp.write(b"data: [DONE]\n\n")

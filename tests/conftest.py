@@ -1,0 +1,136 @@
+"""Shared fixtures: a fake OpenAI/vLLM upstream and a real gateway on loopback.
+
+``gateway`` serves three models through the app built by ``create_app`` from a
+YAML config text (the same path ``gateway serve`` takes):
+
+- ``gpt-test``   -> backend ``up-openai`` (type openai) -> upstream model ``upstream-gpt``
+- ``llama-test`` -> backend ``up-vllm``   (type vllm)   -> upstream model ``upstream-llama``
+- ``mock-test``  -> backend ``sim``       (type mock)   -> ``mock-model``
+
+The two HTTP backends both point at the same :class:`tests.fakes.FakeUpstream`.
+``make_gateway`` builds variants (extra backends/models, server settings).
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from gateway.app import create_app
+from gateway.configfile import parse_config
+from tests.fakes import FakeUpstream
+
+OPENAI_MODEL = "gpt-test"
+VLLM_MODEL = "llama-test"
+MOCK_MODEL = "mock-test"
+UPSTREAM_IDS = {OPENAI_MODEL: "upstream-gpt", VLLM_MODEL: "upstream-llama", MOCK_MODEL: "mock-model"}
+BACKEND_OF = {OPENAI_MODEL: "up-openai", VLLM_MODEL: "up-vllm", MOCK_MODEL: "sim"}
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago (for subprocesses that must be told a port)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def gateway_config_text(
+    upstream_url: str,
+    *,
+    server: str = "",
+    extra_backends: str = "",
+    extra_models: str = "",
+) -> str:
+    """A gateway YAML with an openai and a vllm backend on ``upstream_url`` plus a mock backend.
+
+    ``server`` is inserted under ``server:``; ``extra_backends`` / ``extra_models`` are
+    appended (already indented as list items, two spaces).
+    """
+    timeout = "{connect: 2, first_byte: 10, total: 20, stream_idle: 10}"
+    server_block = "server:\n  host: 127.0.0.1\n  port: 0\n" + "".join(
+        f"  {line.strip()}\n" for line in server.splitlines() if line.strip()
+    )
+    return (
+        server_block
+        + f"""backends:
+  - name: up-openai
+    type: openai
+    base_url: {upstream_url}
+    api_key: sk-test-secret
+    timeout: {timeout}
+  - name: up-vllm
+    type: vllm
+    base_url: {upstream_url}
+    timeout: {timeout}
+  - name: sim
+    type: mock
+{extra_backends}models:
+  - name: {OPENAI_MODEL}
+    routes: [{{backend: up-openai, model: {UPSTREAM_IDS[OPENAI_MODEL]}}}]
+  - name: {VLLM_MODEL}
+    routes: [{{backend: up-vllm, model: {UPSTREAM_IDS[VLLM_MODEL]}}}]
+  - name: {MOCK_MODEL}
+    routes: [{{backend: sim, model: {UPSTREAM_IDS[MOCK_MODEL]}}}]
+{extra_models}"""
+    )
+
+
+@dataclass
+class RunningGateway:
+    url: str  # http://127.0.0.1:PORT (no /v1)
+    app: web.Application
+    upstream: FakeUpstream
+
+
+@pytest.fixture
+async def fake_upstream() -> AsyncIterator[FakeUpstream]:
+    up = FakeUpstream()
+    await up.start()
+    try:
+        yield up
+    finally:
+        await up.stop()
+
+
+async def serve_app(app: web.Application) -> tuple[web.AppRunner, str]:
+    """Serve ``app`` on a free loopback port like ``gateway serve`` does; the caller cleans up the runner."""
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    return runner, f"http://127.0.0.1:{port}"
+
+
+MakeGateway = Callable[..., Awaitable[RunningGateway]]
+
+
+@pytest.fixture
+async def make_gateway(fake_upstream: FakeUpstream) -> AsyncIterator[MakeGateway]:
+    """``await make_gateway(server=..., extra_backends=..., extra_models=...)`` -> a running gateway."""
+    runners: list[web.AppRunner] = []
+
+    async def make(**options: Any) -> RunningGateway:
+        text = gateway_config_text(fake_upstream.url, **options)
+        config = parse_config(text, "<test config>", env={})
+        app = create_app(config)
+        runner, url = await serve_app(app)
+        runners.append(runner)
+        return RunningGateway(url, app, fake_upstream)
+
+    try:
+        yield make
+    finally:
+        for runner in reversed(runners):
+            await runner.cleanup()
+
+
+@pytest.fixture
+async def gateway(make_gateway: MakeGateway) -> RunningGateway:
+    return await make_gateway()

@@ -1,0 +1,208 @@
+"""``GET /metrics`` after real traffic, parsed with prometheus_client's own text parser."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import MOCK_MODEL, OPENAI_MODEL, VLLM_MODEL, RunningGateway
+from tests.fakes import Behaviour
+
+SECRET_MODEL = "customer-secret-model-name-7781"
+Labels = dict[str, str]
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as s:
+        yield s
+
+
+class Scrape:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.families = {family.name: family for family in text_string_to_metric_families(text)}
+        self.samples = [sample for family in self.families.values() for sample in family.samples]
+
+    def value(self, name: str, **labels: str) -> float:
+        """The sample ``name`` with exactly these labels (0 when absent)."""
+        found = [s.value for s in self.samples if s.name == name and s.labels == labels]
+        assert len(found) <= 1
+        return found[0] if found else 0.0
+
+    def label_values(self) -> set[str]:
+        return {value for sample in self.samples for value in sample.labels.values()}
+
+
+async def scrape(gateway: RunningGateway, session: aiohttp.ClientSession) -> Scrape:
+    async with session.get(f"{gateway.url}/metrics") as resp:
+        assert resp.status == 200
+        assert resp.headers["Content-Type"].startswith("text/plain")
+        return Scrape(await resp.text())
+
+
+async def post(gateway: RunningGateway, session: aiohttp.ClientSession, body: dict[str, Any]) -> tuple[int, bytes]:
+    async with session.post(f"{gateway.url}/v1/completions", json=body) as resp:
+        return resp.status, await resp.read()
+
+
+async def test_metrics_after_mixed_traffic(gateway: RunningGateway, session: aiohttp.ClientSession) -> None:
+    base = {"prompt": "hello", "max_tokens": 4}
+    # ok, non-streaming, openai type: upstream usage prompt 3 / completion 2
+    assert (await post(gateway, session, {**base, "model": OPENAI_MODEL}))[0] == 200
+    assert (await post(gateway, session, {**base, "model": OPENAI_MODEL}))[0] == 200
+    # 400: invalid value (rejected before the model is resolved)
+    assert (await post(gateway, session, {**base, "model": OPENAI_MODEL, "temperature": 3}))[0] == 400
+    # 404: a model name the client made up
+    assert (await post(gateway, session, {**base, "model": SECRET_MODEL}))[0] == 404
+    # 400 unsupported_parameter on the openai-type backend
+    assert (await post(gateway, session, {**base, "model": OPENAI_MODEL, "top_k": 5}))[0] == 400
+    # streams: vllm type without client usage (the gateway asks upstream anyway), mock with usage
+    status, raw = await post(gateway, session, {**base, "model": VLLM_MODEL, "stream": True})
+    assert status == 200 and raw.endswith(b"data: [DONE]\n\n")
+    status, raw = await post(
+        gateway, session, {**base, "model": MOCK_MODEL, "stream": True, "stream_options": {"include_usage": True}}
+    )
+    assert status == 200 and raw.endswith(b"data: [DONE]\n\n")
+    # upstream failure: 500 -> 502, counted against the backend
+    gateway.upstream.script.append(Behaviour(kind="status", status=500, body={"error": {"message": "x"}}))
+    assert (await post(gateway, session, {**base, "model": VLLM_MODEL}))[0] == 502
+
+    m = await scrape(gateway, session)
+
+    # requests by model / backend / status
+    req = "gateway_requests_total"
+    assert m.value(req, model=OPENAI_MODEL, backend="up-openai", status="200") == 2
+    assert m.value(req, model="_unknown", backend="_none", status="400") == 1
+    assert m.value(req, model="_unknown", backend="_none", status="404") == 1
+    assert m.value(req, model=OPENAI_MODEL, backend="_none", status="400") == 1
+    assert m.value(req, model=VLLM_MODEL, backend="up-vllm", status="200") == 1
+    assert m.value(req, model=MOCK_MODEL, backend="sim", status="200") == 1
+    assert m.value(req, model=VLLM_MODEL, backend="up-vllm", status="502") == 1
+    assert sum(s.value for s in m.samples if s.name == req) == 8
+
+    # unsupported parameter, labelled by backend and parameter
+    assert m.value("gateway_unsupported_parameter_rejections_total", backend="up-openai", param="top_k") == 1
+
+    # upstream errors by backend and reason
+    assert m.value("gateway_upstream_errors_total", backend="up-vllm", reason="status_500") == 1
+
+    # tokens from upstream usage: non-streaming bodies and streams (usage chunk) alike
+    assert m.value("gateway_prompt_tokens_total", model=OPENAI_MODEL, backend="up-openai") == 6
+    assert m.value("gateway_completion_tokens_total", model=OPENAI_MODEL, backend="up-openai") == 4
+    assert m.value("gateway_prompt_tokens_total", model=VLLM_MODEL, backend="up-vllm") == 3
+    assert m.value("gateway_completion_tokens_total", model=VLLM_MODEL, backend="up-vllm") == 4
+    assert m.value("gateway_prompt_tokens_total", model=MOCK_MODEL, backend="sim") == 1  # "hello": one word
+    assert m.value("gateway_completion_tokens_total", model=MOCK_MODEL, backend="sim") == 4
+
+    # time to first token: streams only
+    ttft = "gateway_time_to_first_token_seconds_count"
+    assert m.value(ttft, model=VLLM_MODEL, backend="up-vllm") == 1
+    assert m.value(ttft, model=MOCK_MODEL, backend="sim") == 1
+    assert m.value(ttft, model=OPENAI_MODEL, backend="up-openai") == 0
+    assert m.value("gateway_time_to_first_token_seconds_bucket", model=VLLM_MODEL, backend="up-vllm", le="+Inf") == 1
+
+    # latency histogram for answered requests that reached a backend
+    lat = "gateway_request_duration_seconds_count"
+    assert m.value(lat, model=OPENAI_MODEL, backend="up-openai") == 2
+    assert m.value(lat, model=VLLM_MODEL, backend="up-vllm") == 2
+    assert m.value(lat, model=MOCK_MODEL, backend="sim") == 1
+
+    # nothing in flight any more, every configured model present
+    in_flight = {s.labels["model"]: s.value for s in m.samples if s.name == "gateway_requests_in_flight"}
+    assert in_flight == {OPENAI_MODEL: 0, VLLM_MODEL: 0, MOCK_MODEL: 0}
+
+    # a client-invented model name never becomes a label value, anywhere
+    assert SECRET_MODEL not in m.text
+    assert SECRET_MODEL not in m.label_values()
+    assert "_unknown" in m.label_values()
+    assert m.label_values() >= {OPENAI_MODEL, VLLM_MODEL, MOCK_MODEL, "up-openai", "up-vllm", "sim"}
+
+
+async def test_stream_cut_counts_as_stream_failure(gateway: RunningGateway, session: aiohttp.ClientSession) -> None:
+    gateway.upstream.script.append(Behaviour(kind="cut", events=2))
+    status, raw = await post(gateway, session, {"model": OPENAI_MODEL, "prompt": "x", "max_tokens": 8, "stream": True})
+    assert status == 200 and b'"error"' in raw
+    m = await scrape(gateway, session)
+    assert m.value("gateway_stream_failures_total", model=OPENAI_MODEL, backend="up-openai", reason="stream_cut") == 1
+    assert m.value("gateway_upstream_errors_total", backend="up-openai", reason="stream_cut") == 1
+    # The HTTP status was already 200 when the cut came; the request is counted with the failure's status.
+    answered = {s.labels["status"] for s in m.samples if s.name == "gateway_requests_total"}
+    assert answered == {"502"}
+    assert m.value("gateway_requests_in_flight", model=OPENAI_MODEL) == 0
+
+
+async def test_unknown_parameter_name_is_not_a_label(gateway: RunningGateway, session: aiohttp.ClientSession) -> None:
+    """A field the client invents is refused by validation and never reaches a metric label."""
+    invented = "invented_field_9931"
+    status, _ = await post(gateway, session, {"model": OPENAI_MODEL, "prompt": "x", invented: 1})
+    assert status == 400
+    m = await scrape(gateway, session)
+    assert invented not in m.text
+
+
+async def test_metrics_before_any_traffic(gateway: RunningGateway, session: aiohttp.ClientSession) -> None:
+    m = await scrape(gateway, session)
+    in_flight = {s.labels["model"]: s.value for s in m.samples if s.name == "gateway_requests_in_flight"}
+    assert in_flight == {OPENAI_MODEL: 0, VLLM_MODEL: 0, MOCK_MODEL: 0}
+    assert not [s for s in m.samples if s.name == "gateway_requests_total"]
+
+
+async def test_client_disconnect_mid_stream_cancels_upstream(
+    gateway: RunningGateway, session: aiohttp.ClientSession
+) -> None:
+    """A client that goes away mid-stream stops the upstream's generation and is counted as 499."""
+    up = gateway.upstream
+    up.script.append(Behaviour(kind="ok", delay=0.02))  # 200 tokens at 20 ms: about 4 s if not cancelled
+    resp = await session.post(
+        f"{gateway.url}/v1/completions", json={"model": OPENAI_MODEL, "prompt": "x", "max_tokens": 200, "stream": True}
+    )
+    assert resp.status == 200
+    first = await resp.content.readuntil(b"\n\n")
+    assert first.startswith(b"data: {")
+    resp.close()  # drop the connection with the stream half read
+
+    for _ in range(200):
+        if up.cancelled_streams and not up.open_streams:
+            break
+        await asyncio.sleep(0.01)
+    assert up.cancelled_streams == 1
+    assert up.open_streams == 0
+
+    for _ in range(100):
+        m = await scrape(gateway, session)
+        if m.value("gateway_requests_total", model=OPENAI_MODEL, backend="up-openai", status="499"):
+            break
+        await asyncio.sleep(0.01)
+    assert m.value("gateway_requests_total", model=OPENAI_MODEL, backend="up-openai", status="499") == 1
+    assert m.value("gateway_client_disconnects_total", model=OPENAI_MODEL, backend="up-openai") == 1
+    assert m.value("gateway_requests_in_flight", model=OPENAI_MODEL) == 0
+    assert m.value("gateway_time_to_first_token_seconds_count", model=OPENAI_MODEL, backend="up-openai") == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_client_disconnect_while_waiting_for_upstream(
+    gateway: RunningGateway, session: aiohttp.ClientSession, stream: bool
+) -> None:
+    """The client gives up before the upstream's first byte (no response started yet)."""
+    gateway.upstream.script.append(Behaviour(kind="stall", delay=3))
+    with pytest.raises(TimeoutError):
+        await session.post(
+            f"{gateway.url}/v1/completions",
+            json={"model": OPENAI_MODEL, "prompt": "x", "stream": stream},
+            timeout=aiohttp.ClientTimeout(total=0.3),
+        )
+    for _ in range(100):
+        m = await scrape(gateway, session)
+        if m.value("gateway_client_disconnects_total", model=OPENAI_MODEL, backend="_none"):
+            break
+        await asyncio.sleep(0.01)
+    assert m.value("gateway_client_disconnects_total", model=OPENAI_MODEL, backend="_none") == 1
+    assert m.value("gateway_requests_in_flight", model=OPENAI_MODEL) == 0
+    # Counted like a stream whose client left: status 499 ("client closed request").
+    assert m.value("gateway_requests_total", model=OPENAI_MODEL, backend="_none", status="499") == 1
