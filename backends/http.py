@@ -10,10 +10,11 @@ Contract (:class:`HTTPTransport`):
 - Every failure is raised as a ``backends.errors`` type; aiohttp/httpx/asyncio
   exceptions never escape this module.
 
-Implementations: :class:`AiohttpTransport` (default: about twice httpx's
-throughput in the benchmark, see README) and :class:`HttpxTransport` (any
-``httpx`` transport, so respx can mock the upstream in tests). One transport per
-backend, created at start-up, pooled and kept alive.
+Implementations: ``backends.fasthttp.FastHTTPTransport`` (the default: httptools
+parsing on raw asyncio connections, about a third of aiohttp's client CPU per
+request), :class:`AiohttpTransport`, and :class:`HttpxTransport` (any ``httpx``
+transport, so respx can mock the upstream in tests). One transport per backend,
+created at start-up, pooled and kept alive.
 """
 
 from __future__ import annotations

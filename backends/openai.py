@@ -15,6 +15,7 @@ import orjson
 from backends.base import Backend, CompletionResult, CompletionStream, UpstreamCall
 from backends.capabilities import Capabilities, Level
 from backends.errors import UpstreamError, error_from_upstream_body
+from backends.fasthttp import FastHTTPTransport
 from backends.http import AiohttpTransport, HTTPTransport, HttpxTransport
 from backends.openai_relay import OpenAIStreamRelay, relay_completion_body
 from schemas.completions import VLLM_EXTRA_FIELDS
@@ -28,9 +29,12 @@ _JSON = "application/json"
 
 
 def make_transport(config: OpenAIBackendConfig | VLLMBackendConfig) -> HTTPTransport:
-    if config.transport == "httpx":
-        return HttpxTransport(config.name, config.timeout, config.max_connections)
-    return AiohttpTransport(config.name, config.timeout, config.max_connections)
+    match config.transport:
+        case "httpx":
+            return HttpxTransport(config.name, config.timeout, config.max_connections)
+        case "aiohttp":
+            return AiohttpTransport(config.name, config.timeout, config.max_connections)
+    return FastHTTPTransport(config.name, config.timeout, config.max_connections)
 
 
 class OpenAIBackend(Backend):
