@@ -1,0 +1,280 @@
+"""A fast fake OpenAI upstream for proxy benchmarks (loopback only).
+
+Raw asyncio Protocol on uvloop with a hand-written HTTP/1.1 keep-alive parser and
+pre-rendered responses, so one request costs a parse, a dict lookup and one write.
+
+  POST /v1/completions  text_completion with usage; ``max_tokens`` tokens (default 16).
+                        ``"stream": true``: SSE, one chunk per token, a usage chunk when
+                        ``stream_options.include_usage``, then ``data: [DONE]`` (chunked).
+  GET  /v1/models       the model list.       GET /health, /version  liveness.
+  GET  /stats           {"requests", "connections", "open", "peak_open", "paths"} as JSON:
+                        compare requests with connections to prove keep-alive reuse.
+
+  python bench/fake_upstream.py --port 18001 [--token-delay-ms 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import signal
+import sys
+import time
+from typing import Any
+
+import orjson
+
+CREATED = int(time.time())
+MAX_HEAD = 64 * 1024
+STATS: dict[str, Any] = {"requests": 0, "connections": 0, "open": 0, "peak_open": 0, "paths": {}}
+SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+SSE_HEAD += b"Transfer-Encoding: chunked\r\n"
+TASKS: set[asyncio.Task[None]] = set()  # delayed streams in flight (strong references)
+DONE = b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"
+
+
+def _chunk(payload: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(payload), payload)
+
+
+def _json(status: str, body: bytes, keep_alive: bool) -> bytes:
+    close = b"" if keep_alive else b"Connection: close\r\n"
+    head = b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n"
+    return head % (status.encode(), len(body), close) + body
+
+
+class Renderer:
+    """Renders and caches response bodies per (model, tokens, prompt tokens, usage)."""
+
+    def __init__(self) -> None:
+        self.cache: dict[tuple[Any, ...], Any] = {}
+
+    @staticmethod
+    def _usage(pt: int, k: int) -> dict[str, int]:
+        return {"prompt_tokens": pt, "completion_tokens": k, "total_tokens": pt + k}
+
+    def nonstream(self, model: str, k: int, pt: int) -> bytes:
+        key = ("n", model, k, pt)
+        body = self.cache.get(key)
+        if body is None:
+            choice = {"text": "".join(f" tok{i}" for i in range(k)), "index": 0, "logprobs": None,
+                      "finish_reason": "length"}
+            body = orjson.dumps({"id": "cmpl-bench", "object": "text_completion", "created": CREATED,
+                                 "model": model, "choices": [choice], "usage": self._usage(pt, k)})
+            if len(self.cache) < 4096:
+                self.cache[key] = body
+        return body
+
+    def stream(self, model: str, k: int, pt: int, usage: bool) -> list[bytes]:
+        """HTTP chunks, one per SSE event, without the final [DONE]."""
+        key = ("s", model, k, pt, usage)
+        chunks = self.cache.get(key)
+        if chunks is None:
+            chunks = []
+            for i in range(k):
+                choice = {"text": f" tok{i}", "index": 0, "logprobs": None,
+                          "finish_reason": "length" if i == k - 1 else None}
+                event = {"id": "cmpl-bench", "object": "text_completion", "created": CREATED,
+                         "model": model, "choices": [choice]}
+                chunks.append(_chunk(b"data: " + orjson.dumps(event) + b"\n\n"))
+            if usage:
+                event = {"id": "cmpl-bench", "object": "text_completion", "created": CREATED,
+                         "model": model, "choices": [], "usage": self._usage(pt, k)}
+                chunks.append(_chunk(b"data: " + orjson.dumps(event) + b"\n\n"))
+            if len(self.cache) < 4096:
+                self.cache[key] = chunks
+        return chunks
+
+
+class Upstream(asyncio.Protocol):
+    """One client connection: parse pipelined HTTP/1.1 requests out of ``buf``."""
+
+    def __init__(self, render: Renderer, default_k: int, token_delay: float) -> None:
+        self.render = render
+        self.default_k = default_k
+        self.token_delay = token_delay
+        self.buf = bytearray()
+        self.tr: asyncio.Transport | None = None
+        self.busy = False  # a delayed stream is being written; requests behind it wait
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.tr = transport  # type: ignore[assignment]
+        STATS["connections"] += 1
+        STATS["open"] += 1
+        STATS["peak_open"] = max(STATS["peak_open"], STATS["open"])
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        STATS["open"] -= 1
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if not self.busy:
+            self.process()
+
+    def fail(self) -> None:
+        assert self.tr is not None
+        self.tr.write(_json("400 Bad Request", b'{"error":{"message":"bad request"}}', False))
+        self.tr.close()
+        self.buf.clear()
+
+    def process(self) -> None:
+        buf = self.buf
+        while buf and not self.busy and not self.closed:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buf) > MAX_HEAD:
+                    self.fail()
+                return
+            lines = bytes(buf[:end]).split(b"\r\n")
+            parts = lines[0].split(b" ")
+            if len(parts) != 3:
+                return self.fail()
+            length, keep_alive, chunked = 0, parts[2] == b"HTTP/1.1", False
+            for line in lines[1:]:
+                name, _, value = line.partition(b":")
+                name = name.strip().lower()
+                if name == b"content-length":
+                    if not value.strip().isdigit():
+                        return self.fail()
+                    length = int(value)
+                elif name == b"connection":
+                    value = value.strip().lower()
+                    keep_alive = value != b"close" and (keep_alive or value == b"keep-alive")
+                elif name == b"transfer-encoding":
+                    chunked = b"chunked" in value.lower()
+            start = end + 4
+            if chunked:
+                try:
+                    decoded = _dechunk(buf, start)
+                except ValueError:
+                    return self.fail()
+                if decoded is None:
+                    return None
+                body, used = decoded
+            else:
+                if len(buf) - start < length:
+                    return None
+                body, used = bytes(buf[start:start + length]), start + length
+            del buf[:used]
+            self.handle(parts[0], parts[1].split(b"?", 1)[0].decode("latin-1"), body, keep_alive)
+        return None
+
+    def handle(self, method: bytes, path: str, body: bytes, keep_alive: bool) -> None:
+        tr = self.tr
+        assert tr is not None
+        STATS["requests"] += 1
+        paths = STATS["paths"]
+        paths[path] = paths.get(path, 0) + 1
+        if method == b"POST" and path in ("/v1/completions", "/completions"):
+            try:
+                req = orjson.loads(body)
+                k = max(1, min(int(req.get("max_tokens") or self.default_k), 100_000))
+                model = str(req.get("model") or "bench")
+                prompt = req.get("prompt", "")
+                pt = max(1, len(prompt.split()) if isinstance(prompt, str) else len(prompt))
+            except Exception:
+                out = _json("400 Bad Request", b'{"error":{"message":"invalid request body"}}', keep_alive)
+            else:
+                if req.get("stream"):
+                    options = req.get("stream_options") or {}
+                    usage = isinstance(options, dict) and bool(options.get("include_usage"))
+                    head = SSE_HEAD + (b"\r\n" if keep_alive else b"Connection: close\r\n\r\n")
+                    chunks = self.render.stream(model, k, pt, usage)
+                    if self.token_delay > 0:
+                        self.busy = True
+                        task = asyncio.ensure_future(self.slow_stream(head, chunks, keep_alive))
+                        TASKS.add(task)
+                        task.add_done_callback(TASKS.discard)
+                        return
+                    out = head + b"".join(chunks) + DONE
+                else:
+                    out = _json("200 OK", self.render.nonstream(model, k, pt), keep_alive)
+        elif method == b"GET" and path in ("/v1/models", "/models"):
+            models = [{"id": "bench", "object": "model", "created": CREATED, "owned_by": "bench"}]
+            out = _json("200 OK", orjson.dumps({"object": "list", "data": models}), keep_alive)
+        elif method == b"GET" and path == "/stats":
+            out = _json("200 OK", orjson.dumps(STATS), keep_alive)
+        elif method == b"GET" and path == "/version":
+            out = _json("200 OK", b'{"version":"0.11.0"}', keep_alive)
+        elif method == b"GET" and path in ("/health", "/v1/health"):
+            out = _json("200 OK", b"{}", keep_alive)
+        else:
+            out = _json("404 Not Found", b'{"error":{"message":"not found"}}', keep_alive)
+        tr.write(out)
+        if not keep_alive:
+            tr.close()
+            self.closed = True
+
+    async def slow_stream(self, head: bytes, chunks: list[bytes], keep_alive: bool) -> None:
+        tr = self.tr
+        assert tr is not None
+        try:
+            tr.write(head)
+            for i, chunk in enumerate(chunks):
+                if i:
+                    await asyncio.sleep(self.token_delay)
+                if self.closed:
+                    return
+                tr.write(chunk)
+            tr.write(DONE)
+            if not keep_alive:
+                tr.close()
+                self.closed = True
+        finally:
+            self.busy = False
+        self.process()
+
+
+def _dechunk(buf: bytearray, pos: int) -> tuple[bytes, int] | None:
+    """Decode a chunked body starting at ``pos``: (body, end offset) or None if incomplete."""
+    out = bytearray()
+    while True:
+        eol = buf.find(b"\r\n", pos)
+        if eol < 0:
+            return None
+        size = int(bytes(buf[pos:eol]).split(b";", 1)[0], 16)
+        if size == 0:
+            end = buf.find(b"\r\n\r\n", eol)  # skip trailers
+            return None if end < 0 else (bytes(out), end + 4)
+        if len(buf) < eol + 2 + size + 2:
+            return None
+        out += buf[eol + 2:eol + 2 + size]
+        pos = eol + 4 + size
+
+
+async def serve(args: argparse.Namespace) -> None:
+    loop = asyncio.get_running_loop()
+    render = Renderer()
+    delay = args.token_delay_ms / 1000.0
+    server = await loop.create_server(lambda: Upstream(render, args.default_max_tokens, delay),
+                                      args.host, args.port, backlog=4096, reuse_address=True)
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"fake upstream on http://{args.host}:{args.port} token_delay_ms={args.token_delay_ms}", flush=True)
+    await stop.wait()
+    server.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=18001)
+    ap.add_argument("--token-delay-ms", type=float, default=0.0, help="sleep between stream chunks")
+    ap.add_argument("--default-max-tokens", type=int, default=16)
+    args = ap.parse_args()
+    if not ipaddress.ip_address(args.host).is_loopback:
+        sys.exit("fake_upstream: loopback addresses only")
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover
+        asyncio.run(serve(args))
+    else:
+        uvloop.run(serve(args))
+
+
+if __name__ == "__main__":
+    main()

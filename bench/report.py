@@ -1,0 +1,95 @@
+"""Medians across repeats and the markdown tables for bench/run.py."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+LITTLE_BELOW = 5
+
+
+def ratio(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}" if x >= 10 else f"{x:.3f}"
+
+
+def median(rows: list[dict[str, Any]], key: str) -> Any:
+    values = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+    return statistics.median(values) if values else None
+
+
+def fmt(v: Any, nd: int = 2) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float) and v.is_integer() and abs(v) >= 1:
+        v = int(v)
+    if isinstance(v, float):
+        return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.{nd}f}"
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def summarise(results: list[dict[str, Any]], targets: list[str], scens: list[dict[str, Any]], client_core: str,
+              ) -> list[dict[str, Any]]:
+    rows = []
+    keys = ("rps", "p50_ms", "p90_ms", "p99_ms", "ttft_p50_ms", "ttft_p99_ms", "proxy_cpu_pct", "cpu_us_per_req",
+            "rss_mb", "upstream_connections", "upstream_requests")
+    for sc in scens:
+        cell: dict[str, dict[str, Any]] = {}
+        for t in targets:
+            rs = [r for r in results if r["target"] == t and r["scenario"] == sc["id"] and "rps" in r]
+            if rs:
+                cell[t] = {k: median(rs, k) for k in keys} | {
+                    "errors": sum(r["errors"] for r in rs), "runs": len(rs), "target": t, "scenario": sc["id"],
+                    "others_pct": median([r["cpu_pct"] for r in rs], "others"),
+                    "client_core_busy": median([r["cpu_pct"]["cores_busy"] for r in rs], client_core)}
+                if (median(rs, "per_conn") or 0) < LITTLE_BELOW:  # few completions per connection: the window
+                    cell[t]["rps_window"] = cell[t]["rps"]  # count is quantised; use Little's law c / mean latency
+                    cell[t]["rps"], cell[t]["little"] = median(rs, "rps_little"), True
+        for t, row in cell.items():
+            for ref in ("direct", "thin", "litellm"):
+                if ref in cell and ref != t and cell[ref]["rps"]:
+                    row[f"x_{ref}"] = round(row["rps"] / cell[ref]["rps"], 3)
+            if t != "direct" and "direct" in cell and row["p50_ms"] is not None:
+                row["added_p50_ms"] = round(row["p50_ms"] - cell["direct"]["p50_ms"], 3)
+            rows.append(row)
+    return rows
+
+
+def table(rows: list[dict[str, Any]], info: dict[str, Any], mem: list[dict[str, Any]]) -> str:
+    refs = [r for r in ("direct", "thin", "litellm") if any(row.get(f"x_{r}") for row in rows)]
+    head = ["scenario", "target", "req/s", "p50 ms", "p90 ms", "p99 ms", "TTFT p50", "err",
+            *[f"x {r}" for r in refs], "+p50 ms", "proxy CPU %", "CPU us/req", "RSS MB", "upstream conns/reqs"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        ratios = [ratio(r[f"x_{ref}"]) if r.get(f"x_{ref}") is not None else "-" for ref in refs]
+        cells = [r["scenario"], r["target"], fmt(r["rps"]) + (" †" if r.get("little") else ""),
+                 fmt(r["p50_ms"]), fmt(r["p90_ms"]), fmt(r["p99_ms"]),
+                 fmt(r["ttft_p50_ms"]), str(r["errors"]), *ratios, fmt(r.get("added_p50_ms")),
+                 fmt(r["proxy_cpu_pct"], 0), fmt(r["cpu_us_per_req"], 0), fmt(r["rss_mb"], 1),
+                 f"{fmt(r['upstream_connections'])}/{fmt(r['upstream_requests'])}"]
+        out.append("| " + " | ".join(cells) + " |")
+    out += ["", "| target | start-up s (spawn to /health 200) | RSS at start MB | RSS at end MB | peak RSS MB "
+            "| check |", "|---|---|---|---|---|---|"]
+    for name, i in info.items():
+        ok = "error: " + i["error"] if "error" in i else ", ".join(f"{k}={v}" for k, v in i.get("check", {}).items())
+        out.append(f"| {name} | {fmt(i.get('startup_s'), 3)} | {fmt(i.get('rss_start_mb'), 1)} | "
+                   f"{fmt(i.get('rss_mb'), 1)} | {fmt(i.get('hwm_mb'), 1)} | {ok} |")
+    notes = []
+    for r in rows:
+        if (r["others_pct"] or 0) > 10:
+            notes.append(f"- warning: {r['target']}/{r['scenario']}: other processes used {r['others_pct']:.0f}% "
+                         "of a core during the cell (noisy machine)")
+        if r["target"] != "direct" and (r["client_core_busy"] or 0) > 95:
+            notes.append(f"- note: {r['target']}/{r['scenario']}: the client+upstream core was "
+                         f"{r['client_core_busy']:.0f}% busy, so the client side may have been the limit")
+    if any(r.get("little") for r in rows):
+        notes.append(f"- †: under {LITTLE_BELOW} completions per connection in the window, so req/s is Little's law "
+                     "(connections / mean latency); the window count is rps_window in the JSON")
+    out += ["", *notes] if notes else []
+    if mem:
+        out += ["", "| mem_streams target | open streams | RSS idle MB | peak RSS MB | KB/stream | streams/s | "
+                "upstream conns (max open) | err |", "|---|---|---|---|---|---|---|---|"]
+        for m in mem:
+            out.append(f"| {m['target']} | {m['streams']} | {fmt(m.get('rss_idle_mb'), 1)} | "
+                       f"{fmt(m.get('peak_rss_mb'), 1)} | {fmt(m.get('kb_per_stream'), 1)} | {fmt(m.get('rps'))} | "
+                       f"{fmt(m.get('upstream_open_max'))} | {m.get('errors', m.get('error', '-'))} |")
+    return "\n".join(out).rstrip()
