@@ -10,7 +10,8 @@ unless the client set it to its neutral "off" value).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from dataclasses import field as dataclass_field
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
@@ -35,6 +36,9 @@ class Capabilities:
 
     levels: Mapping[str, Level]
     unsupported: frozenset[str]
+    # Why a field is unsupported, where that depends on more than the backend's type
+    # (e.g. the vLLM server's version); an error naming the field can quote it.
+    reasons: Mapping[str, str] = dataclass_field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod
     def of(cls, default: Level, **levels: Level) -> Capabilities:
@@ -55,10 +59,19 @@ class Capabilities:
             return self
         table = dict(self.levels)
         table.update({name: Level(level) for name, level in overrides.items()})
-        return self._from_table(table)
+        return self._from_table(table).with_reasons(self.reasons)
+
+    def with_reasons(self, reasons: Mapping[str, str]) -> Capabilities:
+        """The same table with refusal reasons attached (kept only for unsupported fields)."""
+        kept = {name: why for name, why in reasons.items() if name in self.unsupported}
+        return replace(self, reasons=MappingProxyType(kept))
 
     def level(self, field: str) -> Level:
         return self.levels[field]
+
+    def reason(self, field: str) -> str | None:
+        """Why ``field`` is unsupported, when more can be said than "not by this backend type"."""
+        return self.reasons.get(field)
 
     def first_violation(self, request: CompletionRequest) -> str | None:
         """The first field the request sets that this backend cannot honour, if any.

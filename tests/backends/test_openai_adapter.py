@@ -203,7 +203,8 @@ async def test_openai_capability_override_forwards_the_field(mock: respx.MockRou
 
 
 async def test_vllm_forwards_its_extras(mock: respx.MockRouter) -> None:
-    backend = await make("vllm")
+    # A vLLM that still takes guided_* as they are (< 0.11; newer ones: tests/backends/test_vllm_*.py).
+    backend = await make("vllm", version="0.10.1")
     route = completions_route(mock, "vllm").mock(return_value=httpx.Response(200, json=completion_body()))
     extras = {
         "top_k": 20,
@@ -312,7 +313,10 @@ async def test_complete_renames_model_and_extracts_usage(
     completions_route(mock, kind).mock(return_value=httpx.Response(200, json=upstream))
     result = await backend.complete(make_call())
     body = orjson.loads(result.body)
-    assert body == {**upstream, "model": PUB}
+    expected = {**upstream, "model": PUB}
+    if kind == "vllm":  # vLLM answers are rebuilt in OpenAI's shape (tests/backends/test_vllm_normalise.py)
+        del expected["extra_vllm_field"]
+    assert body == expected
     assert result.usage == TokenUsage(3, 5)
 
 

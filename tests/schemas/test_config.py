@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gateway.configfile import ConfigError, load_config, parse_config
-from schemas.config import MockBackendConfig, OpenAIBackendConfig, VLLMBackendConfig
+from schemas.config import BACKEND_TYPES, BackendConfig, MockBackendConfig, OpenAIBackendConfig, VLLMBackendConfig
 
 SECRET = "sk-test-0123456789abcdef"
 ENV = {"OPENAI_API_KEY": SECRET}
@@ -169,14 +169,25 @@ def test_all_unknown_keys_reported_at_once() -> None:
 
 
 def test_unknown_backend_type() -> None:
-    assert only_problem(edit("type: mock", "type: tgi")) == (
+    assert only_problem(edit("type: mock", "type: nope")) == (
         "backends[2]",
-        "unknown backend type 'tgi' (expected one of openai, vllm, mock)",
+        f"unknown backend type 'nope' (expected one of {', '.join(BACKEND_TYPES)})",
     )
 
 
 def test_missing_backend_type() -> None:
-    assert only_problem(edit("    type: mock\n", "")) == ("backends[2]", "missing 'type' (one of openai, vllm, mock)")
+    assert only_problem(edit("    type: mock\n", "")) == (
+        "backends[2]",
+        f"missing 'type' (one of {', '.join(BACKEND_TYPES)})",
+    )
+
+
+def test_backend_types_list_every_member_of_the_union() -> None:
+    # The error messages above list BACKEND_TYPES; it must name every configurable type.
+    from typing import get_args
+
+    union = get_args(get_args(BackendConfig)[0])
+    assert sorted(BACKEND_TYPES) == sorted(get_args(m.model_fields["type"].annotation)[0] for m in union)
 
 
 def test_duplicate_backend_name() -> None:
