@@ -1,0 +1,143 @@
+"""What a pool reports about its workers: for ``gateway pool status``, metrics and logs.
+
+A running ``vllm-pool`` backend rewrites ``<log_dir>/status.json`` (atomically) when a
+worker changes state and after each metrics scrape; ``gateway pool status`` reads it,
+so the CLI works without any admin endpoint and even while the gateway is busy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = [
+    "STATES",
+    "PoolStatus",
+    "ReportsPool",
+    "WorkerStatus",
+    "default_log_dir",
+    "format_table",
+    "read_status",
+    "write_status",
+]
+
+# Every state a worker can be in (a fixed label set for metrics).
+STATES = ("starting", "ready", "unhealthy", "stopping", "backoff", "failed", "stopped")
+
+
+@dataclass
+class WorkerStatus:
+    index: int
+    state: str
+    url: str = ""
+    gpus: list[int] = field(default_factory=list)
+    port: int | None = None
+    pid: int | None = None
+    uptime: float | None = None  # seconds since it became ready (None unless ready)
+    restarts: int = 0
+    failures: int = 0  # in a row, reset after a long enough ready spell
+    in_flight: int = 0
+    waiting: float = 0.0  # the worker's own queue (vllm:num_requests_waiting)
+    running: float = 0.0
+    kv_cache_usage: float = 0.0
+    last_exit: int | None = None
+    last_error: str | None = None
+    log_tail: list[str] = field(default_factory=list)
+    log_path: str | None = None
+
+
+@dataclass
+class PoolStatus:
+    backend: str
+    kind: str
+    workers: list[WorkerStatus]
+    decisions: dict[str, int] = field(default_factory=dict)
+    gateway_pid: int = field(default_factory=os.getpid)
+    updated_at: float = field(default_factory=time.time)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PoolStatus:
+        workers = [WorkerStatus(**w) for w in data.get("workers", [])]
+        return cls(
+            backend=data["backend"],
+            kind=data.get("kind", ""),
+            workers=workers,
+            decisions=dict(data.get("decisions", {})),
+            gateway_pid=int(data.get("gateway_pid", 0)),
+            updated_at=float(data.get("updated_at", 0.0)),
+        )
+
+
+@runtime_checkable
+class ReportsPool(Protocol):
+    """A backend that spreads requests over several workers or servers."""
+
+    name: str
+
+    def pool_status(self) -> PoolStatus: ...
+
+
+def default_log_dir(backend: str) -> Path:
+    return Path(tempfile.gettempdir()) / f"completions-gateway-{os.getuid()}" / backend
+
+
+def write_status(path: Path, status: PoolStatus) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(status.to_json(), indent=1), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_status(path: Path) -> PoolStatus:
+    return PoolStatus.from_json(json.loads(path.read_text(encoding="utf-8")))
+
+
+def _fmt_uptime(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def format_table(status: PoolStatus) -> str:
+    """A fixed-width table, one line per worker, then the routing decisions."""
+    head = ("worker", "state", "gpus", "port", "pid", "uptime", "restarts", "in-flight", "queue", "kv-cache")
+    rows = [head]
+    for w in status.workers:
+        rows.append(
+            (
+                str(w.index),
+                w.state,
+                ",".join(map(str, w.gpus)) or "-",
+                str(w.port) if w.port else "-",
+                str(w.pid) if w.pid else "-",
+                _fmt_uptime(w.uptime),
+                str(w.restarts),
+                str(w.in_flight),
+                f"{w.waiting:g}",
+                f"{w.kv_cache_usage:.0%}",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+    for w in status.workers:
+        if w.last_error and w.state in ("failed", "backoff", "unhealthy", "starting"):
+            lines.append(f"worker {w.index}: {w.last_error}")
+            lines.extend(f"  | {line}" for line in w.log_tail[-5:])
+    total = sum(status.decisions.values())
+    if total:
+        parts = ", ".join(f"{k} {v}" for k, v in status.decisions.items() if v)
+        lines.append(f"routing: {parts}")
+    return "\n".join(lines)
