@@ -19,7 +19,7 @@ from backends.fasthttp import FastHTTPTransport
 from backends.http import AiohttpTransport, HTTPTransport, HttpxTransport
 from backends.openai_relay import OpenAIStreamRelay, relay_completion_body
 from schemas.completions import VLLM_EXTRA_FIELDS
-from schemas.config import OpenAIBackendConfig, VLLMBackendConfig
+from schemas.config import HTTPUpstreamConfig, OpenAIBackendConfig, VLLMBackendConfig
 
 __all__ = ["OPENAI_CAPABILITIES", "OpenAIBackend", "make_transport"]
 
@@ -28,7 +28,8 @@ OPENAI_CAPABILITIES = Capabilities.of(Level.NATIVE, **dict.fromkeys(VLLM_EXTRA_F
 _JSON = "application/json"
 
 
-def make_transport(config: OpenAIBackendConfig | VLLMBackendConfig) -> HTTPTransport:
+def make_transport(config: HTTPUpstreamConfig) -> HTTPTransport:
+    """The configured upstream client for any HTTP backend (OpenAI-shaped or native)."""
     match config.transport:
         case "httpx":
             return HttpxTransport(config.name, config.timeout, config.max_connections)

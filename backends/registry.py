@@ -7,22 +7,45 @@ unknown types at load, so the fallthrough is a programming error.
 from __future__ import annotations
 
 from backends.base import Backend
+from backends.llamacpp import LlamaCppBackend
 from backends.mock import MockBackend
+from backends.ollama import OllamaBackend
 from backends.openai import OpenAIBackend
+from backends.tgi import TGIBackend
 from backends.vllm import VLLMBackend
-from schemas.config import BackendConfig, MockBackendConfig, OpenAIBackendConfig, VLLMBackendConfig
+from backends.vllm_pool import VLLMEndpointsBackend, VLLMPoolBackend
+from schemas.config import (
+    BackendConfig,
+    LlamaCppBackendConfig,
+    MockBackendConfig,
+    OllamaBackendConfig,
+    OpenAIBackendConfig,
+    TGIBackendConfig,
+    VLLMBackendConfig,
+    VLLMPoolBackendConfig,
+)
 
 __all__ = ["build_backend", "build_backends"]
 
 
 def build_backend(config: BackendConfig) -> Backend:
     match config:
+        case VLLMBackendConfig(base_url=None):  # several servers: base_urls or discovery
+            return VLLMEndpointsBackend(config)
         case VLLMBackendConfig():
             return VLLMBackend(config)
+        case VLLMPoolBackendConfig():
+            return VLLMPoolBackend(config)
         case OpenAIBackendConfig():
             return OpenAIBackend(config)
         case MockBackendConfig():
             return MockBackend(config)
+        case TGIBackendConfig():
+            return TGIBackend(config)
+        case OllamaBackendConfig():
+            return OllamaBackend(config)
+        case LlamaCppBackendConfig():
+            return LlamaCppBackend(config)
     raise AssertionError(f"no adapter for backend type {config.type!r}")
 
 

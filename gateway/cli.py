@@ -1,4 +1,4 @@
-"""The ``gateway`` command: ``serve`` and ``check-config``."""
+"""The ``gateway`` command: ``serve``, ``check-config`` and ``pool status``."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import argparse
 import asyncio
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from gateway.configfile import ConfigError, load_config
+from gateway.pool_cli import add_pool_parser, pool_command
 
 __all__ = ["main"]
 
@@ -25,6 +26,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     check = sub.add_parser("check-config", help="validate a YAML config and print every problem")
     check.add_argument("path")
+    add_pool_parser(sub)
     return parser
 
 
@@ -51,13 +53,12 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency, but not on every platform
-        loop: asyncio.AbstractEventLoop = asyncio.new_event_loop()
+        loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop
     else:
-        loop = uvloop.new_event_loop()
-
-    from aiohttp import web
+        loop_factory = uvloop.new_event_loop
 
     from gateway.app import create_app
+    from gateway.shutdown import serve
 
     app = create_app(config.model_copy(update={"server": server}))
     log.info(
@@ -67,16 +68,18 @@ def _serve(args: argparse.Namespace) -> int:
         server.host,
         server.port,
     )
-    web.run_app(
-        app,
-        host=server.host,
-        port=server.port,
-        access_log=logging.getLogger("gateway.access") if server.access_log else None,
-        print=None,
-        handler_cancellation=True,  # a client that goes away cancels its upstream call at once
-        shutdown_timeout=server.drain_timeout,
-        loop=loop,
-    )
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        # Until SIGTERM/SIGINT, then a drain: see gateway.shutdown.
+        runner.run(
+            serve(
+                app,
+                host=server.host,
+                port=server.port,
+                drain_timeout=server.drain_timeout,
+                drain_delay=server.drain_delay,
+                access_log=logging.getLogger("gateway.access") if server.access_log else None,
+            )
+        )
     return 0
 
 
@@ -84,6 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "check-config":
         return _check(args.path)
+    if args.command == "pool":
+        return pool_command(args)
     return _serve(args)
 
 

@@ -10,27 +10,36 @@ dict lookup plus a few lock-protected adds.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from backends.capabilities import ALL_FIELDS
+from backends.vllm_pool import STATES, ReportsPool
 
-__all__ = ["UNKNOWN", "GatewayMetrics"]
+__all__ = ["GATEWAY_SCOPE", "UNKNOWN", "GatewayMetrics"]
 
 UNKNOWN = "_unknown"
+GATEWAY_SCOPE = "_gateway"  # the gateway-wide admission queue (backend names cannot start with "_")
 NONE = "_none"  # no backend was involved (validation error, unknown model)
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 _TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_KEY_REASONS = frozenset({"unauthenticated", "model", "cost_cap", "requests", "tokens", "too_large", "concurrency"})
 
 
 class GatewayMetrics:
     """All series of one gateway instance, in their own registry."""
 
     def __init__(
-        self, models: Iterable[str], backends: Iterable[str], registry: CollectorRegistry | None = None
+        self,
+        models: Iterable[str],
+        backends: Iterable[str] | Mapping[str, object],
+        registry: CollectorRegistry | None = None,
+        keys: Iterable[str] = (),
     ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         self._models = frozenset(models)
@@ -90,18 +99,108 @@ class GatewayMetrics:
             ("model", "backend"),
             registry=r,
         )
+        # --- routing and resilience ---------------------------------------------------------
+        self.retries = Counter(
+            "gateway_retries",
+            "Retries of a backend within one request, by backend and the reason of the failure retried.",
+            ("backend", "reason"),
+            registry=r,
+        )
+        self.failovers = Counter(
+            "gateway_failovers",
+            "Moves to a model's next route after a retryable failure, by model and the backend left.",
+            ("model", "backend", "reason"),
+            registry=r,
+        )
+        self.circuit = Gauge(
+            "gateway_circuit_state",
+            "Circuit breaker per backend: 0 closed, 1 half-open (one trial), 2 open (ejected).",
+            ("backend",),
+            registry=r,
+        )
+        self.circuit_opened = Counter(
+            "gateway_circuit_opened", "Times a backend's circuit opened.", ("backend",), registry=r
+        )
+        self.no_healthy_route = Counter(
+            "gateway_no_healthy_route",
+            "Requests answered 503 at once because every route's circuit was open.",
+            ("model",),
+            registry=r,
+        )
+        self.queue_depth_gauge = Gauge(
+            "gateway_queue_depth",
+            "Requests waiting for capacity, gateway-wide (scope=_gateway) or per backend.",
+            ("scope",),
+            registry=r,
+        )
+        self.queue_wait_seconds = Histogram(
+            "gateway_queue_wait_seconds",
+            "Time spent waiting for capacity by requests that had to wait and got it.",
+            ("scope",),
+            buckets=_TTFT_BUCKETS,
+            registry=r,
+        )
+        self.rejections = Counter(
+            "gateway_admission_rejections",
+            "Requests answered 429 by admission control, by scope and reason (queue_full, queue_timeout).",
+            ("scope", "reason"),
+            registry=r,
+        )
         self._request_children: dict[tuple[str, str, str], Counter] = {}
         self._pair_children: dict[tuple[str, str], tuple[Histogram, Histogram, Counter, Counter]] = {}
         self._in_flight_children: dict[str, Gauge] = {}
         for model in self._models:
             self.in_flight.labels(model)
+        self._scopes = self._backends | {GATEWAY_SCOPE}
+        for scope in self._scopes:
+            self.queue_depth_gauge.labels(scope)
+        for backend in self._backends:
+            self.circuit.labels(backend)
+        if isinstance(backends, Mapping):  # given the backends themselves: export pool workers too
+            self.watch_pools(b for b in backends.values() if isinstance(b, ReportsPool))
+
+        self._init_key_series(keys)
+
+    def _init_key_series(self, keys: Iterable[str]) -> None:
+        """Per-key series (auth on): labelled only with configured key names and fixed reasons."""
+        r = self.registry
+        self._keys = frozenset(keys)
+        self.key_requests = Counter(
+            "gateway_key_requests",
+            "Completion requests by API key name and HTTP status (auth on).",
+            ("key", "status"),
+            registry=r,
+        )
+        self.key_tokens_total = Counter(
+            "gateway_key_tokens",
+            "Tokens used by API key name, from upstream usage; kind is prompt or completion.",
+            ("key", "kind"),
+            registry=r,
+        )
+        self.key_rejections = Counter(
+            "gateway_key_rejections",
+            "Requests refused by auth, caps and per-key limits, by key name (_none: no valid key) and reason.",
+            ("key", "reason"),
+            registry=r,
+        )
+        self.ratelimit_store_errors = Counter(
+            "gateway_ratelimit_store_errors",
+            "Failed calls to the shared rate-limit store (Redis); each one was decided per replica instead.",
+            registry=r,
+        )
+        self.ratelimit_store_degraded = Gauge(
+            "gateway_ratelimit_store_degraded",
+            "1 while the shared rate-limit store is unreachable and limits hold per replica, else 0.",
+            registry=r,
+        )
+        self._key_children: dict[tuple[str, int], Counter] = {}
 
     # --- label hygiene -------------------------------------------------------------------
     def model_label(self, model: str | None) -> str:
-        return model if model in self._models else UNKNOWN  # type: ignore[return-value]
+        return model if model in self._models else UNKNOWN
 
     def backend_label(self, backend: str | None) -> str:
-        return backend if backend in self._backends else NONE  # type: ignore[return-value]
+        return backend if backend in self._backends else NONE
 
     def _pair(self, model: str, backend: str) -> tuple[Histogram, Histogram, Counter, Counter]:
         key = (model, backend)
@@ -160,5 +259,109 @@ class GatewayMetrics:
     def client_disconnected(self, model: str, backend: str | None) -> None:
         self.client_disconnects.labels(self.model_label(model), self.backend_label(backend)).inc()
 
+    # --- routing and resilience -------------------------------------------------------------
+    def retried(self, backend: str, reason: str) -> None:
+        self.retries.labels(self.backend_label(backend), reason).inc()
+
+    def failed_over(self, model: str, backend: str, reason: str) -> None:
+        self.failovers.labels(self.model_label(model), self.backend_label(backend), reason).inc()
+
+    def circuit_changed(self, backend: str, state: int) -> None:
+        """``state``: 0 closed, 1 half-open, 2 open."""
+        label = self.backend_label(backend)
+        self.circuit.labels(label).set(state)
+        if state == 2:
+            self.circuit_opened.labels(label).inc()
+
+    def unavailable(self, model: str) -> None:
+        self.no_healthy_route.labels(self.model_label(model)).inc()
+
+    def _scope(self, scope: str) -> str:
+        return scope if scope in self._scopes else NONE
+
+    def queue_depth(self, scope: str, depth: int) -> None:
+        self.queue_depth_gauge.labels(self._scope(scope)).set(depth)
+
+    def queue_wait(self, scope: str, seconds: float) -> None:
+        self.queue_wait_seconds.labels(self._scope(scope)).observe(seconds)
+
+    def admission_rejected(self, scope: str, reason: str) -> None:
+        self.rejections.labels(self._scope(scope), reason).inc()
+
+    # --- worker pools ------------------------------------------------------------------------
+    def watch_pools(self, pools: Iterable[ReportsPool]) -> None:
+        """Export each pool's workers (read at scrape time, nothing on the request path)."""
+        watched = [pool for pool in pools if pool.name in self._backends]
+        if watched:
+            self.registry.register(_PoolCollector(watched))
+
+    # --- security and tenancy (gateway.guard) ------------------------------------------------
+    def key_label(self, key: str | None) -> str:
+        return key if key in self._keys else NONE
+
+    def key_request(self, key: str, status: int) -> None:
+        child = self._key_children.get((key, status))
+        if child is None:
+            child = self._key_children[(key, status)] = self.key_requests.labels(self.key_label(key), str(status))
+        child.inc()
+
+    def key_tokens(self, key: str, prompt: int, completion: int) -> None:
+        label = self.key_label(key)
+        if prompt > 0:
+            self.key_tokens_total.labels(label, "prompt").inc(prompt)
+        if completion > 0:
+            self.key_tokens_total.labels(label, "completion").inc(completion)
+
+    def key_rejected(self, key: str | None, reason: str) -> None:
+        """``reason``: unauthenticated, model, cost_cap, requests, tokens, too_large, concurrency."""
+        self.key_rejections.labels(self.key_label(key), reason if reason in _KEY_REASONS else UNKNOWN).inc()
+
+    def ratelimit_store_error(self) -> None:
+        self.ratelimit_store_errors.inc()
+
+    def ratelimit_degraded(self, degraded: bool) -> None:
+        self.ratelimit_store_degraded.set(1 if degraded else 0)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _PoolCollector(Collector):
+    """``gateway_pool_*`` series, labelled by configured backend name and worker index."""
+
+    def __init__(self, pools: list[ReportsPool]) -> None:
+        self._pools = pools
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ("backend", "worker")
+        state = GaugeMetricFamily(
+            "gateway_pool_worker_state", "1 for the state each pool worker is in.", labels=(*labels, "state")
+        )
+        restarts = CounterMetricFamily("gateway_pool_worker_restarts", "Restarts of each pool worker.", labels=labels)
+        in_flight = GaugeMetricFamily(
+            "gateway_pool_worker_in_flight", "Requests in flight from this gateway to each worker.", labels=labels
+        )
+        queue = GaugeMetricFamily(
+            "gateway_pool_worker_queue", "Requests waiting in each worker's own queue (scraped).", labels=labels
+        )
+        kv = GaugeMetricFamily(
+            "gateway_pool_worker_kv_cache_usage", "KV-cache usage of each worker, 0..1 (scraped).", labels=labels
+        )
+        decisions = CounterMetricFamily(
+            "gateway_pool_routing_decisions",
+            "Worker choices by why (affinity_hit, affinity_miss, affinity_overloaded, least_load, round_robin).",
+            labels=("backend", "decision"),
+        )
+        for pool in self._pools:
+            status = pool.pool_status()
+            for w in status.workers:
+                worker = (pool.name, str(w.index))
+                for name in STATES:
+                    state.add_metric((*worker, name), 1.0 if w.state == name else 0.0)
+                restarts.add_metric(worker, w.restarts)
+                in_flight.add_metric(worker, w.in_flight)
+                queue.add_metric(worker, w.waiting)
+                kv.add_metric(worker, w.kv_cache_usage)
+            for decision, count in status.decisions.items():
+                decisions.add_metric((pool.name, decision), count)
+        yield from (state, restarts, in_flight, queue, kv, decisions)
