@@ -1,0 +1,151 @@
+"""Cost caps: the largest request one caller may send, checked before anything is reserved or called.
+
+A refusal is a 400 ``invalid_request_error`` with ``code: cost_cap_exceeded``, ``param`` set
+to the field the client can change and a message naming the cap and where it comes from
+(the deployment's ``caps:`` or the key's ``auth.keys[].caps``). The same place bounds the
+``prompt`` arrays (``server.max_prompt_array``, a hardening limit that is always on).
+
+Token arithmetic used here and by the rate limiter (:func:`reserve_tokens`):
+
+    prompt estimate + max_tokens (16 when unset) x sequences x prompts
+
+where ``sequences`` is ``max(n, best_of)`` (what an upstream generates for each prompt), and
+a text prompt is estimated at 4 characters per token (token-id prompts count exactly). The
+estimate only decides admission; the rate limiter settles from the upstream's real usage.
+
+Cost: :meth:`Caps.check` is a few attribute reads and comparisons; the prompt walk is
+O(prompts) and only when the prompt is a batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from schemas.completions import DEFAULT_MAX_TOKENS, CompletionRequest
+from schemas.config import CostCaps
+from schemas.errors import InvalidRequestError
+
+__all__ = ["CAP_FIELDS", "CapExceededError", "Caps", "estimate_prompt_tokens", "reserve_tokens"]
+
+CAP_FIELDS = ("n", "best_of", "max_tokens", "prompts", "total_tokens")
+_CHARS_PER_TOKEN = 4
+
+
+class CapExceededError(InvalidRequestError):
+    code = "cost_cap_exceeded"
+
+    def __init__(self, message: str, *, param: str, cap: str) -> None:
+        super().__init__(message, param=param)
+        self.cap = cap  # which cap (one of CAP_FIELDS, or "prompt_array"), for metrics
+
+
+def estimate_prompt_tokens(prompt: str | list[str] | list[int] | list[list[int]]) -> int:
+    """A cheap upper-ish estimate: exact for token ids, ~4 characters per token for text."""
+    if isinstance(prompt, str):
+        return len(prompt) // _CHARS_PER_TOKEN + 1
+    if not prompt:
+        return 0
+    first = prompt[0]
+    if isinstance(first, int):
+        return len(prompt)
+    if isinstance(first, str):
+        return sum(len(p) // _CHARS_PER_TOKEN + 1 for p in prompt if isinstance(p, str))
+    return sum(len(p) for p in prompt if isinstance(p, list))
+
+
+def _sequences(request: CompletionRequest) -> int:
+    n = request.n or 1
+    best_of = request.best_of or 1
+    return n if n > best_of else best_of
+
+
+def reserve_tokens(request: CompletionRequest) -> int:
+    """Tokens a request may use at most (with the prompt estimated): what the limiter reserves."""
+    max_tokens = DEFAULT_MAX_TOKENS if request.max_tokens is None else request.max_tokens
+    return estimate_prompt_tokens(request.prompt) + max_tokens * _sequences(request) * request.prompt_count
+
+
+@dataclass(frozen=True, slots=True)
+class Caps:
+    """Effective caps for one caller (the lower of deployment and key) plus the prompt-array bound.
+
+    ``sources`` says, per cap, where its value comes from (for the refusal message).
+    """
+
+    max_prompt_array: int
+    n: int | None = None
+    best_of: int | None = None
+    max_tokens: int | None = None
+    prompts: int | None = None
+    total_tokens: int | None = None
+    sources: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def build(
+        cls, max_prompt_array: int, deployment: CostCaps, key: CostCaps | None = None, key_name: str = ""
+    ) -> Caps:
+        values: dict[str, int | None] = {}
+        sources: list[tuple[str, str]] = []
+        for name in CAP_FIELDS:
+            mine: int | None = getattr(deployment, name)
+            theirs: int | None = getattr(key, name) if key is not None else None
+            if theirs is not None and (mine is None or theirs < mine):
+                values[name] = theirs
+                sources.append((name, f"key '{key_name}'"))
+            else:
+                values[name] = mine
+                if mine is not None:
+                    sources.append((name, "this deployment"))
+        return cls(max_prompt_array, sources=tuple(sources), **values)
+
+    @property
+    def any(self) -> bool:
+        return any(getattr(self, name) is not None for name in CAP_FIELDS)
+
+    def check(self, request: CompletionRequest) -> None:
+        """Raise :class:`CapExceededError` for the first cap the request goes over."""
+        prompt = request.prompt
+        if type(prompt) is list:
+            self._check_prompt_array(prompt)
+        if self.n is not None and request.n is not None and request.n > self.n:
+            raise self._over("n", "n", f"'n' is {request.n}")
+        if self.best_of is not None and request.best_of is not None and request.best_of > self.best_of:
+            raise self._over("best_of", "best_of", f"'best_of' is {request.best_of}")
+        if self.max_tokens is not None:
+            max_tokens = DEFAULT_MAX_TOKENS if request.max_tokens is None else request.max_tokens
+            if max_tokens > self.max_tokens:
+                unset = "" if request.max_tokens is not None else " (the default when unset)"
+                raise self._over("max_tokens", "max_tokens", f"'max_tokens' is {max_tokens}{unset}")
+        if self.prompts is not None and request.prompt_count > self.prompts:
+            raise self._over("prompts", "prompt", f"'prompt' holds {request.prompt_count} prompts")
+        if self.total_tokens is not None:
+            total = reserve_tokens(request)
+            if total > self.total_tokens:
+                raise self._over(
+                    "total_tokens",
+                    "max_tokens",
+                    f"this request may use up to {total} tokens (prompt estimate + max_tokens x n x prompts)",
+                )
+
+    def _check_prompt_array(self, prompt: list[str] | list[int] | list[list[int]]) -> None:
+        limit = self.max_prompt_array
+        if len(prompt) > limit:
+            raise CapExceededError(
+                f"'prompt' is an array of {len(prompt)} items; at most {limit} are accepted",
+                param="prompt",
+                cap="prompt_array",
+            )
+        if prompt and type(prompt[0]) is list:
+            for inner in prompt:
+                if isinstance(inner, list) and len(inner) > limit:
+                    raise CapExceededError(
+                        f"a prompt in 'prompt' has {len(inner)} token ids; at most {limit} are accepted",
+                        param="prompt",
+                        cap="prompt_array",
+                    )
+
+    def _over(self, cap: str, param: str, what: str) -> CapExceededError:
+        source = dict(self.sources).get(cap, "this deployment")
+        return CapExceededError(
+            f"{what}, over the {cap} cap of {getattr(self, cap)} set for {source}.", param=param, cap=cap
+        )

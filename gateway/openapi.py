@@ -1,0 +1,218 @@
+"""``GET /openapi.json``: an OpenAPI 3.1 description of this gateway, generated from its pydantic schemas.
+
+The request body is :class:`~schemas.completions.CompletionRequest`'s own JSON schema (the
+one that validates requests), the answers are the response models and
+:class:`~schemas.errors.ErrorEnvelope`. The document is built once per app from the config
+(the configured model names are the ``model`` examples; the security schemes appear when
+auth is on) and served as ready bytes. Schemathesis runs against it in the tests.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+from typing import Any, Literal
+
+import orjson
+from aiohttp import web
+from aiohttp.typedefs import Handler
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from schemas.completions import CompletionRequest, CompletionResponse
+from schemas.config import GatewayConfig
+from schemas.errors import ErrorEnvelope
+
+__all__ = ["build_openapi", "openapi_handler"]
+
+_REF = "#/components/schemas/{model}"
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class Health(BaseModel):
+    status: Literal["ok", "draining"]
+
+
+def _version() -> str:
+    try:
+        return metadata.version("completions-gateway")
+    except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        return "0"
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": _REF.format(model=name)}
+
+
+def _errors(*statuses: int) -> dict[str, Any]:
+    return {
+        str(status): {
+            "description": _REASONS[status],
+            "content": {"application/json": {"schema": _ref("ErrorEnvelope")}},
+        }
+        for status in statuses
+    }
+
+
+_REASONS = {
+    400: "Invalid request: malformed JSON, a field out of range, a rule broken, an unsupported field or a cost cap",
+    401: "Missing or unknown API key",
+    403: "The key may not use this model",
+    404: "Unknown model",
+    408: "The request body arrived too slowly",
+    413: "The request body is too large",
+    429: "Rate limited (per key), the gateway at capacity, or the upstream's 429",
+    500: "A gateway bug (details only in its log)",
+    502: "The upstream failed or refused our credentials",
+    503: "The upstream or the gateway is unavailable",
+    504: "The upstream timed out",
+}
+
+_RATE_HEADERS = {
+    name: {"description": "Per-key rate limit state (keys with limits only)", "schema": {"type": "string"}}
+    for name in (
+        "x-ratelimit-limit-requests",
+        "x-ratelimit-remaining-requests",
+        "x-ratelimit-reset-requests",
+        "x-ratelimit-limit-tokens",
+        "x-ratelimit-remaining-tokens",
+        "x-ratelimit-reset-tokens",
+    )
+}
+_REQUEST_ID = {"x-request-id": {"description": "The request's id (also sent upstream)", "schema": {"type": "string"}}}
+
+
+def build_openapi(config: GatewayConfig) -> dict[str, Any]:
+    _, schemas = models_json_schema(
+        [
+            (CompletionRequest, "validation"),
+            (CompletionResponse, "validation"),
+            (ErrorEnvelope, "validation"),
+            (ModelList, "validation"),
+            (Health, "validation"),
+        ],
+        ref_template=_REF,
+    )
+    components: dict[str, Any] = {"schemas": schemas["$defs"]}
+    names = [model.name for model in config.models]
+    request_schema = components["schemas"]["CompletionRequest"]
+    request_schema["properties"]["model"]["examples"] = names
+
+    auth = config.auth
+    api_security: list[dict[str, list[str]]] = []
+    metrics_security: list[dict[str, list[str]]] = []
+    if auth is not None:
+        components["securitySchemes"] = {
+            "bearer": {"type": "http", "scheme": "bearer", "description": "Authorization: Bearer <key>"},
+            "apiKeyHeader": {"type": "apiKey", "in": "header", "name": "api-key"},
+        }
+        api_security = [{"bearer": []}, {"apiKeyHeader": []}]
+        if auth.metrics_sha256 is not None:
+            metrics_security = api_security
+
+    headers = {**_REQUEST_ID, **(_RATE_HEADERS if auth is not None else {})}
+    completions: dict[str, Any] = {
+        "operationId": "createCompletion",
+        "summary": "OpenAI Completions: a completion, or a stream of chunks (data-only SSE ending in [DONE])",
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": _ref("CompletionRequest"),
+                    "example": {"model": names[0], "prompt": "Say this is a test", "max_tokens": 8},
+                }
+            },
+        },
+        "responses": {
+            "200": {
+                "description": "The completion; with stream=true, server-sent events of completion chunks",
+                "headers": headers,
+                "content": {
+                    "application/json": {"schema": _ref("CompletionResponse")},
+                    "text/event-stream": {"schema": {"type": "string"}},
+                },
+            },
+            **_errors(400, *((401, 403) if auth is not None else ()), 404, 408, 413, 429, 500, 502, 503, 504),
+        },
+    }
+    models: dict[str, Any] = {
+        "operationId": "listModels",
+        "summary": "The models this gateway serves (with auth on: those the key may use)",
+        "responses": {
+            "200": {
+                "description": "OpenAI list of models",
+                "headers": headers,
+                "content": {"application/json": {"schema": _ref("ModelList")}},
+            },
+            **(_errors(401) if auth is not None else {}),
+        },
+    }
+    if api_security:
+        completions["security"] = api_security
+        models["security"] = api_security
+    metrics: dict[str, Any] = {
+        "operationId": "metrics",
+        "summary": "Prometheus metrics",
+        "responses": {
+            "200": {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}},
+            **(_errors(401) if metrics_security else {}),
+        },
+    }
+    if metrics_security:
+        metrics["security"] = metrics_security
+    health_answer = {"application/json": {"schema": _ref("Health")}}
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "completions-gateway",
+            "version": _version(),
+            "description": "An OpenAI Completions API gateway.",
+        },
+        "paths": {
+            "/v1/completions": {"post": completions},
+            "/v1/models": {"get": models},
+            "/health": {
+                "get": {
+                    "operationId": "health",
+                    "summary": "Liveness (503 while draining)",
+                    "responses": {
+                        "200": {"description": "Serving", "content": health_answer},
+                        "503": {"description": "Draining", "content": health_answer},
+                    },
+                }
+            },
+            "/metrics": {"get": metrics},
+            "/openapi.json": {
+                "get": {
+                    "operationId": "openapi",
+                    "summary": "This document",
+                    "responses": {
+                        "200": {
+                            "description": "OpenAPI 3.1",
+                            "content": {"application/json": {"schema": {"type": "object"}}},
+                        }
+                    },
+                }
+            },
+        },
+        "components": components,
+    }
+
+
+def openapi_handler(config: GatewayConfig) -> Handler:
+    body = orjson.dumps(build_openapi(config))
+
+    async def openapi(request: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="application/json")
+
+    return openapi
