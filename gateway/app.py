@@ -1,8 +1,10 @@
 """The aiohttp application factory and its lifecycle.
 
 ``create_app(config)`` builds everything from a validated config; tests build
-the same app with a test config (and may pass ready-made backends). Backends
-start in ``cleanup_ctx`` before the first request and close after the last.
+the same app with a test config (and may pass ready-made backends, or a fake
+:class:`~gateway.clock.Clock` so backoffs and cooldowns take no real time).
+Backends start in ``cleanup_ctx`` before the first request and close after the
+last; health probes run between the two.
 """
 
 from __future__ import annotations
@@ -14,35 +16,99 @@ from aiohttp import web
 from backends.base import Backend
 from backends.registry import build_backends
 from gateway import handlers
+from gateway.admission import Admission, Limiter
+from gateway.auth import protect
+from gateway.clock import Clock
+from gateway.guard import RequestGuard
+from gateway.hardening import handler_args, register_secrets
+from gateway.health import CircuitBreaker, HealthProber
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import request_middleware
-from gateway.router import Router
+from gateway.openapi import openapi_handler
+from gateway.retry import RetryPolicy
+from gateway.router import BackendGuard, Router
 from gateway.service import CompletionService
 from gateway.state import STATE, GatewayState
 from schemas.config import GatewayConfig
 
-__all__ = ["create_app"]
+__all__ = ["PROBER", "create_app"]
+
+PROBER: web.AppKey[HealthProber] = web.AppKey("gateway_prober", HealthProber)
 
 
-def create_app(config: GatewayConfig, *, backends: Mapping[str, Backend] | None = None) -> web.Application:
+def create_app(
+    config: GatewayConfig, *, backends: Mapping[str, Backend] | None = None, clock: Clock | None = None
+) -> web.Application:
+    register_secrets(config)  # error bodies never carry them (gateway.hardening.redact)
     built = dict(backends) if backends is not None else build_backends(config.backends)
-    metrics = GatewayMetrics((m.name for m in config.models), built)
+    keys = [k.name for k in config.auth.keys] if config.auth is not None else []
+    metrics = GatewayMetrics((m.name for m in config.models), built, keys=keys)
+    clock = clock if clock is not None else Clock()
+    guards = _guards(config, metrics, clock)
     state = GatewayState(
         config=config,
         backends=built,
-        router=Router(config, built),
+        router=Router(config, built, guards),
         metrics=metrics,
-        service=CompletionService(metrics),
+        service=CompletionService(metrics, clock),
+        admission=Admission(config.server.admission, metrics),
     )
-    app = web.Application(client_max_size=config.server.max_body_bytes, middlewares=[request_middleware])
+    # Auth, cost caps, rate limits, audit: see gateway.guard (nothing per request when off).
+    guard = state.request_guard = RequestGuard.from_config(config, metrics, state.models_body)
+    prober = HealthProber(
+        (built[b.name], guards[b.name].breaker, b.health_check) for b in config.backends if b.health_check is not None
+    )
+    app = web.Application(
+        client_max_size=config.server.max_body_bytes,
+        middlewares=[request_middleware],
+        handler_args=handler_args(config.server),  # header limits and the slow-header timeout
+    )
     app[STATE] = state
     app.cleanup_ctx.append(_backends_lifecycle)
+    app[PROBER] = prober
+    app.cleanup_ctx.append(_probes_lifecycle)
     app.on_shutdown.append(_start_draining)
-    app.router.add_post("/v1/completions", handlers.completions)
-    app.router.add_get("/v1/models", handlers.list_models)
-    app.router.add_get("/health", handlers.health)
-    app.router.add_get("/metrics", handlers.metrics)
+    _add_routes(app, config, guard)
     return app
+
+
+def _add_routes(app: web.Application, config: GatewayConfig, guard: RequestGuard) -> None:
+    """The endpoints; the security wrappers and hooks only where the config turns them on."""
+    completions = guard.completions(handlers.completions) if guard.wraps_completions else handlers.completions
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", guard.list_models if guard.keyring is not None else handlers.list_models)
+    app.router.add_get("/health", handlers.health)
+    metrics_digest = guard.keyring.metrics_digest if guard.keyring is not None else None
+    app.router.add_get("/metrics", protect(handlers.metrics, metrics_digest) if metrics_digest else handlers.metrics)
+    app.router.add_get("/openapi.json", openapi_handler(config))
+    if guard.store is not None:
+        app.on_response_prepare.append(guard.on_prepare)
+        app.on_cleanup.append(_close_guard)
+
+
+async def _close_guard(app: web.Application) -> None:
+    guard = app[STATE].request_guard
+    if guard is not None:
+        await guard.close()
+
+
+def _guards(config: GatewayConfig, metrics: GatewayMetrics, clock: Clock) -> dict[str, BackendGuard]:
+    """One breaker, limiter and retry policy per backend, shared by every route to it."""
+    admission = config.server.admission
+    return {
+        b.name: BackendGuard(
+            breaker=CircuitBreaker(b.name, b.circuit_breaker, clock, metrics.circuit_changed),
+            limiter=Limiter(
+                b.name,
+                b.max_concurrency,
+                queue_size=admission.queue_size,
+                timeout=admission.queue_timeout,
+                metrics=metrics,
+            ),
+            retry=RetryPolicy.from_config(b.retry, clock),
+        )
+        for b in config.backends
+    }
 
 
 async def _backends_lifecycle(app: web.Application) -> AsyncIterator[None]:
@@ -60,3 +126,13 @@ async def _backends_lifecycle(app: web.Application) -> AsyncIterator[None]:
 
 async def _start_draining(app: web.Application) -> None:
     app[STATE].draining = True
+
+
+async def _probes_lifecycle(app: web.Application) -> AsyncIterator[None]:
+    """Probes run while the backends are up: registered after them, so they stop first."""
+    prober = app[PROBER]
+    prober.start()
+    try:
+        yield
+    finally:
+        await prober.close()

@@ -7,16 +7,21 @@ handlers only record metrics around them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from typing import NoReturn
 
 import orjson
 from aiohttp import web
 
 from backends.errors import UpstreamError
+from gateway.guard import Ticket
+from gateway.hardening import read_body, redact
+from gateway.router import ModelEntry, Route
 from gateway.state import STATE, GatewayState, request_id_of
 from gateway.validation import parse_completion_request
 from schemas.completions import CompletionRequest
-from schemas.errors import GatewayError, UnsupportedParameterError
+from schemas.errors import GatewayError, ServiceUnavailableError, UnsupportedParameterError
 
 __all__ = ["completions", "health", "list_models", "metrics"]
 
@@ -37,13 +42,17 @@ async def completions(request: web.Request) -> web.StreamResponse:
     loop = asyncio.get_running_loop()
     started = loop.time()
     rid = request_id_of(request)
-    body = await request.read()
+    body = await read_body(request, state.config.server.client_body_timeout)
     model: str | None = None
     try:
         req = parse_completion_request(body)
         entry = state.router.lookup(req.model)
         model = entry.name
+        # Key permissions, cost caps, rate limits (gateway.guard); settled when the request ends.
+        guard = state.request_guard
+        ticket = await guard.admit(request, req, model) if guard is not None else None
         routes = state.router.candidates(entry, req)
+        priority = state.admission.priority_of(request.headers)
     except UnsupportedParameterError as exc:
         metrics.unsupported_parameter(exc.backend, exc.param or "")
         metrics.request_finished(model, None, exc.status, None)
@@ -53,50 +62,102 @@ async def completions(request: web.Request) -> web.StreamResponse:
         raise
 
     metrics.request_started(entry.name)
+    task = request.task
+    state.in_flight.enter(task)
+    limiter = state.admission.limiter
     try:
-        if req.stream:
-            return await _stream(request, state, entry.name, routes, req, rid, started)
         try:
-            result, route = await state.service.complete(entry, routes, req, rid)
-        except GatewayError as exc:
-            metrics.request_finished(entry.name, getattr(exc, "backend", None), exc.status, loop.time() - started)
+            if not limiter.try_acquire():  # the common case takes a slot without a coroutine
+                await limiter.acquire(priority)
+        except GatewayError as exc:  # the gateway is saturated: 429
+            metrics.request_finished(entry.name, None, exc.status, loop.time() - started)
             raise
         except asyncio.CancelledError:
-            metrics.client_disconnected(entry.name, None)
-            metrics.request_finished(entry.name, None, 499, loop.time() - started)
-            raise
-        except Exception:  # a bug: the middleware logs it and answers 500
-            metrics.request_finished(entry.name, None, 500, loop.time() - started)
-            raise
-        backend = route.backend.name
-        if result.usage is not None:
-            metrics.tokens(entry.name, backend, result.usage.prompt_tokens, result.usage.completion_tokens)
-        metrics.request_finished(entry.name, backend, 200, loop.time() - started)
-        return web.Response(body=result.body, content_type=_JSON, headers={"x-request-id": rid})
+            _cancelled(state, entry.name, None, started)
+        try:
+            if req.stream:
+                return await _stream(request, state, entry, routes, req, rid, priority, started, ticket)
+            return await _complete(state, entry, routes, req, rid, priority, started, ticket)
+        finally:
+            limiter.release()
     finally:
+        state.in_flight.leave(task)
         metrics.request_ended(entry.name)
+
+
+def _cancelled(state: GatewayState, model: str, backend: str | None, started: float) -> NoReturn:
+    """Account for a cancelled request and end it: a client that left (499), or the drain deadline (503)."""
+    seconds = asyncio.get_running_loop().time() - started
+    if state.in_flight.expired:
+        # Our own drain cancelled it: the client is still there and gets a 503 it can retry elsewhere.
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        state.metrics.request_finished(model, backend, 503, seconds)
+        raise _shutting_down()
+    state.metrics.client_disconnected(model, backend)
+    state.metrics.request_finished(model, backend, 499, seconds)  # nginx's "client closed request"
+    raise asyncio.CancelledError
+
+
+def _shutting_down() -> ServiceUnavailableError:
+    return ServiceUnavailableError(
+        "the gateway is shutting down; retry the request", code="gateway_shutting_down", retry_after=1.0
+    )
+
+
+async def _complete(
+    state: GatewayState,
+    entry: ModelEntry,
+    routes: list[Route],
+    req: CompletionRequest,
+    rid: str,
+    priority: int,
+    started: float,
+    ticket: Ticket | None,
+) -> web.Response:
+    metrics = state.metrics
+    loop = asyncio.get_running_loop()
+    try:
+        result, route = await state.service.complete(entry, routes, req, rid, priority)
+    except GatewayError as exc:
+        metrics.request_finished(entry.name, getattr(exc, "backend", None), exc.status, loop.time() - started)
+        raise
+    except asyncio.CancelledError:
+        _cancelled(state, entry.name, None, started)
+    except Exception:  # a bug: the middleware logs it and answers 500
+        metrics.request_finished(entry.name, None, 500, loop.time() - started)
+        raise
+    backend = route.backend.name
+    if result.usage is not None:
+        metrics.tokens(entry.name, backend, result.usage.prompt_tokens, result.usage.completion_tokens)
+    metrics.request_finished(entry.name, backend, 200, loop.time() - started)
+    if ticket is not None:
+        ticket.record(backend, 200, result.usage)
+    return web.Response(body=result.body, content_type=_JSON, headers={"x-request-id": rid})
 
 
 async def _stream(
     request: web.Request,
     state: GatewayState,
-    model: str,
-    routes: list,  # type: ignore[type-arg]
+    entry: ModelEntry,
+    routes: list[Route],
     req: CompletionRequest,
     rid: str,
+    priority: int,
     started: float,
+    ticket: Ticket | None,
 ) -> web.StreamResponse:
     metrics = state.metrics
+    model = entry.name
     loop = asyncio.get_running_loop()
     try:
-        opened = await state.service.open_stream(state.router.models[model], routes, req, rid)
+        opened = await state.service.open_stream(entry, routes, req, rid, priority)
     except GatewayError as exc:
         metrics.request_finished(model, getattr(exc, "backend", None), exc.status, loop.time() - started)
         raise
     except asyncio.CancelledError:
-        metrics.client_disconnected(model, None)
-        metrics.request_finished(model, None, 499, loop.time() - started)
-        raise
+        _cancelled(state, model, None, started)
     except Exception:  # a bug: the middleware logs it and answers 500
         metrics.request_finished(model, None, 500, loop.time() - started)
         raise
@@ -125,9 +186,10 @@ async def _stream(
         except UpstreamError as exc:
             # After the first byte nothing is retried: say what happened, then end cleanly.
             status = exc.status
+            opened.failed(exc)
             metrics.upstream_error(backend, exc.reason)
             metrics.stream_failed(model, backend, exc.reason)
-            tail = b"data: " + orjson.dumps(exc.envelope()) + b"\n\n" + _DONE
+            tail = _error_event(exc)
         except ConnectionResetError:
             raise
         except Exception as exc:
@@ -142,19 +204,38 @@ async def _stream(
             )
             status = error.status
             metrics.stream_failed(model, backend, "internal")
-            tail = b"data: " + orjson.dumps(error.envelope()) + b"\n\n" + _DONE
+            tail = _error_event(error)
         await response.write_eof(tail)
-    except (ConnectionResetError, asyncio.CancelledError):
+    except asyncio.CancelledError:
+        if not state.in_flight.expired:
+            metrics.client_disconnected(model, backend)
+            status = 499  # nginx's "client closed request"
+            raise
+        # The drain deadline passed: end the stream with an error the client can act on, not a bare cut.
+        status = 503
+        metrics.stream_failed(model, backend, "shutdown")
+        if response.prepared:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(1.0):
+                    await response.write_eof(_error_event(_shutting_down()))
+        raise
+    except ConnectionResetError:
         metrics.client_disconnected(model, backend)
-        status = 499  # nginx's "client closed request"
+        status = 499
         raise
     finally:
-        await stream.aclose()
+        await opened.aclose()
         usage = stream.usage
         if usage is not None:
             metrics.tokens(model, backend, usage.prompt_tokens, usage.completion_tokens)
         metrics.request_finished(model, backend, status, loop.time() - started)
+        if ticket is not None:
+            ticket.record(backend, status, usage)
     return response
+
+
+def _error_event(error: GatewayError) -> bytes:
+    return b"data: " + redact(orjson.dumps(error.envelope())) + b"\n\n" + _DONE
 
 
 async def list_models(request: web.Request) -> web.Response:

@@ -15,6 +15,7 @@ import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from gateway.hardening import redact
 from gateway.state import REQUEST_ID, new_request_id
 from schemas.errors import (
     GatewayError,
@@ -36,7 +37,10 @@ def error_response(error: GatewayError, request_id: str) -> web.Response:
     if error.retry_after is not None:
         headers["Retry-After"] = str(max(1, round(error.retry_after)))
     return web.Response(
-        body=orjson.dumps(error.envelope()), status=error.status, content_type="application/json", headers=headers
+        body=redact(orjson.dumps(error.envelope())),  # an upstream may echo a secret in its message
+        status=error.status,
+        content_type="application/json",
+        headers=headers,
     )
 
 

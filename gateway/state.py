@@ -2,23 +2,77 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import orjson
 from aiohttp import web
 
 from backends.base import Backend
+from gateway.admission import Admission
 from gateway.metrics import GatewayMetrics
 from gateway.router import Router
 from gateway.service import CompletionService
 from schemas.config import GatewayConfig
 
-__all__ = ["REQUEST_ID", "STATE", "GatewayState", "request_id_of"]
+if TYPE_CHECKING:  # gateway.guard imports this module
+    from gateway.guard import RequestGuard
+
+__all__ = ["REQUEST_ID", "STATE", "GatewayState", "InFlight", "request_id_of"]
 
 REQUEST_ID = "request_id"
+
+
+_CANCEL_GRACE = 2.0  # seconds cancelled handlers get to write their last words
+
+
+class InFlight:
+    """The handler tasks serving completions now: what a drain waits for, then cancels.
+
+    ``enter()``/``leave()`` bracket each completion request (a set add and discard).
+    ``expired`` turns true when the drain deadline passed and the remaining tasks are
+    being cancelled, so a handler can tell that cancellation from a client that left.
+    """
+
+    __slots__ = ("_tasks", "expired")
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[object]] = set()
+        self.expired = False
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def enter(self, task: asyncio.Task[object]) -> None:
+        """``task``: the one serving the request (aiohttp's ``request.task``)."""
+        self._tasks.add(task)
+
+    def leave(self, task: asyncio.Task[object]) -> None:
+        self._tasks.discard(task)
+
+    async def wait_idle(self, within: float) -> bool:
+        """Wait until no request is in flight, at most ``within`` seconds; True if none is left."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        while self._tasks:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            # Tasks outlive their request on keep-alive connections: wait for the set to empty.
+            await asyncio.wait(list(self._tasks), timeout=min(remaining, 0.05))
+        return True
+
+    async def cancel_all(self, grace: float = _CANCEL_GRACE) -> None:
+        self.expired = True
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=grace)
 
 
 @dataclass
@@ -28,7 +82,11 @@ class GatewayState:
     router: Router
     metrics: GatewayMetrics
     service: CompletionService
+    admission: Admission
+    in_flight: InFlight = field(default_factory=InFlight)
     models_body: bytes = b""
+    # Auth, cost caps, rate limits and audit (gateway.guard); set by create_app.
+    request_guard: RequestGuard | None = None
     draining: bool = False
     started_at: float = field(default_factory=time.time)
 

@@ -45,7 +45,7 @@ def _param(loc: tuple[int | str, ...]) -> str | None:
 
 def _to_client_error(exc: ValidationError) -> InvalidRequestError:
     errors = exc.errors(include_url=False)
-    first: dict[str, Any] = errors[0]
+    first: dict[str, Any] = dict(errors[0])
     kind = first["type"]
     ctx = first.get("ctx") or {}
     cause = ctx.get("error")

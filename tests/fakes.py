@@ -1,9 +1,13 @@
 """A scriptable fake OpenAI/vLLM upstream: a real aiohttp server on loopback.
 
 Tests queue behaviours (``FakeUpstream.script``); requests with nothing queued
-get a normal, deterministic completion. It records every request it received
-(body and headers) and counts TCP connections, so tests can assert what went
-upstream and whether connections were reused or closed.
+get ``FakeUpstream.default(body)`` when set (random faults for soak runs), else a
+normal, deterministic completion. It records every request it received (body and
+headers), counts TCP connections (seen, and open now), requests in progress and
+requests whose client (the gateway) hung up, so tests can assert on the upstream's
+side that connections were reused or closed and work was cancelled. It can also
+refuse connections for a while (``go_down``/``come_up``, same port) and fail its
+health endpoints (``healthy = False``).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +34,8 @@ class Behaviour:
     chunks then drop the connection), ``stall`` (sleep ``delay`` before answering),
     ``stall_mid`` (stream ``events`` chunks then sleep ``delay``), ``garbage``
     (200 with a non-JSON body), ``error_event`` (stream ``events`` chunks then an
-    error event and [DONE]).
+    error event and [DONE]), ``garbage_event`` (stream ``events`` chunks then an event
+    that is not JSON, then [DONE]). ``delay`` on ``ok`` paces stream chunks.
     """
 
     kind: str = "ok"
@@ -54,6 +60,13 @@ class FakeUpstream:
         self._peers: set[Any] = set()
         self.open_streams = 0
         self.cancelled_streams = 0
+        self.active = 0  # completion requests being handled now
+        self.cancelled = 0  # completion requests whose client hung up before the answer was complete
+        self.health_checks = 0
+        self.healthy = True  # False: /health and /v1/models answer 503
+        # Chooses the behaviour of a request when ``script`` is empty (None: a normal answer).
+        self.default: Callable[[dict[str, Any]], Behaviour] | None = None
+        self._site: web.TCPSite | None = None
         self._model_field = model_field
         self._spaced = spaced_json
         self._runner: web.AppRunner | None = None
@@ -67,10 +80,33 @@ class FakeUpstream:
         app.router.add_get("/health", self._health)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
+        self._site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await self._site.start()
         self.port = self._runner.addresses[0][1]
         return self.url
+
+    async def go_down(self) -> None:
+        """Stop listening (new connections are refused) and drop every open connection."""
+        assert self._runner is not None and self._site is not None
+        await self._site.stop()
+        self._site = None
+        server = self._runner.server
+        if server is not None:
+            for handler in server.connections:
+                handler.force_close()
+        await asyncio.sleep(0)
+
+    async def come_up(self) -> None:
+        """Listen again on the same port."""
+        assert self._runner is not None and self._site is None
+        self._site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True)
+        await self._site.start()
+
+    @property
+    def open_connections(self) -> int:
+        """Client connections open now."""
+        server = self._runner.server if self._runner is not None else None
+        return len(server.connections) if server is not None else 0
 
     @property
     def connections(self) -> int:
@@ -116,22 +152,47 @@ class FakeUpstream:
         return b"data: " + self._dumps(obj) + b"\n\n"
 
     async def _models(self, request: web.Request) -> web.Response:
+        self.health_checks += 1
+        if not self.healthy:
+            return web.json_response({"error": {"message": "down"}}, status=503)
         return web.json_response({"object": "list", "data": [{"id": "up-model", "object": "model"}]})
 
     async def _health(self, request: web.Request) -> web.Response:
-        return web.Response()
+        self.health_checks += 1
+        return web.Response(status=200 if self.healthy else 503)
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
+        self.active += 1
+        hung_up = True
+        try:
+            response = await self._answer(request)
+            hung_up = False
+            if response is None:  # ``reset``: no answer at all
+                raise asyncio.CancelledError
+            return response
+        except asyncio.CancelledError:
+            if hung_up:
+                self.cancelled += 1
+            raise
+        finally:
+            self.active -= 1
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse | None:
         raw = await request.read()
         if request.transport is not None:
             self._peers.add(request.transport.get_extra_info("peername"))
         body = orjson.loads(raw)
         self.requests.append(Seen(request.path, dict(request.headers), body))
-        behaviour = self.script.popleft() if self.script else Behaviour()
+        if self.script:
+            behaviour = self.script.popleft()
+        elif self.default is not None:
+            behaviour = self.default(body)
+        else:
+            behaviour = Behaviour()
         if behaviour.kind == "reset":
             assert request.transport is not None
             request.transport.abort()
-            raise asyncio.CancelledError
+            return None
         if behaviour.kind == "stall":
             await asyncio.sleep(behaviour.delay)
         if behaviour.kind == "status":
@@ -152,7 +213,7 @@ class FakeUpstream:
         tokens = int(body.get("max_tokens") or 16)
         try:
             for i in range(tokens):
-                if behaviour.kind in ("cut", "stall_mid", "error_event") and i == behaviour.events:
+                if behaviour.kind in ("cut", "stall_mid", "error_event", "garbage_event") and i == behaviour.events:
                     if behaviour.kind == "cut":
                         assert request.transport is not None
                         request.transport.abort()
@@ -169,6 +230,9 @@ class FakeUpstream:
                             }
                         }
                         await resp.write(b"data: " + orjson.dumps(err) + b"\n\ndata: [DONE]\n\n")
+                        return resp
+                    if behaviour.kind == "garbage_event":
+                        await resp.write(b"data: {not json at all\n\ndata: [DONE]\n\n")
                         return resp
                 finish = "length" if i == tokens - 1 else None
                 await resp.write(self.chunk(body, f" t{i}", finish))
