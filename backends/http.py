@@ -172,7 +172,8 @@ class _HttpxResponse:
         self.status = resp.status_code
 
     def header(self, name: str) -> str | None:
-        return self._resp.headers.get(name)
+        value: str | None = self._resp.headers.get(name)
+        return value
 
     async def read(self) -> bytes:
         try:
