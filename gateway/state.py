@@ -24,7 +24,8 @@ if TYPE_CHECKING:  # gateway.guard imports this module
 
 __all__ = ["REQUEST_ID", "STATE", "GatewayState", "InFlight", "request_id_of"]
 
-REQUEST_ID = "request_id"
+# A typed request key (aiohttp >= 3.14), so request storage is checked like app storage.
+REQUEST_ID: web.RequestKey[str] = web.RequestKey("request_id", str)
 
 
 _CANCEL_GRACE = 2.0  # seconds cancelled handlers get to write their last words

@@ -385,6 +385,7 @@ CASES: dict[str, Case] = {
 }
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestWarning")  # a sync test under the module's asyncio mark
 def test_cases_match_the_capability_tables() -> None:
     """Every field has a case; a backend has a check for it exactly when its table does not refuse it."""
     assert set(CASES) == set(ALL_FIELDS)
