@@ -266,17 +266,25 @@ def test_vllm_pods_and_the_gateway_config_agree(overlay: str) -> None:
     assert headless["spec"]["clusterIP"] == "None"
     assert _matches(headless["spec"]["selector"], pod_labels)
 
-    # The gateway has one backend per pod, named by the pod's stable DNS name.
+    # The gateway reaches every pod: either one backend per pod, named by the pod's stable
+    # DNS name, or one backend discovering the pods from the headless Service's records.
     config = yaml.safe_load(_gateway_config(objs)[1])
     sts_name, svc_name = sts["metadata"]["name"], headless["metadata"]["name"]
+    namespace = headless["metadata"].get("namespace", "default")
     pod_url = re.compile(rf"^http://{sts_name}-(\d+)\.{svc_name}:{vllm_port}/v1$")
     ordinals = []
     for backend in config["backends"]:
         assert backend["type"] == "vllm"
+        if "discovery" in backend:
+            discovery = backend["discovery"]
+            assert discovery["dns"] in (svc_name, f"{svc_name}.{namespace}.svc.cluster.local"), discovery
+            assert discovery.get("port", 8000) == vllm_port
+            ordinals.extend(range(sts["spec"]["replicas"]))
+            continue
         match = pod_url.match(backend["base_url"])
         assert match, backend["base_url"]
         ordinals.append(int(match.group(1)))
-    assert sorted(ordinals) == list(range(sts["spec"]["replicas"])), "one backend per vLLM pod, none missing"
+    assert sorted(ordinals) == list(range(sts["spec"]["replicas"])), "every vLLM pod reached, none twice"
     routed = {r["backend"] for m in config["models"] for r in m["routes"]}
     assert routed == {b["name"] for b in config["backends"]}
 
