@@ -36,6 +36,7 @@ from backends.native_common import (
     Generation,
     NativeCapabilities,
     TokenLogprob,
+    explicit_sampling,
     fit_tokens,
     guided_json_schema,
     logprob_tokens,
@@ -89,13 +90,7 @@ class LlamaCppBackend(NativeBackend):
         body: dict[str, Any] = {
             "prompt": request.prompt,
             "n_predict": upstream_max_tokens(request),
-            "temperature": 1.0 if request.temperature is None else request.temperature,
-            "top_p": 1.0 if request.top_p is None else request.top_p,
-            "top_k": request.top_k if request.top_k is not None and request.top_k > 0 else 0,
-            "min_p": request.min_p or 0.0,
-            "repeat_penalty": 1.0 if request.repetition_penalty is None else request.repetition_penalty,
-            "presence_penalty": request.presence_penalty or 0.0,
-            "frequency_penalty": request.frequency_penalty or 0.0,
+            **explicit_sampling(request),
             "stream": stream,
         }
         stops = stops_of(request)

@@ -42,6 +42,7 @@ __all__ = [
     "TokenLogprob",
     "build_choice",
     "completion_head",
+    "explicit_sampling",
     "fit_tokens",
     "guided_json_schema",
     "logprob_tokens",
@@ -162,6 +163,23 @@ def stops_of(request: CompletionRequest) -> list[str]:
     if stop is None:
         return []
     return [stop] if isinstance(stop, str) else list(stop)
+
+
+def explicit_sampling(request: CompletionRequest) -> dict[str, float | int]:
+    """OpenAI's sampling defaults spelled out, under Ollama's and llama.cpp's shared names.
+
+    Both servers sample at temperature 0.8 with top_k 40 (and more) when a value is not
+    sent, so every value is sent: the same request must mean the same thing everywhere.
+    """
+    return {
+        "temperature": 1.0 if request.temperature is None else request.temperature,
+        "top_p": 1.0 if request.top_p is None else request.top_p,
+        "top_k": request.top_k if request.top_k is not None and request.top_k > 0 else 0,
+        "min_p": request.min_p or 0.0,
+        "repeat_penalty": 1.0 if request.repetition_penalty is None else request.repetition_penalty,
+        "presence_penalty": request.presence_penalty or 0.0,
+        "frequency_penalty": request.frequency_penalty or 0.0,
+    }
 
 
 def upstream_max_tokens(request: CompletionRequest) -> int:

@@ -34,6 +34,7 @@ from backends.native_common import (
     Generation,
     NativeCapabilities,
     TokenLogprob,
+    explicit_sampling,
     fit_tokens,
     guided_json_schema,
     logprob_tokens,
@@ -75,13 +76,7 @@ class OllamaBackend(NativeBackend):
     def payload(self, request: CompletionRequest, model: str, *, stream: bool) -> dict[str, Any]:
         options: dict[str, Any] = {
             "num_predict": upstream_max_tokens(request),
-            "temperature": 1.0 if request.temperature is None else request.temperature,
-            "top_p": 1.0 if request.top_p is None else request.top_p,
-            "top_k": request.top_k if request.top_k is not None and request.top_k > 0 else 0,
-            "min_p": request.min_p or 0.0,
-            "repeat_penalty": 1.0 if request.repetition_penalty is None else request.repetition_penalty,
-            "presence_penalty": request.presence_penalty or 0.0,
-            "frequency_penalty": request.frequency_penalty or 0.0,
+            **explicit_sampling(request),
         }
         stops = stops_of(request)
         if stops:
