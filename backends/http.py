@@ -26,10 +26,10 @@ from typing import Protocol
 import aiohttp
 import httpx
 
-from backends.errors import UpstreamConnectError, UpstreamProtocolError, UpstreamTimeoutError
+from backends.errors import UpstreamConnectError, UpstreamError, UpstreamProtocolError, UpstreamTimeoutError
 from schemas.config import TimeoutConfig
 
-__all__ = ["AiohttpTransport", "HTTPTransport", "HttpxTransport", "UpstreamResponse"]
+__all__ = ["AiohttpTransport", "HTTPTransport", "HttpxTransport", "UpstreamResponse", "get_ok"]
 
 
 class UpstreamResponse(Protocol):
@@ -50,6 +50,19 @@ class HTTPTransport(Protocol):
     ) -> UpstreamResponse: ...
 
     async def close(self) -> None: ...
+
+
+async def get_ok(transport: HTTPTransport, url: str, headers: Mapping[str, str] | None = None) -> bytes | None:
+    """``GET url`` for probes and scrapes: the body on 200, ``None`` on any other answer or failure."""
+    try:
+        resp = await transport.send("GET", url, body=None, headers=headers or {}, stream=False)
+        try:
+            data = await resp.read()
+        finally:
+            resp.release()
+    except UpstreamError:
+        return None
+    return data if resp.status == 200 else None
 
 
 # --- aiohttp ----------------------------------------------------------------------

@@ -33,7 +33,7 @@ from backends.base import Backend, CompletionResult, CompletionStream, TokenUsag
 from backends.capabilities import Capabilities
 from backends.errors import UpstreamError, UpstreamProtocolError, UpstreamStatusError, error_from_upstream_body
 from backends.fanout import ChoiceStream, FanoutStream, Part, PartResult
-from backends.http import HTTPTransport, UpstreamResponse
+from backends.http import HTTPTransport, UpstreamResponse, get_ok
 from backends.native_common import ChoiceTracker, Event, Generation, build_choice, completion_head, usage_json
 from backends.openai import make_transport
 from schemas.completions import CompletionRequest
@@ -187,19 +187,7 @@ class NativeBackend(Backend):
 
     async def health(self) -> bool:
         headers = {k: v for k, v in self._headers.items() if k != "Content-Type"}
-        try:
-            resp = await self._transport.send(
-                "GET", self.base_url + self.health_path, body=None, headers=headers, stream=False
-            )
-        except UpstreamError:
-            return False
-        try:
-            await resp.read()
-        except UpstreamError:
-            return False
-        finally:
-            resp.release()
-        return resp.status == 200
+        return await get_ok(self._transport, self.base_url + self.health_path, headers) is not None
 
     async def close(self) -> None:
         await self._transport.close()

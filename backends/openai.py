@@ -16,7 +16,7 @@ from backends.base import Backend, CompletionResult, CompletionStream, UpstreamC
 from backends.capabilities import Capabilities, Level
 from backends.errors import UpstreamError, error_from_upstream_body
 from backends.fasthttp import FastHTTPTransport
-from backends.http import AiohttpTransport, HTTPTransport, HttpxTransport
+from backends.http import AiohttpTransport, HTTPTransport, HttpxTransport, get_ok
 from backends.openai_relay import OpenAIStreamRelay, relay_completion_body
 from schemas.completions import VLLM_EXTRA_FIELDS
 from schemas.config import HTTPUpstreamConfig, OpenAIBackendConfig, VLLMBackendConfig
@@ -116,17 +116,7 @@ class OpenAIBackend(Backend):
 
     async def health(self) -> bool:
         headers = {k: v for k, v in self._headers.items() if k != "Content-Type"}
-        try:
-            resp = await self._transport.send("GET", self.health_url(), body=None, headers=headers, stream=False)
-        except UpstreamError:
-            return False
-        try:
-            await resp.read()
-        except UpstreamError:
-            return False
-        finally:
-            resp.release()
-        return resp.status == 200
+        return await get_ok(self._transport, self.health_url(), headers) is not None
 
     def health_url(self) -> str:
         return self.base_url + self.health_path

@@ -27,6 +27,7 @@ from backends.base import Backend, CompletionResult, CompletionStream, UpstreamC
 from backends.capabilities import Capabilities
 from backends.errors import UpstreamError
 from backends.fasthttp import FastHTTPTransport
+from backends.http import get_ok
 from backends.openai import make_transport
 from backends.vllm import VLLM_CAPABILITIES, VLLMBackend
 from backends.vllm_pool.balancer import Endpoint
@@ -132,15 +133,7 @@ class VLLMEndpointsBackend(Backend):
 
     # --- probes ------------------------------------------------------------------------------
     async def _get(self, url: str) -> bytes | None:
-        try:
-            resp = await self._control.send("GET", url, body=None, headers={}, stream=False)
-            try:
-                data = await resp.read()
-            finally:
-                resp.release()
-        except UpstreamError:
-            return None
-        return data if resp.status == 200 else None
+        return await get_ok(self._control, url)
 
     async def _probe(self, server: _Server) -> None:
         ok = await self._get(server.root + "/health") is not None

@@ -39,7 +39,7 @@ import orjson
 from backends.base import Backend
 from backends.errors import UpstreamError
 from backends.fasthttp import FastHTTPTransport
-from backends.http import HTTPTransport
+from backends.http import HTTPTransport, get_ok
 from backends.vllm_pool.balancer import Endpoint
 from backends.vllm_pool.process import WorkerProcess, spawn, stop, tail
 from backends.vllm_pool.resources import GpuLedger, PortAllocator, detect_gpus, plan_gpus
@@ -389,16 +389,7 @@ class Supervisor:
         """GET a path at the worker's root; the body on 200, else None."""
         if worker.port is None:
             return None
-        url = f"http://{_client_host(self.config.host)}:{worker.port}{path}"
-        try:
-            resp = await self._control.send("GET", url, body=None, headers={}, stream=False)
-            try:
-                data = await resp.read()
-            finally:
-                resp.release()
-        except UpstreamError:
-            return None
-        return data if resp.status == 200 else None
+        return await get_ok(self._control, f"http://{_client_host(self.config.host)}:{worker.port}{path}")
 
     # --- load scraping -------------------------------------------------------------------
     async def _scrape_loop(self) -> None:
