@@ -9,7 +9,7 @@ Tree (all :class:`schemas.errors.GatewayError`)::
     └── UpstreamProtocolError     502: garbage JSON, a stream cut before [DONE], an error event mid-stream
 
 Foreign exceptions (aiohttp, httpx, asyncio) are translated into these in
-``backends.http``; nothing above the adapters sees them.
+``backends.transport.base``; nothing above the adapters sees them.
 """
 
 from __future__ import annotations

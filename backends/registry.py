@@ -7,13 +7,13 @@ unknown types at load, so the fallthrough is a programming error.
 from __future__ import annotations
 
 from backends.base import Backend
-from backends.llamacpp import LlamaCppBackend
 from backends.mock import MockBackend
-from backends.ollama import OllamaBackend
-from backends.openai import OpenAIBackend
-from backends.tgi import TGIBackend
-from backends.vllm import VLLMBackend
-from backends.vllm_pool import VLLMEndpointsBackend, VLLMPoolBackend
+from backends.native.llamacpp import LlamaCppBackend
+from backends.native.ollama import OllamaBackend
+from backends.native.tgi import TGIBackend
+from backends.openai.adapter import OpenAIBackend
+from backends.vllm.adapter import VLLMBackend
+from backends.vllm.pool import VLLMEndpointsBackend, VLLMPoolBackend
 from schemas.config import (
     BackendConfig,
     LlamaCppBackendConfig,

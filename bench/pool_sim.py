@@ -1,7 +1,7 @@
 """Simulation: does prefix affinity + load beat round-robin across a vllm-pool? (no GPU)
 
 Starts ``gateway serve`` with a ``vllm-pool`` of stand-in workers
-(``tests/pool/standin_worker.py --standin-sim``) that model what matters for routing:
+(``tests/backends/vllm/pool/standin_worker.py --standin-sim``) that model what matters for routing:
 each worker has a bounded LRU prefix cache of prompt blocks; prefill is serialised on
 one compute lane and costs ``--miss-ms`` per uncached block but ``--hit-ms`` per cached
 one (so a cache hit means a fast first token); decode costs ``--token-ms`` per token,

@@ -15,19 +15,19 @@ from aiohttp import web
 
 from backends.base import Backend
 from backends.registry import build_backends
-from gateway import handlers
-from gateway.admission import Admission, Limiter
-from gateway.auth import protect
 from gateway.clock import Clock
-from gateway.guard import RequestGuard
-from gateway.hardening import handler_args, register_secrets
-from gateway.health import CircuitBreaker, HealthProber
+from gateway.flow.admission import Admission, Limiter
+from gateway.flow.health import CircuitBreaker, HealthProber
+from gateway.flow.retry import RetryPolicy
+from gateway.flow.router import BackendGuard, Router
+from gateway.flow.service import CompletionService
+from gateway.http import handlers
+from gateway.http.hardening import handler_args, register_secrets
+from gateway.http.middleware import request_middleware
+from gateway.http.openapi import openapi_handler
 from gateway.metrics import GatewayMetrics
-from gateway.middleware import request_middleware
-from gateway.openapi import openapi_handler
-from gateway.retry import RetryPolicy
-from gateway.router import BackendGuard, Router
-from gateway.service import CompletionService
+from gateway.security.auth import protect
+from gateway.security.guard import RequestGuard
 from gateway.state import STATE, GatewayState
 from schemas.config import GatewayConfig
 
@@ -39,7 +39,7 @@ PROBER: web.AppKey[HealthProber] = web.AppKey("gateway_prober", HealthProber)
 def create_app(
     config: GatewayConfig, *, backends: Mapping[str, Backend] | None = None, clock: Clock | None = None
 ) -> web.Application:
-    register_secrets(config)  # error bodies never carry them (gateway.hardening.redact)
+    register_secrets(config)  # error bodies never carry them (gateway.http.hardening.redact)
     built = dict(backends) if backends is not None else build_backends(config.backends)
     keys = [k.name for k in config.auth.keys] if config.auth is not None else []
     metrics = GatewayMetrics((m.name for m in config.models), built, keys=keys)
@@ -53,7 +53,7 @@ def create_app(
         service=CompletionService(metrics, clock),
         admission=Admission(config.server.admission, metrics),
     )
-    # Auth, cost caps, rate limits, audit: see gateway.guard (nothing per request when off).
+    # Auth, cost caps, rate limits, audit: see gateway.security.guard (nothing per request when off).
     guard = state.request_guard = RequestGuard.from_config(config, metrics, state.models_body)
     prober = HealthProber(
         (built[b.name], guards[b.name].breaker, b.health_check) for b in config.backends if b.health_check is not None

@@ -18,7 +18,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from backends.capabilities import ALL_FIELDS
-from backends.vllm_pool import STATES, ReportsPool
+from backends.vllm.pool import STATES, ReportsPool
 
 __all__ = ["GATEWAY_SCOPE", "UNKNOWN", "GatewayMetrics"]
 
@@ -295,7 +295,7 @@ class GatewayMetrics:
         if watched:
             self.registry.register(_PoolCollector(watched))
 
-    # --- security and tenancy (gateway.guard) ------------------------------------------------
+    # --- security and tenancy (gateway.security.guard) ------------------------------------------------
     def key_label(self, key: str | None) -> str:
         return key if key in self._keys else NONE
 

@@ -1,7 +1,7 @@
 """``gateway pool status``: each pool worker's state, read from the pools' status files.
 
 A running ``vllm-pool`` backend keeps ``<log_dir>/status.json`` current (see
-``backends.vllm_pool.status``); this command finds it from the same config file the
+``backends.vllm.pool.status``); this command finds it from the same config file the
 gateway serves, so it needs no admin endpoint and works while the gateway is busy.
 Exit status: 0 when every pool asked about has a status from a live gateway, else 1.
 """
@@ -14,8 +14,8 @@ import os
 import sys
 import time
 
-from backends.vllm_pool import pool_log_dir
-from backends.vllm_pool.status import PoolStatus, format_table, read_status
+from backends.vllm.pool import pool_log_dir
+from backends.vllm.pool.status import PoolStatus, format_table, read_status
 from gateway.configfile import ConfigError, load_config
 from schemas.config import VLLMPoolBackendConfig
 

@@ -13,14 +13,14 @@ import orjson
 from aiohttp import web
 
 from backends.base import Backend
-from gateway.admission import Admission
+from gateway.flow.admission import Admission
+from gateway.flow.router import Router
+from gateway.flow.service import CompletionService
 from gateway.metrics import GatewayMetrics
-from gateway.router import Router
-from gateway.service import CompletionService
 from schemas.config import GatewayConfig
 
-if TYPE_CHECKING:  # gateway.guard imports this module
-    from gateway.guard import RequestGuard
+if TYPE_CHECKING:  # gateway.security.guard imports this module
+    from gateway.security.guard import RequestGuard
 
 __all__ = ["REQUEST_ID", "STATE", "GatewayState", "InFlight", "request_id_of"]
 
@@ -86,7 +86,7 @@ class GatewayState:
     admission: Admission
     in_flight: InFlight = field(default_factory=InFlight)
     models_body: bytes = b""
-    # Auth, cost caps, rate limits and audit (gateway.guard); set by create_app.
+    # Auth, cost caps, rate limits and audit (gateway.security.guard); set by create_app.
     request_guard: RequestGuard | None = None
     draining: bool = False
     started_at: float = field(default_factory=time.time)

@@ -148,7 +148,7 @@ class HTTPUpstreamConfig(_BackendBase):
     timeout: TimeoutConfig = Field(default_factory=TimeoutConfig)
     # Keep-alive pool size towards this upstream.
     max_connections: Annotated[int, Field(ge=1, le=100_000)] = 1024
-    # The upstream HTTP client, all behind the seam in ``backends.http``: httptools (our lean
+    # The upstream HTTP client, all behind the seam in ``backends.transport.base``: httptools (our lean
     # keep-alive client, the default: about half aiohttp's CPU per request in the benchmark),
     # aiohttp, or httpx (any httpx transport, e.g. respx in tests).
     transport: Literal["httptools", "aiohttp", "httpx"] = "httptools"
@@ -278,7 +278,7 @@ _POOL_OWNED_FLAGS = ("--host", "--port", "--tensor-parallel-size", "-tp", "--ser
 
 
 class VLLMPoolBackendConfig(_BackendBase):
-    """vLLM workers the gateway starts, supervises and routes across (``backends.vllm_pool``)."""
+    """vLLM workers the gateway starts, supervises and routes across (``backends.vllm.pool``)."""
 
     type: Literal["vllm-pool"]
     # Path or model id, passed to ``vllm serve``.
@@ -439,7 +439,7 @@ class AdmissionConfig(_Strict):
     default_priority: Literal["interactive", "batch"] = "interactive"
 
 
-# --- security and tenancy (gateway.auth, gateway.ratelimit, gateway.caps) -----------------------
+# --- security and tenancy (gateway.security: auth, ratelimit, caps) ------------------------------
 Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-fA-F]{64}$")]
 _STORE_SCHEMES = ("redis://", "rediss://", "unix://")
 _MIN_SECRET = 16
@@ -596,7 +596,7 @@ class ServerConfig(_Strict):
     client_header_timeout: Annotated[float, Field(gt=0, le=3600)] = 60.0
     # Seconds a request's body may take to arrive once its headers are in; beyond: 408.
     client_body_timeout: Annotated[float, Field(gt=0, le=3600)] = 60.0
-    # One JSON line per completion request on the ``gateway.audit`` logger (key, model, backend,
+    # One JSON line per completion request on the ``gateway.security.audit`` logger (key, model, backend,
     # status, tokens, latency).
     audit_log: bool = False
 

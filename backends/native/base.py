@@ -1,0 +1,332 @@
+"""The base of the native-API backends (``tgi``, ``ollama``, ``llamacpp``): HTTP, framing, fan-out.
+
+A subclass is one translator: it says where to POST (``complete_path``, ``stream_path``),
+how the stream is framed (SSE or NDJSON), and implements three mappings:
+
+- :meth:`NativeBackend.payload`: one part (one prompt, one choice) -> the native body,
+  with every default made explicit so the request means what it means on OpenAI;
+- :meth:`NativeBackend.generation`: the native non-streaming answer -> :class:`Generation`;
+- :meth:`NativeBackend.event`: one native stream event -> :class:`Event` (or None to skip).
+
+Everything else is shared: ``n``, ``best_of`` and prompt batches by fan-out
+(``backends.emulation.fanout``), the OpenAI choice and logprobs (``backends.native.common``),
+error statuses (``backends.errors``), and the stream contract of ``backends.base``: a
+stream that ends without its final event, or with a native error event, raises an
+``UpstreamProtocolError`` after the chunks that came before it.
+
+Who closes what: every response is released exactly once (non-streaming right after the
+read; streams by :meth:`NativeChoiceStream.aclose`, which first drains what the upstream
+still sends after its final event, bounded, so the connection can be reused).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import abstractmethod
+from collections.abc import AsyncIterator, Callable
+from typing import Any, ClassVar, Literal
+
+import orjson
+
+from backends.base import Backend, CompletionResult, CompletionStream, TokenUsage, UpstreamCall
+from backends.capabilities import Capabilities
+from backends.emulation import fanout
+from backends.emulation.fanout import ChoiceStream, FanoutStream, Part, PartResult
+from backends.errors import UpstreamError, UpstreamProtocolError, UpstreamStatusError, error_from_upstream_body
+from backends.native.common import ChoiceTracker, Event, Generation, build_choice, completion_head, usage_json
+from backends.transport import make_transport
+from backends.transport.base import HTTPTransport, UpstreamResponse, get_ok
+from schemas.completions import CompletionRequest
+from schemas.config import LlamaCppBackendConfig, OllamaBackendConfig, TGIBackendConfig
+from schemas.errors import UnsupportedParameterError
+
+__all__ = ["NativeBackend", "NativeChoiceStream", "NativeConfig", "error_message", "stream_error"]
+
+NativeConfig = TGIBackendConfig | OllamaBackendConfig | LlamaCppBackendConfig
+Header = Callable[[str], str | None]
+
+_DRAIN_SECONDS = 1.0
+
+
+def error_message(obj: dict[str, Any]) -> str:
+    """The message of a native error object: ``{"error": "..."}`` or ``{"error": {"message": ...}}``."""
+    error = obj.get("error")
+    if isinstance(error, dict):
+        return str(error.get("message") or error)
+    return str(error)
+
+
+class NativeBackend(Backend):
+    complete_path: ClassVar[str]
+    stream_path: ClassVar[str]
+    health_path: ClassVar[str]
+    framing: ClassVar[Literal["sse", "ndjson"]]
+    strips_stop: ClassVar[bool]  # the upstream removes stop sequences from its output itself
+    default_capabilities: ClassVar[Capabilities]
+
+    def __init__(self, config: NativeConfig, transport: HTTPTransport | None = None) -> None:
+        super().__init__(config.name, self.default_capabilities.with_overrides(config.capabilities))
+        self.config = config
+        self.base_url = str(config.base_url).rstrip("/")
+        self._transport = transport if transport is not None else make_transport(config)
+        headers = {name: value.get_secret_value() for name, value in config.headers.items()}
+        headers["Content-Type"] = "application/json"
+        if config.api_key is not None:
+            headers["Authorization"] = f"Bearer {config.api_key.get_secret_value()}"
+        self._headers = headers
+
+    # --- the translator --------------------------------------------------------------------
+    @abstractmethod
+    def payload(self, request: CompletionRequest, model: str, *, stream: bool) -> dict[str, Any]:
+        """The native body for one part (one prompt, one choice)."""
+
+    @abstractmethod
+    def generation(self, obj: Any, header: Header) -> Generation:
+        """The native non-streaming answer, parsed; raise ``UpstreamProtocolError`` on a bad shape."""
+
+    @abstractmethod
+    def event(self, obj: dict[str, Any]) -> Event | None:
+        """One native stream event (None: nothing for the client); raise on a native error event."""
+
+    def status_error(self, status: int, data: bytes, retry_after: str | None) -> UpstreamStatusError:
+        """A non-200 answer as our error (override where a native status means something else)."""
+        return error_from_upstream_body(status, data, retry_after, self.name)
+
+    async def echo_text(self, request: CompletionRequest, call: UpstreamCall) -> str:
+        """The prompt as text, for ``echo``; text-only backends refuse token ids before this."""
+        prompt = request.prompt
+        if not isinstance(prompt, str):
+            raise UnsupportedParameterError(
+                f"'prompt' is not supported by backend '{self.name}': token ids cannot be echoed",
+                param="prompt",
+                backend=self.name,
+            )
+        return prompt
+
+    # --- HTTP ---------------------------------------------------------------------------------
+    async def post(self, path: str, payload: dict[str, Any], call: UpstreamCall, *, stream: bool) -> UpstreamResponse:
+        """POST ``payload``; returns the 200 response (the caller releases it), raises otherwise."""
+        headers = self._headers.copy()
+        headers["X-Request-Id"] = call.request_id
+        resp = await self._transport.send(
+            "POST", self.base_url + path, body=orjson.dumps(payload), headers=headers, stream=stream
+        )
+        if resp.status != 200:
+            try:
+                data = await resp.read()
+            except UpstreamError:
+                data = b""
+            finally:
+                resp.release()
+            raise self.status_error(resp.status, data, resp.header("Retry-After"))
+        return resp
+
+    async def post_json(self, path: str, payload: dict[str, Any], call: UpstreamCall) -> tuple[Any, Header]:
+        resp = await self.post(path, payload, call, stream=False)
+        try:
+            data = await resp.read()
+        finally:
+            resp.release()
+        try:
+            return orjson.loads(data), resp.header
+        except orjson.JSONDecodeError:
+            raise UpstreamProtocolError("the upstream sent a body that is not JSON", backend=self.name) from None
+
+    # --- the protocol ---------------------------------------------------------------------------
+    def _check(self, request: CompletionRequest) -> None:
+        """The router's capability check again, for callers that did not route (and as a guard)."""
+        field = self.capabilities.first_violation(request)
+        if field is not None:
+            why = self.capabilities.reason(field) or f"backend type {self.kind} does not support it"
+            raise UnsupportedParameterError(
+                f"'{field}' is not supported by backend '{self.name}': {why}", param=field, backend=self.name
+            )
+
+    async def complete(self, call: UpstreamCall) -> CompletionResult:
+        self._check(call.request)
+        plan = fanout.plan(call.request)
+        choices, usage = await fanout.complete(plan, lambda part: self._complete_part(part, call))
+        body = {
+            **completion_head(call.public_model),
+            "choices": choices,
+            "system_fingerprint": None,
+            "usage": usage_json(usage),
+        }
+        return CompletionResult(orjson.dumps(body), usage)
+
+    async def _complete_part(self, part: Part, call: UpstreamCall) -> PartResult:
+        request = part.request
+        echo = await self.echo_text(request, call) if request.echo else ""
+        obj, header = await self.post_json(
+            self.complete_path, self.payload(request, call.upstream_model, stream=False), call
+        )
+        gen = self.generation(obj, header)
+        choice = build_choice(request, gen, echo, strips_stop=self.strips_stop)
+        usage = gen.usage if request.max_tokens != 0 else TokenUsage(gen.usage.prompt_tokens, 0)
+        return PartResult(choice, usage)
+
+    async def stream(self, call: UpstreamCall) -> CompletionStream:
+        self._check(call.request)
+        plan = fanout.plan(call.request)
+        streams = await fanout.open_streams(plan, lambda part: self._open_part(part, call))
+        options = call.request.stream_options
+        return FanoutStream(
+            plan, streams, completion_head(call.public_model), include_usage=bool(options and options.include_usage)
+        )
+
+    async def _open_part(self, part: Part, call: UpstreamCall) -> ChoiceStream:
+        request = part.request
+        if request.max_tokens == 0:  # nothing to stream: one finished choice
+            return _Finished(await self._complete_part(part, call))
+        echo = await self.echo_text(request, call) if request.echo else ""
+        resp = await self.post(
+            self.stream_path, self.payload(request, call.upstream_model, stream=True), call, stream=True
+        )
+        tracker = ChoiceTracker(request, echo, strips_stop=self.strips_stop)
+        return NativeChoiceStream(self, resp, tracker)
+
+    async def health(self) -> bool:
+        headers = {k: v for k, v in self._headers.items() if k != "Content-Type"}
+        return await get_ok(self._transport, self.base_url + self.health_path, headers) is not None
+
+    async def close(self) -> None:
+        await self._transport.close()
+
+
+class _Finished(ChoiceStream):
+    """A part answered without streaming (``max_tokens: 0``)."""
+
+    def __init__(self, result: PartResult) -> None:
+        self._choice: dict[str, Any] | None = result.choice
+        self.usage = result.usage
+
+    async def next(self) -> list[dict[str, Any]]:
+        if self._choice is None:
+            raise StopAsyncIteration
+        choice, self._choice = self._choice, None
+        self.done = True
+        return [choice]
+
+    async def aclose(self) -> None:
+        self._choice = None
+
+
+def _frames_sse(block: bytes) -> list[bytes]:
+    """The ``data`` of each whole SSE event in ``block`` (comments, keep-alives and [DONE] skipped)."""
+    out: list[bytes] = []
+    for event in block.split(b"\n\n"):
+        data = b"\n".join(line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:"))
+        if data and data != b"[DONE]":
+            out.append(data)
+    return out
+
+
+class NativeChoiceStream(ChoiceStream):
+    """One native stream as choice deltas (see :class:`backends.emulation.fanout.ChoiceStream`)."""
+
+    def __init__(self, backend: NativeBackend, resp: UpstreamResponse, tracker: ChoiceTracker) -> None:
+        self._backend = backend
+        self._resp = resp
+        self._chunks: AsyncIterator[bytes] = resp.iter_chunks()
+        self._tracker = tracker
+        self._sep = b"\n\n" if backend.framing == "sse" else b"\n"
+        self._buf = b""
+        self._pending: UpstreamError | None = None
+        self._released = False
+
+    async def next(self) -> list[dict[str, Any]]:
+        if self._pending is not None:
+            error, self._pending = self._pending, None
+            self._release()
+            raise error
+        if self.done:
+            raise StopAsyncIteration
+        while True:
+            try:
+                chunk = await self._chunks.__anext__()
+            except StopAsyncIteration:
+                self._release()
+                raise UpstreamProtocolError(
+                    "the upstream closed the stream before its last event",
+                    backend=self._backend.name,
+                    reason="stream_cut",
+                ) from None
+            except BaseException:
+                self._release()
+                raise
+            buf = self._buf + chunk if self._buf else chunk
+            if b"\r" in buf:
+                buf = buf.replace(b"\r\n", b"\n")
+            cut = buf.rfind(self._sep)
+            if cut < 0:
+                self._buf = buf
+                continue
+            self._buf = buf[cut + len(self._sep) :]
+            block = buf[:cut]
+            frames = (
+                _frames_sse(block) if self._sep == b"\n\n" else [line for line in block.split(b"\n") if line.strip()]
+            )
+            out = self._decode(frames)
+            if out:
+                return out
+            if self._pending is not None:
+                return await self.next()
+
+    def _decode(self, frames: list[bytes]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        tracker = self._tracker
+        for frame in frames:
+            if self.done:
+                break  # anything after the final event is not the client's
+            try:
+                obj = orjson.loads(frame)
+                if not isinstance(obj, dict):
+                    raise ValueError
+            except ValueError:  # orjson.JSONDecodeError is a ValueError
+                self._pending = UpstreamProtocolError(
+                    "the upstream sent a stream event that is not a JSON object",
+                    backend=self._backend.name,
+                    reason="stream_garbage",
+                )
+                break
+            try:
+                event = self._backend.event(obj)
+            except UpstreamError as exc:
+                self._pending = exc
+                break
+            if event is None:
+                continue
+            if event.finish is None:
+                choice = tracker.piece(event.text, event.tokens)
+                if choice is not None:
+                    out.append(choice)
+                continue
+            out.append(tracker.last(event.text, event.tokens, event.finish, event.stop_word))
+            usage = event.usage or TokenUsage(0, 0)
+            self.usage = TokenUsage(usage.prompt_tokens, 0) if tracker.dropped else usage
+            self.done = True
+        return out
+
+    def _release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._resp.release()
+
+    async def aclose(self) -> None:
+        if self.done and not self._released:
+            # After the final event read the body's end so the connection can be reused;
+            # bounded, so an upstream that keeps the body open costs a connection, not a hang.
+            try:
+                async with asyncio.timeout(_DRAIN_SECONDS):
+                    async for _ in self._chunks:
+                        pass
+            except Exception:
+                pass
+        self._release()
+
+
+def stream_error(backend: NativeBackend, message: str) -> UpstreamProtocolError:
+    """A native error event in a stream, as the error the gateway ends the stream with."""
+    return UpstreamProtocolError(
+        f"the upstream failed mid-stream: {message}", backend=backend.name, reason="stream_error"
+    )

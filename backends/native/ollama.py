@@ -1,0 +1,131 @@
+"""Ollama, native ``POST /api/generate`` (NDJSON when streaming).
+
+Request, defaults made explicit (Ollama's own: unlimited tokens, temperature 0.8,
+top_p 0.9, top_k 40, repeat_penalty 1.1, streaming on, the model's prompt template):
+
+- ``raw: true`` (the prompt is sent as written, no template) and ``stream`` always set;
+  with ``suffix`` the template is what places the suffix (Ollama's fill-in-the-middle),
+  so ``raw`` is false then and Ollama answers 400 for a model without that capability;
+- ``options``: ``num_predict`` (16 when unset), ``temperature`` 1, ``top_p`` 1, ``top_k`` 0
+  (off), ``min_p`` 0, ``repeat_penalty`` 1 and both penalties 0 unless the client set them;
+  ``stop``; ``seed`` as a non-negative 32-bit value (Ollama reads -1 as "random");
+- ``logprobs: true`` + ``top_logprobs: k`` when the client asked for logprobs;
+- ``guided_json`` -> ``format`` (a JSON Schema). Ollama has no regex or grammar.
+
+Response: ``done_reason`` ``stop`` -> ``stop``, ``length`` -> ``length``; Ollama removes
+stop sequences itself. Usage: ``prompt_eval_count`` and ``eval_count`` (omitted when 0).
+Errors: ``{"error": "..."}`` with the HTTP status, or as an NDJSON line mid-stream.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from backends.base import TokenUsage
+from backends.capabilities import Level
+from backends.emulation.fanout import FANOUT_RULES
+from backends.errors import UpstreamProtocolError
+from backends.native.base import NativeBackend, error_message, stream_error
+from backends.native.common import (
+    CONTINUOUS_USAGE_RULE,
+    ECHO_LOGPROBS_RULE,
+    TOKEN_PROMPT_RULE,
+    Event,
+    Generation,
+    NativeCapabilities,
+    TokenLogprob,
+    explicit_sampling,
+    fit_tokens,
+    guided_json_schema,
+    logprob_tokens,
+    native_seed,
+    stops_of,
+    upstream_max_tokens,
+)
+from schemas.completions import CompletionRequest
+from schemas.config import OllamaBackendConfig
+
+__all__ = ["OLLAMA_CAPABILITIES", "OllamaBackend"]
+
+T, E = Level.TRANSLATED, Level.EMULATED
+OLLAMA_CAPABILITIES = NativeCapabilities.build(
+    {
+        "model": T, "prompt": T, "best_of": E, "echo": E, "frequency_penalty": T, "logprobs": T,
+        "max_tokens": T, "n": E, "presence_penalty": T, "seed": T, "stop": T, "stream": T,
+        "stream_options": E, "suffix": T, "temperature": T, "top_p": T, "user": T, "top_k": T,
+        "min_p": T, "repetition_penalty": T, "guided_json": T,
+    },
+    rules=(TOKEN_PROMPT_RULE, ECHO_LOGPROBS_RULE, CONTINUOUS_USAGE_RULE, *FANOUT_RULES),
+)  # fmt: skip
+
+_FINISH = {"stop": "stop", "length": "length"}
+
+
+class OllamaBackend(NativeBackend):
+    kind: ClassVar[str] = "ollama"
+    default_capabilities = OLLAMA_CAPABILITIES
+    complete_path = "/api/generate"
+    stream_path = "/api/generate"
+    health_path = "/api/version"
+    framing = "ndjson"
+    strips_stop = True
+
+    def __init__(self, config: OllamaBackendConfig, **kwargs: Any) -> None:
+        super().__init__(config, **kwargs)
+
+    def payload(self, request: CompletionRequest, model: str, *, stream: bool) -> dict[str, Any]:
+        options: dict[str, Any] = {
+            "num_predict": upstream_max_tokens(request),
+            **explicit_sampling(request),
+        }
+        stops = stops_of(request)
+        if stops:
+            options["stop"] = stops
+        if request.seed is not None:
+            options["seed"] = native_seed(request.seed)
+        body: dict[str, Any] = {
+            "model": model,
+            "prompt": request.prompt,
+            "raw": not request.suffix,
+            "stream": stream,
+            "options": options,
+        }
+        if request.suffix:
+            body["suffix"] = request.suffix
+        if request.logprobs is not None:
+            body["logprobs"] = True
+            body["top_logprobs"] = request.logprobs
+        if request.guided_json is not None:
+            body["format"] = guided_json_schema(request)
+        return body
+
+    def _tokens(self, obj: dict[str, Any], text: str) -> list[TokenLogprob] | None:
+        tokens = logprob_tokens(obj.get("logprobs"))
+        return None if tokens is None else fit_tokens(tokens, len(text))
+
+    def generation(self, obj: Any, header: Any) -> Generation:
+        if not isinstance(obj, dict) or not isinstance(obj.get("response"), str) or not obj.get("done"):
+            raise UpstreamProtocolError("Ollama sent an answer without response and done", backend=self.name)
+        usage = TokenUsage(int(obj.get("prompt_eval_count") or 0), int(obj.get("eval_count") or 0))
+        text = obj["response"]
+        return Generation(text, self._tokens(obj, text), self._finish(obj), usage)
+
+    def _finish(self, obj: dict[str, Any]) -> str:
+        reason = obj.get("done_reason")
+        if reason is None:  # Ollama before done_reason existed
+            return "stop"
+        if reason not in _FINISH:  # "": the runner's connection closed; load/unload: not a completion
+            raise UpstreamProtocolError(
+                f"Ollama ended the generation early (done_reason {reason!r})", backend=self.name
+            )
+        return _FINISH[reason]
+
+    def event(self, obj: dict[str, Any]) -> Event | None:
+        if "error" in obj:
+            raise stream_error(self, error_message(obj))
+        text = obj.get("response")
+        text = text if isinstance(text, str) else ""
+        if not obj.get("done"):
+            return Event(text, self._tokens(obj, text))
+        usage = TokenUsage(int(obj.get("prompt_eval_count") or 0), int(obj.get("eval_count") or 0))
+        return Event(text, self._tokens(obj, text), self._finish(obj), usage)

@@ -1,0 +1,114 @@
+"""Adapter for OpenAI-compatible HTTP APIs (OpenAI, Together, Fireworks, ...).
+
+The request is forwarded as the client sent it (fields the client set, nulls
+dropped), with ``model`` mapped to the route's upstream id. vLLM's extra
+sampling fields are unsupported here unless the backend entry overrides its
+capabilities; a field set to its neutral value is simply not forwarded.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import orjson
+
+from backends.base import Backend, CompletionResult, CompletionStream, UpstreamCall
+from backends.capabilities import Capabilities, Level
+from backends.errors import UpstreamError, error_from_upstream_body
+from backends.openai.relay import OpenAIStreamRelay, relay_completion_body
+from backends.transport import HTTPTransport, get_ok, make_transport
+from schemas.completions import VLLM_EXTRA_FIELDS
+from schemas.config import OpenAIBackendConfig, VLLMBackendConfig
+
+__all__ = ["OPENAI_CAPABILITIES", "OpenAIBackend"]
+
+OPENAI_CAPABILITIES = Capabilities.of(Level.NATIVE, **dict.fromkeys(VLLM_EXTRA_FIELDS, Level.UNSUPPORTED))
+
+_JSON = "application/json"
+
+
+class OpenAIBackend(Backend):
+    kind: ClassVar[str] = "openai"
+    default_capabilities: ClassVar[Capabilities] = OPENAI_CAPABILITIES
+    health_path: ClassVar[str] = "/models"  # relative to base_url
+
+    def __init__(self, config: OpenAIBackendConfig | VLLMBackendConfig, transport: HTTPTransport | None = None) -> None:
+        super().__init__(config.name, self.default_capabilities.with_overrides(config.capabilities))
+        self.config = config
+        self.base_url = str(config.base_url).rstrip("/")
+        self._url = self.base_url + "/completions"
+        self._transport = transport if transport is not None else make_transport(config)
+        headers = {name: value.get_secret_value() for name, value in config.headers.items()}
+        headers["Content-Type"] = _JSON
+        if config.api_key is not None:
+            headers["Authorization"] = f"Bearer {config.api_key.get_secret_value()}"
+        self._headers = headers
+        self._stream_usage = config.stream_usage
+
+    # --- request ----------------------------------------------------------------------
+    def payload(self, call: UpstreamCall) -> dict[str, Any]:
+        """The upstream JSON body for this call (before serialisation)."""
+        fields = call.request.upstream_fields()
+        # Only neutral values of unsupported fields can get here (the capability check ran).
+        for name in self.capabilities.unsupported.intersection(fields):
+            del fields[name]
+        fields["model"] = call.upstream_model
+        if fields.get("stream") and self._stream_usage:
+            options = fields.get("stream_options") or {}
+            if not options.get("include_usage"):
+                fields["stream_options"] = {**options, "include_usage": True}
+        return fields
+
+    def _request_headers(self, call: UpstreamCall) -> dict[str, str]:
+        headers = self._headers.copy()
+        headers["X-Request-Id"] = call.request_id
+        return headers
+
+    # --- protocol ----------------------------------------------------------------------
+    async def complete(self, call: UpstreamCall) -> CompletionResult:
+        body = orjson.dumps(self.payload(call))
+        resp = await self._transport.send(
+            "POST", self._url, body=body, headers=self._request_headers(call), stream=False
+        )
+        try:
+            data = await resp.read()
+            if resp.status != 200:
+                raise error_from_upstream_body(resp.status, data, resp.header("Retry-After"), self.name)
+        finally:
+            resp.release()
+        return self.translate_body(data, call)
+
+    def translate_body(self, data: bytes, call: UpstreamCall) -> CompletionResult:
+        return relay_completion_body(data, call, self.name)
+
+    async def stream(self, call: UpstreamCall) -> CompletionStream:
+        body = orjson.dumps(self.payload(call))
+        resp = await self._transport.send(
+            "POST", self._url, body=body, headers=self._request_headers(call), stream=True
+        )
+        if resp.status != 200:
+            try:
+                data = await resp.read()
+            except UpstreamError:
+                data = b""
+            finally:
+                resp.release()
+            raise error_from_upstream_body(resp.status, data, resp.header("Retry-After"), self.name)
+        options = call.request.stream_options
+        return OpenAIStreamRelay(
+            resp,
+            call,
+            self.name,
+            client_wants_usage=bool(options and options.include_usage),
+            client_wants_continuous_usage=bool(options and options.continuous_usage_stats),
+        )
+
+    async def health(self) -> bool:
+        headers = {k: v for k, v in self._headers.items() if k != "Content-Type"}
+        return await get_ok(self._transport, self.health_url(), headers) is not None
+
+    def health_url(self) -> str:
+        return self.base_url + self.health_path
+
+    async def close(self) -> None:
+        await self._transport.close()

@@ -1,0 +1,345 @@
+"""Adapter for a remote vLLM OpenAI-compatible server, faithful across vLLM versions.
+
+The server's version decides how each field is sent (``backends.vllm.versions``,
+``backends.vllm.dialect``): read from ``GET /version`` at start-up and again
+after the server was unreachable (a restart may be an upgrade) or answered with
+another version in its ``system_fingerprint``; a YAML ``version:`` pin stands in
+while the endpoint does not answer. Until a version is known the backend uses
+the table that cannot fail open (structured output refused).
+
+Cost by request kind:
+
+- *plain* (no field in ``VERSION_DEPENDENT_FIELDS``): the body is sent as the
+  client wrote it; the answer is parsed once, rebuilt in OpenAI's shape
+  (:func:`~backends.vllm.dialect.normalise_body`) and serialised once; streams
+  take the relay's byte path plus one scan per read (``backends.vllm.stream``);
+- *translated* (guided_*, best_of == n, ...): the same plus a few dict edits;
+- *emulated* (best_of > n, n > 1 at temperature 0 on >= 0.12): see
+  ``backends.emulation.best_of``; only these pay for ranking, replication or a per-event parse.
+
+Concurrency: one event loop; version refreshes are single-flight (a lock) and
+rate-limited. ``close()`` closes the transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, ClassVar
+
+import orjson
+
+from backends.base import CompletionResult, CompletionStream, UpstreamCall
+from backends.capabilities import Capabilities
+from backends.emulation.best_of import ReplicatedStream, pick_best_of, replicate_choices, scale_usage
+from backends.errors import UpstreamConnectError, UpstreamError, UpstreamProtocolError
+from backends.openai.adapter import OpenAIBackend
+from backends.openai.relay import usage_of
+from backends.transport.base import HTTPTransport
+from backends.vllm.dialect import (
+    GUIDED_TO_STRUCTURED,
+    VERSION_DEPENDENT_FIELDS,
+    Plan,
+    VLLMDialect,
+    fingerprint_version,
+    normalise_body,
+    vllm_error,
+)
+from backends.vllm.stream import VLLMStreamRelay
+from backends.vllm.versions import VLLMFeatures, VLLMVersion, capabilities_for, parse_version
+from schemas.completions import CompletionRequest
+from schemas.config import VLLMBackendConfig
+from schemas.errors import UnsupportedParameterError
+
+__all__ = ["VLLM_CAPABILITIES", "VLLMBackend"]
+
+log = logging.getLogger("gateway.vllm")
+
+# Before any version is known: nothing that could fail open.
+VLLM_CAPABILITIES: Capabilities = capabilities_for(VLLMFeatures.of(None))
+
+_DETECT_TIMEOUT = 10.0  # seconds for GET /version (start-up must not hang on a silent server)
+_RETRY_INTERVAL = 1.0  # seconds between two detection attempts while the server is unreachable
+# A streamed constraint sent as top-level guided_* (< 0.11) would fail open on a server upgraded
+# to >= 0.12 behind a kept-alive connection, and a stream cannot be resent once it has started:
+# such streams re-confirm a version older than this (seconds) first. Non-streamed answers are
+# checked after the fact instead (their system_fingerprint names the version) and resent.
+_CONFIRM_AGE = 1.0
+_GUIDES = tuple(GUIDED_TO_STRUCTURED)
+
+
+class VLLMBackend(OpenAIBackend):
+    kind: ClassVar[str] = "vllm"
+    default_capabilities: ClassVar[Capabilities] = VLLM_CAPABILITIES
+
+    def __init__(self, config: VLLMBackendConfig, transport: HTTPTransport | None = None) -> None:
+        super().__init__(config, transport)
+        self._root = self.base_url.removesuffix("/v1")
+        self._pin = parse_version(config.version) if config.version else None
+        self._overrides = config.capabilities
+        self._lock = asyncio.Lock()
+        self._stale = False  # re-read the version before the next request
+        self._last_attempt = -_RETRY_INTERVAL
+        self._fingerprint: str | None = None
+        self._seen: VLLMVersion | None = None  # from the last new system_fingerprint
+        self._confirmed_at = -_CONFIRM_AGE  # loop time of the last successful GET /version
+        self.version: VLLMVersion | None = None
+        self.version_source = "unknown"  # "detected" | "fingerprint" | "pinned" | "unknown"
+        self.dialect = VLLMDialect.of(None)
+        self._use(self._pin, "pinned" if self._pin else "unknown")
+
+    # --- version ----------------------------------------------------------------------
+    def _use(self, version: VLLMVersion | None, source: str) -> None:
+        """Switch dialect and capability table (tables are cached per version)."""
+        self.version = version
+        self.version_source = source
+        self.dialect = VLLMDialect.of(version)
+        self.capabilities = self.dialect.capabilities.with_overrides(self._overrides)
+
+    async def start(self) -> None:
+        await super().start()
+        await self.detect_version()
+
+    async def detect_version(self) -> VLLMVersion | None:
+        """``GET /version``; falls back to the pin (or keeps what it knew) when it gets no version."""
+        self._last_attempt = asyncio.get_running_loop().time()
+        headers = {k: v for k, v in self._headers.items() if k != "Content-Type"}
+        try:
+            async with asyncio.timeout(_DETECT_TIMEOUT):
+                resp = await self._transport.send(
+                    "GET", self._root + "/version", body=None, headers=headers, stream=False
+                )
+                try:
+                    data = await resp.read()
+                finally:
+                    resp.release()
+        except (UpstreamError, TimeoutError) as exc:
+            self._stale = True  # unreachable: try again before a later request
+            log.warning(
+                "vLLM backend %s: GET /version failed (%s); using %s version %s",
+                self.name,
+                exc,
+                self.version_source,
+                self.dialect.features.label,
+            )
+            return self.version
+        self._stale = False
+        version = None
+        if resp.status == 200:
+            self._confirmed_at = self._last_attempt
+            try:
+                answer: Any = orjson.loads(data)
+                version = parse_version(str(answer.get("version", ""))) if isinstance(answer, dict) else None
+            except orjson.JSONDecodeError:
+                version = None
+        if version is None and self._seen is not None:
+            # No /version (e.g. a proxy exposes only /v1), but the server named itself in an answer.
+            self._use(self._seen, "fingerprint")
+        elif version is None:
+            self._use(self._pin, "pinned" if self._pin else "unknown")
+            log.warning(
+                "vLLM backend %s: GET /version gave no version (HTTP %s); using %s version %s",
+                self.name,
+                resp.status,
+                self.version_source,
+                self.dialect.features.label,
+            )
+        elif version != self.version or self.version_source != "detected":
+            if self._pin and self._pin != version:
+                log.warning(
+                    "vLLM backend %s: server reports %s, pin says %s; using %s", self.name, version, self._pin, version
+                )
+            self._use(version, "detected")
+            log.info("vLLM backend %s: server version %s", self.name, version)
+        return self.version
+
+    async def _refresh(self) -> None:
+        async with self._lock:
+            if self._stale and asyncio.get_running_loop().time() - self._last_attempt >= _RETRY_INTERVAL:
+                await self.detect_version()
+
+    def _saw(self, obj: dict[str, Any]) -> None:
+        """Notice a changed ``system_fingerprint`` (``vllm-X.Y.Z-...``): the server may have been replaced."""
+        fingerprint = obj.get("system_fingerprint")
+        if fingerprint != self._fingerprint and isinstance(fingerprint, str):
+            self._fingerprint = fingerprint
+            seen = fingerprint_version(obj)
+            if seen is not None and seen != self.version:
+                self._seen = seen
+                self._stale = True
+
+    # --- sending ----------------------------------------------------------------------
+    async def _send(self, body: bytes, call: UpstreamCall, *, stream: bool) -> Any:
+        try:
+            resp = await self._transport.send(
+                "POST", self._url, body=body, headers=self._request_headers(call), stream=stream
+            )
+        except UpstreamConnectError:
+            self._stale = True  # the next contact is a reconnect: re-read the version first
+            raise
+        if resp.status != 200 or not stream:
+            try:
+                data = await resp.read()
+            except UpstreamError:
+                if resp.status == 200:
+                    raise
+                data = b""
+            finally:
+                resp.release()
+            if resp.status != 200:
+                raise vllm_error(resp.status, data, resp.header("Retry-After"), self.name, call.request)
+            return data
+        return resp
+
+    def _parse(self, data: bytes) -> dict[str, Any]:
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            raise UpstreamProtocolError("the upstream sent a body that is not JSON", backend=self.name) from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("choices"), list):
+            raise UpstreamProtocolError("the upstream sent a body that is not a text_completion", backend=self.name)
+        self._saw(obj)
+        return obj
+
+    def _result(self, obj: dict[str, Any], call: UpstreamCall) -> CompletionResult:
+        out = normalise_body(obj, call.public_model, self.name)
+        return CompletionResult(orjson.dumps(out), usage_of(out["usage"]))
+
+    def _check(self, request: CompletionRequest) -> None:
+        """The router's capability check again, against the table of *now* (the version may have changed)."""
+        field = self.capabilities.first_violation(request)
+        if field is not None:
+            why = self.capabilities.reason(field) or f"vLLM {self.dialect.features.label} does not support it"
+            raise UnsupportedParameterError(
+                f"'{field}' is not supported by backend '{self.name}': {why}", param=field, backend=self.name
+            )
+
+    # --- protocol ----------------------------------------------------------------------
+    async def complete(self, call: UpstreamCall) -> CompletionResult:
+        if self._stale:
+            await self._refresh()
+        if VERSION_DEPENDENT_FIELDS.isdisjoint(call.request.model_fields_set):
+            data = await self._send(orjson.dumps(self.payload(call)), call, stream=False)
+            return self._result(self._parse(data), call)
+        return self._result(await self._complete_planned(call), call)
+
+    async def _complete_planned(self, call: UpstreamCall, *, resent: bool = False) -> dict[str, Any]:
+        request = call.request
+        self._check(request)
+        dialect = self.dialect
+        plan, factor = dialect.plan(request)
+        if plan is Plan.BEST_OF and request.echo and request.prompt_count > 1:
+            return await self._best_of_per_prompt(call)
+        fields = self.payload(call)
+        dialect.translate(fields, request, plan, factor)
+        obj = self._parse(await self._send(orjson.dumps(fields), call, stream=False))
+        if not resent and self._constraint_ignored(request, dialect, obj):
+            # The server that answered is not the version the constraint was written for, and it
+            # ignores that form: the answer may be unconstrained. Re-read the version and resend once.
+            await self.detect_version()
+            return await self._complete_planned(call, resent=True)
+        if plan is Plan.BEST_OF:
+            prompt_tokens = None
+            if request.echo:  # one prompt here: its echoed tokens lead every candidate's logprobs
+                usage = obj.get("usage") or {}
+                prompt_tokens = [int(usage.get("prompt_tokens") or 0)]
+            obj["choices"] = pick_best_of(
+                obj["choices"],
+                best_of=factor,
+                n=request.n or 1,
+                keep_logprobs=request.logprobs is not None,
+                prompt_tokens=prompt_tokens,
+            )
+        elif plan is Plan.REPLICATE:
+            obj["choices"] = replicate_choices(obj["choices"], request.n or 1)
+            obj["usage"] = scale_usage(obj.get("usage"), factor)
+        return obj
+
+    @staticmethod
+    def _constraint_ignored(request: CompletionRequest, dialect: VLLMDialect, obj: dict[str, Any]) -> bool:
+        if not any(getattr(request, name) is not None for name in _GUIDES):
+            return False
+        seen = fingerprint_version(obj)
+        if seen is None or seen == dialect.features.version:
+            return False
+        server = VLLMFeatures.of(seen)
+        sent_structured = dialect.features.structured_outputs
+        return not (server.structured_outputs if sent_structured else server.guided_fields)
+
+    async def _best_of_per_prompt(self, call: UpstreamCall) -> dict[str, Any]:
+        """best_of with echo over a batch: one upstream request per prompt, so each prompt's
+        length (from its usage) tells where its echoed tokens end; merged in prompt order."""
+        request = call.request
+        prompts: list[Any] = list(request.prompt)  # a batch here
+        calls = [
+            UpstreamCall(
+                request.model_copy(update={"prompt": p}), call.upstream_model, call.public_model, call.request_id
+            )
+            for p in prompts
+        ]
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(self._complete_planned(c)) for c in calls]
+        n = request.n or 1
+        merged: dict[str, Any] | None = None
+        totals = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        for p, task in enumerate(tasks):
+            obj = task.result()
+            for choice in obj["choices"]:
+                choice["index"] = p * n + int(choice["index"])
+            usage = obj.get("usage") or {}
+            for key in totals:
+                totals[key] += int(usage.get(key) or 0)
+            if merged is None:
+                merged = obj
+            else:
+                merged["choices"].extend(obj["choices"])
+        assert merged is not None
+        merged["usage"] = totals
+        return merged
+
+    async def stream(self, call: UpstreamCall) -> CompletionStream:
+        if self._stale:
+            await self._refresh()
+        request = call.request
+        plan, factor = Plan.FORWARD, 1
+        translated = not VERSION_DEPENDENT_FIELDS.isdisjoint(request.model_fields_set)
+        if translated:
+            guide = next((name for name in _GUIDES if getattr(request, name) is not None), None)
+            if guide is not None and not self.dialect.features.structured_outputs:
+                await self._confirm_for_stream(guide)
+            self._check(request)
+            plan, factor = self.dialect.plan(request)
+            if plan is Plan.BEST_OF:  # the schema refuses streaming best_of != n; never get here
+                raise UnsupportedParameterError("best_of cannot be streamed", param="best_of", backend=self.name)
+        fields = self.payload(call)
+        if translated:
+            self.dialect.translate(fields, request, plan, factor)
+        resp = await self._send(orjson.dumps(fields), call, stream=True)
+        options = request.stream_options
+        relay = VLLMStreamRelay(
+            resp,
+            call,
+            self.name,
+            client_wants_usage=bool(options and options.include_usage),
+            client_wants_continuous_usage=bool(options and options.continuous_usage_stats),
+        )
+        if plan is Plan.REPLICATE:
+            return ReplicatedStream(relay, request.n or 1, self.name)
+        return relay
+
+    async def _confirm_for_stream(self, guide: str) -> None:
+        """A streamed constraint in the old (top-level guided_*) form needs a version read just now."""
+        if asyncio.get_running_loop().time() - self._confirmed_at > _CONFIRM_AGE:
+            async with self._lock:
+                await self.detect_version()
+        if self.version_source != "detected" and not self.dialect.features.structured_outputs:
+            raise UnsupportedParameterError(
+                f"'{guide}' cannot be streamed by backend '{self.name}': its vLLM version ({self.version_source} "
+                f"{self.dialect.features.label}) cannot be confirmed by GET /version, and a vLLM >= 0.12 would "
+                "ignore this form of the constraint; send the request without stream",
+                param=guide,
+                backend=self.name,
+            )
+
+    def health_url(self) -> str:
+        return self._root + "/health"

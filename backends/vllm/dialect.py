@@ -1,0 +1,265 @@
+"""Our request in a given vLLM version's form, and vLLM's answers back in OpenAI's.
+
+Request side (:class:`VLLMDialect`, one per detected version):
+
+- ``guided_json|regex|choice|grammar`` go as they are before 0.11 and as
+  ``structured_outputs: {json|regex|choice|grammar}`` from 0.11 (0.12 ignores
+  the old fields, so sending them would come back unconstrained);
+- ``best_of`` goes as it is where vLLM still ranks server-side (< 0.10), is
+  dropped when it equals ``n``, and is otherwise emulated
+  (:mod:`backends.emulation.best_of`): ``n = best_of`` candidates with logprobs;
+- ``n > 1`` with ``temperature: 0`` is sent as ``n = 1`` and replicated where
+  vLLM refuses greedy ``n`` (>= 0.12), except with beam search (beam width is n);
+- fields a version cannot honour are refused by the capability table
+  (:mod:`backends.vllm.versions`) before routing; :meth:`VLLMDialect.check`
+  repeats that check at send time in case the version changed in between.
+
+Response side: :func:`normalise_body` rebuilds a non-streamed body in OpenAI's
+shape (vLLM-only fields such as ``stop_reason``, ``token_ids``,
+``prompt_logprobs``, ``kv_transfer_params`` dropped: no field of our request
+schema asks for them) and maps ``finish_reason`` (:func:`map_finish_reason`);
+:func:`vllm_error` turns any vLLM error body (flat before 0.10.1, nested after,
+bare string for 401) into our error type, keeping ``param`` when it names one of
+the client's fields.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import orjson
+
+from backends.capabilities import Capabilities
+from backends.emulation.best_of import is_greedy
+from backends.errors import UpstreamProtocolError, UpstreamStatusError, parse_retry_after
+from backends.vllm.versions import VLLMFeatures, VLLMVersion, capabilities_for, parse_version
+from schemas.completions import CompletionRequest
+from schemas.errors import UnsupportedParameterError
+
+__all__ = [
+    "GUIDED_TO_STRUCTURED",
+    "VERSION_DEPENDENT_FIELDS",
+    "Plan",
+    "UpstreamGenerationError",
+    "VLLMDialect",
+    "fingerprint_version",
+    "map_finish_reason",
+    "normalise_body",
+    "vllm_error",
+]
+
+GUIDED_TO_STRUCTURED: dict[str, str] = {
+    "guided_json": "json",
+    "guided_regex": "regex",
+    "guided_choice": "choice",
+    "guided_grammar": "grammar",
+    "guided_whitespace_pattern": "whitespace_pattern",
+}
+
+# Fields whose handling depends on the version; a request setting none of them is sent as
+# the client wrote it (the zero-translation fast path).
+VERSION_DEPENDENT_FIELDS: frozenset[str] = frozenset(
+    {*GUIDED_TO_STRUCTURED, "guided_decoding_backend", "best_of", "n", "early_stopping"}
+)
+
+
+class Plan(Enum):
+    """How one request is carried out on one version."""
+
+    FORWARD = "forward"  # one upstream request (possibly translated), answer relayed
+    BEST_OF = "best_of"  # n = best_of candidates with logprobs, ranked in the gateway
+    REPLICATE = "replicate"  # n = 1 greedy, the choice repeated n times in the gateway
+
+
+class UpstreamGenerationError(UpstreamProtocolError):
+    """vLLM ended a generation with ``finish_reason`` ``abort`` or ``error``: no usable answer."""
+
+    code = "upstream_generation_failed"
+
+
+@dataclass(frozen=True, slots=True)
+class VLLMDialect:
+    """The request and response rules of one vLLM version."""
+
+    features: VLLMFeatures
+
+    @classmethod
+    def of(cls, version: VLLMVersion | None) -> VLLMDialect:
+        return cls(VLLMFeatures.of(version))
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return capabilities_for(self.features)
+
+    # --- request ----------------------------------------------------------------------
+    def check(self, request: CompletionRequest, backend: str) -> None:
+        """Refuse a field this version cannot honour (the router's check, repeated at send time)."""
+        capabilities = self.capabilities
+        field = capabilities.first_violation(request)
+        if field is not None:
+            why = capabilities.reason(field) or f"vLLM {self.features.label} does not support it"
+            raise UnsupportedParameterError(
+                f"'{field}' is not supported by backend '{backend}': {why}", param=field, backend=backend
+            )
+
+    def plan(self, request: CompletionRequest) -> tuple[Plan, int]:
+        """The plan and its fan-out factor (candidates per prompt, or copies per prompt)."""
+        n = request.n or 1
+        best_of = request.best_of or n
+        if request.use_beam_search:
+            return Plan.FORWARD, 1  # beam width is n; greedy n is legitimate there
+        if best_of > n and not self.features.native_best_of:
+            if is_greedy(request.temperature) and not self.features.greedy_n:
+                return Plan.REPLICATE, best_of
+            return Plan.BEST_OF, best_of
+        k = max(n, best_of)
+        if k > 1 and is_greedy(request.temperature) and not self.features.greedy_n:
+            return Plan.REPLICATE, k
+        return Plan.FORWARD, 1
+
+    def translate(self, fields: dict[str, Any], request: CompletionRequest, plan: Plan, factor: int) -> None:
+        """Rewrite an upstream body (built from ``request`` as the client sent it) in place."""
+        features = self.features
+        if features.structured_outputs:
+            structured = {
+                GUIDED_TO_STRUCTURED[name]: fields.pop(name) for name in GUIDED_TO_STRUCTURED if name in fields
+            }
+            if structured:
+                fields["structured_outputs"] = structured
+            # Only ever its neutral value here (check() refused anything else).
+            fields.pop("guided_decoding_backend", None)
+        if not features.native_best_of:
+            fields.pop("best_of", None)
+        match plan:
+            case Plan.BEST_OF:
+                fields["n"] = factor
+                if request.logprobs is None:
+                    fields["logprobs"] = 1  # needed for ranking; stripped from the answer
+            case Plan.REPLICATE:
+                fields["n"] = 1
+                fields.pop("best_of", None)
+            case Plan.FORWARD:
+                pass
+
+
+# --- response ---------------------------------------------------------------------------
+
+_OPENAI_FINISH = frozenset({"stop", "length", "content_filter", None})
+_FINISH_AS_STOP = frozenset({"repetition"})
+
+
+def map_finish_reason(value: Any, backend: str) -> str:
+    """vLLM ``finish_reason`` values outside OpenAI's enum.
+
+    ``repetition`` (0.33: repetition detection ended the text) and any value we do
+    not know become ``stop`` (the server ended the text on purpose); ``abort``
+    (the engine dropped the request, e.g. shutting down) and ``error`` (it failed
+    mid-generation) mean there is no usable answer: :class:`UpstreamGenerationError`,
+    retryable for ``abort`` only.
+    """
+    if value == "abort":
+        error = UpstreamGenerationError(
+            "the vLLM server aborted the generation (finish_reason 'abort')", backend=backend, reason="finish_abort"
+        )
+        error.retryable = True
+        raise error
+    if value == "error":
+        raise UpstreamGenerationError(
+            "the vLLM server failed during generation (finish_reason 'error')", backend=backend, reason="finish_error"
+        )
+    return "stop"
+
+
+def normalise_body(obj: dict[str, Any], public_model: str, backend: str) -> dict[str, Any]:
+    """A vLLM ``text_completion`` body in OpenAI's shape, with the client's model name.
+
+    Cost on the plain path: one small dict per choice, which also makes the
+    serialised answer shorter (vLLM adds five null fields per choice).
+    """
+    choices = []
+    for choice in obj["choices"]:
+        finish = choice.get("finish_reason")
+        if finish not in _OPENAI_FINISH:
+            finish = map_finish_reason(finish, backend)
+        choices.append(
+            {
+                "text": choice.get("text", ""),
+                "index": choice.get("index", 0),
+                "logprobs": choice.get("logprobs"),
+                "finish_reason": finish,
+            }
+        )
+    out: dict[str, Any] = {
+        "id": obj.get("id"),
+        "object": "text_completion",
+        "created": obj.get("created"),
+        "model": public_model,
+        "choices": choices,
+    }
+    fingerprint = obj.get("system_fingerprint")
+    if fingerprint is not None:
+        out["system_fingerprint"] = fingerprint
+    out["usage"] = obj.get("usage")
+    return out
+
+
+_FINGERPRINT = re.compile(r"^vllm-(\d+\.\d+(?:\.\d+)?)")
+
+
+def fingerprint_version(obj: dict[str, Any]) -> VLLMVersion | None:
+    """The version in vLLM's ``system_fingerprint`` (``"vllm-0.32.0-ab2b2829"``), if it carries one."""
+    fingerprint = obj.get("system_fingerprint")
+    if not isinstance(fingerprint, str):
+        return None
+    match = _FINGERPRINT.match(fingerprint)
+    return parse_version(match[1]) if match else None
+
+
+# --- errors -------------------------------------------------------------------------------
+
+# vLLM's name for a field -> ours, where they differ.
+_PARAM_NAMES = {"input_tokens": "prompt", "prompt_embeds": "prompt"}
+
+
+def _error_fields(body: bytes) -> tuple[str, Any]:
+    """(message, param) from every vLLM error shape; unknown shapes give their text."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        text = body.decode("utf-8", "replace").strip()
+        return (text[:500] if text else "(empty body)"), None
+    if isinstance(data, dict):
+        inner = data.get("error")
+        if isinstance(inner, dict):  # >= 0.10.1: {"error": {"message", "type", "param", "code"}}
+            return str(inner.get("message") or inner), inner.get("param")
+        if isinstance(inner, str):  # 401 {"error": "Unauthorized"}
+            return inner, None
+        if isinstance(data.get("message"), str):  # < 0.10.1: {"object": "error", "message", ...}
+            return str(data["message"]), data.get("param")
+        if isinstance(data.get("detail"), str):  # FastAPI
+            return str(data["detail"]), None
+    return str(data)[:500], None
+
+
+def vllm_error(
+    status: int, body: bytes, retry_after: str | None, backend: str, request: CompletionRequest
+) -> UpstreamStatusError:
+    """Our error for a vLLM error answer: status mapped by ``UpstreamStatusError``, ``param`` kept if ours."""
+    message, param = _error_fields(body)
+    ours: str | None = None
+    if isinstance(param, str):
+        name = _PARAM_NAMES.get(param, param)
+        if name == "structured_outputs":
+            # The constraint the client wrote, under the name it used.
+            name = next((g for g in GUIDED_TO_STRUCTURED if getattr(request, g) is not None), name)
+        if name in CompletionRequest.model_fields:
+            ours = name
+    error = UpstreamStatusError(status, message, retry_after=parse_retry_after(retry_after), backend=backend)
+    if error.type == "invalid_request_error":  # about the request: say which field, as OpenAI does
+        error.param = ours
+        if error.code == UpstreamStatusError.code:
+            error.code = None  # type: ignore[assignment]  # vLLM's integer code is its HTTP status; OpenAI's is a string or null
+    return error

@@ -1,0 +1,224 @@
+"""Running one call on a set of endpoints: pick, send, and retry on another endpoint.
+
+Contract:
+- only ``available`` endpoints are picked (``Balancer.pick``); the chosen endpoint's
+  ``in_flight`` counts the call until it finished, failed, or (streams) was closed;
+- a retryable failure (no connection, timeout, 429/5xx; for streams also a cut or a
+  stall before the first event) is retried on an endpoint not tried yet (a restarted
+  worker counts as new), at most ``routing.max_attempts`` tries in all; the owner is told
+  about each failure (``on_failure``) so it can take a dead worker out at once;
+- while no endpoint is available, a call waits up to ``routing.wait_for_ready`` seconds
+  (woken by :meth:`Dispatcher.notify`), then fails with :class:`NoReadyWorkerError`
+  (503, ``Retry-After``); it fails at once when nothing can become available
+  (``hopeless``) or the dispatcher is closed;
+- streams: the first event is read here, so everything before it can still move to
+  another endpoint; after it nothing is retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from backends.base import Backend, CompletionResult, CompletionStream, UpstreamCall
+from backends.errors import UpstreamError
+from backends.vllm.pool.balancer import Balancer, Endpoint
+from backends.vllm.pool.prefix import prefix_keys
+from schemas.config import PoolRoutingConfig
+
+__all__ = ["Dispatcher", "NoReadyWorkerError"]
+
+# Stream failures that are safe to retry while nothing has reached the client.
+_RETRYABLE_BEFORE_FIRST_EVENT = frozenset({"stream_cut", "stream_idle"})
+# Retry-After for a 503: soon while workers are starting, later when none can.
+_RETRY_AFTER_STARTING = 5.0
+_RETRY_AFTER_HOPELESS = 30.0
+
+
+class NoReadyWorkerError(UpstreamError):
+    """No endpoint of the backend could take the call in time (503, retryable elsewhere)."""
+
+    status = 503
+    code = "upstream_unavailable"
+    retryable = True
+
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        kwargs.setdefault("reason", "no_ready_worker")
+        super().__init__(message, **kwargs)
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        name: str,
+        routing: PoolRoutingConfig,
+        *,
+        on_failure: Callable[[Endpoint, UpstreamError], None],
+        hopeless: Callable[[], bool],
+        describe: Callable[[], str],
+    ) -> None:
+        self.name = name
+        self.routing = routing
+        self.balancer = Balancer(routing)
+        self._on_failure = on_failure
+        self._hopeless = hopeless
+        self._describe = describe
+        self._changed = asyncio.Event()
+        self._idle = asyncio.Event()
+        self.closed = False
+
+    @property
+    def endpoints(self) -> list[Endpoint]:
+        return self.balancer.endpoints
+
+    def notify(self) -> None:
+        """An endpoint became available (or the dispatcher closed): wake waiting calls."""
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def close(self) -> None:
+        """Refuse new calls from now on (calls in flight go on)."""
+        self.closed = True
+        self.notify()
+
+    def in_flight(self) -> int:
+        return sum(ep.in_flight for ep in self.endpoints)
+
+    async def drained(self, within: float) -> bool:
+        """After :meth:`close`: wait until no call is in flight (at most ``within`` seconds)."""
+        if self.in_flight():
+            self._idle.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), within)
+        return not self.in_flight()
+
+    def _release(self, ep: Endpoint) -> None:
+        ep.in_flight -= 1
+        if self.closed and not self.in_flight():
+            self._idle.set()
+
+    # --- picking ------------------------------------------------------------------------
+    def _keys(self, call: UpstreamCall) -> tuple[int, ...]:
+        if self.routing.strategy != "prefix-affinity":
+            return ()
+        return prefix_keys(call.request, self.routing)
+
+    async def _acquire(
+        self, keys: tuple[int, ...], tried: set[tuple[int, int]], deadline: float, last: UpstreamError | None
+    ) -> tuple[Endpoint, Backend]:
+        loop = asyncio.get_running_loop()
+        while True:
+            if self.closed:
+                raise NoReadyWorkerError(f"backend {self.name!r} is shutting down", backend=self.name)
+            ep = self.balancer.pick(keys, tried)
+            if ep is not None and ep.adapter is not None:
+                ep.in_flight += 1
+                return ep, ep.adapter
+            if last is not None and any(e.available for e in self.endpoints):
+                raise last  # every available endpoint failed this call already
+            hopeless = self._hopeless()
+            remaining = deadline - loop.time()
+            if hopeless or remaining <= 0:
+                if last is not None:
+                    raise last
+                raise NoReadyWorkerError(
+                    f"no worker of backend {self.name!r} is ready ({self._describe()})",
+                    backend=self.name,
+                    retry_after=_RETRY_AFTER_HOPELESS if hopeless else _RETRY_AFTER_STARTING,
+                )
+            changed = self._changed
+            try:
+                await asyncio.wait_for(changed.wait(), remaining)
+            except TimeoutError:
+                pass
+
+    def _failed(self, ep: Endpoint, exc: UpstreamError, tried: set[tuple[int, int]]) -> None:
+        tried.add(ep.ident)
+        self._on_failure(ep, exc)
+
+    # --- calls --------------------------------------------------------------------------
+    async def complete(self, call: UpstreamCall) -> CompletionResult:
+        keys = self._keys(call)
+        tried: set[tuple[int, int]] = set()
+        deadline = asyncio.get_running_loop().time() + self.routing.wait_for_ready
+        last: UpstreamError | None = None
+        for _ in range(self.routing.max_attempts):
+            ep, adapter = await self._acquire(keys, tried, deadline, last)
+            try:
+                return await adapter.complete(call)
+            except UpstreamError as exc:
+                self._failed(ep, exc, tried)
+                if not exc.retryable:
+                    raise
+                last = exc
+            finally:
+                self._release(ep)
+        assert last is not None
+        raise last
+
+    async def stream(self, call: UpstreamCall) -> CompletionStream:
+        keys = self._keys(call)
+        tried: set[tuple[int, int]] = set()
+        deadline = asyncio.get_running_loop().time() + self.routing.wait_for_ready
+        last: UpstreamError | None = None
+        for _ in range(self.routing.max_attempts):
+            ep, adapter = await self._acquire(keys, tried, deadline, last)
+            handed_over = False
+            try:
+                inner = await adapter.stream(call)
+                try:
+                    first: bytes | None = await inner.__anext__()
+                except StopAsyncIteration:
+                    first = None
+                except BaseException:
+                    await inner.aclose()
+                    raise
+                handed_over = True
+                return _PoolStream(first, inner, functools.partial(self._release, ep))
+            except UpstreamError as exc:
+                self._failed(ep, exc, tried)
+                if not (exc.retryable or exc.reason in _RETRYABLE_BEFORE_FIRST_EVENT):
+                    raise
+                last = exc
+            finally:
+                if not handed_over:
+                    self._release(ep)
+        assert last is not None
+        raise last
+
+
+class _PoolStream(CompletionStream):
+    """The endpoint's stream with its first event already read; releases the endpoint on close."""
+
+    def __init__(self, first: bytes | None, inner: CompletionStream, release: Callable[[], None]) -> None:
+        self._first = first
+        self._ended = first is None
+        self._inner = inner
+        self._release: Callable[[], None] | None = release
+        self.usage = inner.usage
+        self.finished = inner.finished
+
+    async def __anext__(self) -> bytes:
+        first = self._first
+        if first is not None:
+            self._first = None
+            return first
+        if self._ended:
+            raise StopAsyncIteration
+        inner = self._inner
+        try:
+            return await inner.__anext__()
+        finally:
+            self.usage = inner.usage
+            self.finished = inner.finished
+
+    async def aclose(self) -> None:
+        try:
+            await self._inner.aclose()
+        finally:
+            release, self._release = self._release, None
+            if release is not None:
+                release()

@@ -1,0 +1,165 @@
+"""The ``vllm-pool`` backend: vLLM workers this gateway starts, supervises and routes across.
+
+Lifecycle: ``start()`` plans the workers (GPU sets from ``gpus`` and
+``tensor_parallel_size``), spawns them and returns without waiting for readiness
+(a real vLLM takes minutes); requests wait for a ready worker up to
+``routing.wait_for_ready`` seconds, then get 503 with ``Retry-After``. ``close()``
+stops routing, waits up to ``stop_timeout`` for calls in flight (the gateway drained
+its clients before), then stops every worker (SIGTERM, SIGKILL) and returns once
+none of their processes is alive.
+
+Each worker is a vLLM OpenAI server, so requests reuse the ``vllm`` adapter
+(:class:`backends.vllm.adapter.VLLMBackend`) per worker over one shared transport; the pool
+adds only the choice of worker (``backends.vllm.pool.balancer``) and retries across
+workers (``backends.vllm.pool.dispatch``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import ClassVar
+
+from backends.base import Backend, CompletionResult, CompletionStream, UpstreamCall
+from backends.capabilities import Capabilities
+from backends.transport import make_transport
+from backends.transport.base import HTTPTransport
+from backends.vllm.adapter import VLLM_CAPABILITIES, VLLMBackend
+from backends.vllm.pool.dispatch import Dispatcher
+from backends.vllm.pool.status import PoolStatus, default_log_dir, write_status
+from backends.vllm.pool.supervisor import Supervisor
+from schemas.config import VLLMBackendConfig, VLLMPoolBackendConfig
+
+__all__ = ["VLLMPoolBackend", "pool_log_dir"]
+
+log = logging.getLogger("gateway.pool")
+
+_STATUS_EVERY = 1.0  # seconds: the status file is rewritten at most this often (plus on state changes)
+
+
+def pool_log_dir(config: VLLMPoolBackendConfig) -> Path:
+    return Path(config.log_dir) if config.log_dir else default_log_dir(config.name)
+
+
+class VLLMPoolBackend(Backend):
+    kind: ClassVar[str] = "vllm-pool"
+    default_capabilities: ClassVar[Capabilities] = VLLM_CAPABILITIES
+
+    def __init__(self, config: VLLMPoolBackendConfig) -> None:
+        super().__init__(config.name, self.default_capabilities.with_overrides(config.capabilities))
+        self.config = config
+        self.log_dir = pool_log_dir(config)
+        self.status_path = self.log_dir / "status.json"
+        self.dispatcher = Dispatcher(
+            config.name,
+            config.routing,
+            on_failure=lambda ep, exc: self.supervisor.suspect(ep, exc),
+            hopeless=lambda: self.supervisor.hopeless(),
+            describe=lambda: self.supervisor.describe(),
+        )
+        self.supervisor = Supervisor(
+            config,
+            self.log_dir,
+            self.dispatcher.endpoints,
+            self._make_adapter,
+            on_change=self._status_changed,
+            on_available=self.dispatcher.notify,
+        )
+        self._transport: HTTPTransport | None = None
+        self._status_written = 0.0
+        self._last_states: tuple[str, ...] = ()
+
+    def _worker_config(self, url: str) -> VLLMBackendConfig:
+        c = self.config
+        return VLLMBackendConfig(
+            name=c.name,
+            type="vllm",
+            base_url=url,
+            capabilities=c.capabilities,
+            timeout=c.timeout,
+            max_connections=c.max_connections,
+            transport=c.transport,
+            stream_usage=c.stream_usage,
+        )
+
+    async def _make_adapter(self, url: str) -> Backend:
+        """The ``vllm`` adapter of a worker that just became ready, started (it reads the version).
+
+        All workers run the same vLLM, so the pool takes the capabilities the adapter found.
+        """
+        assert self._transport is not None, "start() first"
+        adapter = VLLMBackend(self._worker_config(url), self._transport)
+        try:
+            await adapter.start()
+        except Exception:  # the adapter falls back to its safe defaults; routing must go on
+            log.exception("pool %s: starting the adapter for %s failed", self.name, url)
+        self.capabilities = adapter.capabilities
+        return adapter
+
+    # --- Backend -------------------------------------------------------------------------
+    async def start(self) -> None:
+        c = self.config
+        # One keep-alive transport for all workers (pooled per host:port).
+        limit = c.max_connections * max(1, _worker_count(c))
+        template = self._worker_config("http://127.0.0.1/v1")
+        self._transport = make_transport(template.model_copy(update={"max_connections": limit}))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        await self.supervisor.start()
+        log.info(
+            "pool %s: %d worker(s) of %r starting; logs and status in %s",
+            c.name,
+            len(self.supervisor.workers),
+            c.model,
+            self.log_dir,
+        )
+        self._write_status()
+
+    async def close(self) -> None:
+        self.dispatcher.close()
+        await self.dispatcher.drained(self.config.stop_timeout)
+        await self.supervisor.close()
+        if self._transport is not None:
+            await self._transport.close()
+        self._write_status()
+
+    async def complete(self, call: UpstreamCall) -> CompletionResult:
+        return await self.dispatcher.complete(call)
+
+    async def stream(self, call: UpstreamCall) -> CompletionStream:
+        return await self.dispatcher.stream(call)
+
+    async def health(self) -> bool:
+        return any(ep.available for ep in self.dispatcher.endpoints)
+
+    # --- status ---------------------------------------------------------------------------
+    def pool_status(self) -> PoolStatus:
+        return PoolStatus(
+            backend=self.name,
+            kind=self.kind,
+            workers=[w.status() for w in self.supervisor.workers],
+            decisions=dict(self.dispatcher.balancer.decisions),
+        )
+
+    def _status_changed(self) -> None:
+        states = tuple(w.state for w in self.supervisor.workers)
+        if states != self._last_states or time.monotonic() - self._status_written >= _STATUS_EVERY:
+            self._last_states = states
+            self._write_status()
+
+    def _write_status(self) -> None:
+        self._status_written = time.monotonic()
+        try:
+            write_status(self.status_path, self.pool_status())
+        except OSError as exc:  # a full disk must not take the pool down
+            log.warning("pool %s: cannot write %s: %s", self.name, self.status_path, exc)
+
+
+def _worker_count(config: VLLMPoolBackendConfig) -> int:
+    if config.workers:
+        return config.workers
+    if isinstance(config.gpus, list):
+        return max(1, len(config.gpus) // config.tensor_parallel_size)
+    if isinstance(config.gpus, int):
+        return config.gpus // config.tensor_parallel_size
+    return 8  # gpus: all: not known before start

@@ -1,0 +1,145 @@
+"""Worker processes: spawn one through the launcher, stop its whole process group.
+
+Contract:
+- :func:`spawn` starts ``launcher.py`` (see its docstring) as the leader of a new session
+  and process group whose id is its pid; stdout and stderr of everything in the group go
+  to ``log_path`` (appended; a header line marks each start). It returns at once.
+- :func:`stop` sends SIGTERM to the group, SIGKILL after ``timeout``, and returns only
+  once no live (non-zombie) process is left in the group, so a caller may hand the
+  worker's GPUs and port to a new process afterwards. Idempotent.
+- :func:`group_alive` / :func:`tail` read /proc and the log file; cheap enough to call
+  on every state change.
+
+Linux only (prctl, /proc).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+from backends.vllm.pool import launcher
+
+__all__ = ["WorkerProcess", "group_alive", "spawn", "stop", "tail"]
+
+_LAUNCHER = launcher.__file__
+
+
+class WorkerProcess:
+    """One spawned launcher (and the worker under it). ``pid`` is also the process group id."""
+
+    __slots__ = ("log_path", "pid", "proc", "started_at")
+
+    def __init__(self, proc: asyncio.subprocess.Process, log_path: Path) -> None:
+        self.proc = proc
+        self.pid = proc.pid
+        self.log_path = log_path
+        self.started_at = time.time()
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    async def wait(self) -> int:
+        return await self.proc.wait()
+
+
+async def spawn(
+    command: Sequence[str], env: Mapping[str, str], log_path: Path, *, grace: float, header: str = ""
+) -> WorkerProcess:
+    argv = [sys.executable, "-I", "-S", _LAUNCHER, "--parent", str(os.getpid()), "--grace", f"{grace:g}", "--"]
+    with _open_log(log_path, f"{header} $ {' '.join(command)}") as log:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            *command,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=log,
+            stderr=asyncio.subprocess.STDOUT,
+            env=dict(env),
+            start_new_session=True,
+        )
+    return WorkerProcess(proc, log_path)
+
+
+def _open_log(path: Path, header: str) -> BinaryIO:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    log = open(path, "ab")  # the caller closes it once the child has its copy
+    log.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {header}\n".encode())
+    log.flush()
+    return log
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any live (non-zombie) process is in process group ``pgid``."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if fields[0] not in (b"Z", b"X") and int(fields[2]) == pgid:
+            return True
+    return False
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+async def stop(worker: WorkerProcess, grace: float) -> int | None:
+    """SIGTERM the group, SIGKILL it after ``grace`` seconds; return once nothing of it is alive."""
+    if group_alive(worker.pid):
+        _killpg(worker.pid, signal.SIGTERM)
+    try:
+        # The launcher escalates to SIGKILL itself after ``grace``; give it a moment more.
+        await asyncio.wait_for(asyncio.shield(worker.wait()), grace + 2.0)
+    except TimeoutError:
+        pass
+    # A pgid is not reused while any process of the group lives, so this cannot hit a stranger.
+    if group_alive(worker.pid):
+        _killpg(worker.pid, signal.SIGKILL)
+    try:
+        await asyncio.wait_for(asyncio.shield(worker.wait()), 5.0)
+    except TimeoutError:  # pragma: no cover - SIGKILL of our own child does not fail
+        pass
+    await _until_gone(worker.pid, 10.0)
+    return worker.returncode
+
+
+async def _until_gone(pgid: int, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while group_alive(pgid):
+        if time.monotonic() >= deadline:
+            return False
+        _killpg(pgid, signal.SIGKILL)
+        await asyncio.sleep(0.02)
+    return True
+
+
+def tail(path: Path, lines: int = 20) -> list[str]:
+    """The last ``lines`` lines of a log file (empty if there is none)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 64 * 1024))
+            data = f.read()
+    except OSError:
+        return []
+    kept: deque[str] = deque(maxlen=lines)
+    for line in data.decode("utf-8", "replace").splitlines():
+        kept.append(line.rstrip())
+    return list(kept)

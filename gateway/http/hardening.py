@@ -1,0 +1,106 @@
+"""Server-side limits against hostile or broken clients, from ``server:`` in the config.
+
+- Header size and count (``max_header_bytes``, ``max_headers``) and the slow-header timeout
+  (``client_header_timeout``) are enforced by aiohttp's HTTP protocol itself:
+  :func:`handler_args` turns them into the ``handler_args`` of the application, so every
+  runner that serves the app (``gateway serve``, the tests) applies them. aiohttp answers a
+  header over the limits with a plain-text 400 and closes the connection (our middleware
+  never sees such a request: it could not be parsed). Its keep-alive timer doubles as the
+  header timeout: a connection that has not delivered a complete request head that long
+  after it opened or after its previous answer is closed, however slowly it trickles bytes.
+- The body timeout (``client_body_timeout``) is :func:`read_body`: a body still arriving
+  that long after the headers is answered 408 and the connection closed (after at most as
+  long again, aiohttp's lingering read). The common case, a body that came with its
+  headers, takes no timer at all.
+- The body size (``max_body_bytes``, 413) is aiohttp's ``client_max_size``; the prompt-array
+  bound is :class:`gateway.security.caps.Caps`.
+- Secrets never leave in an error body: every secret of a loaded config (each ``SecretStr``
+  in it, and the password of a Redis URL) is registered by :func:`register_secrets`, and
+  :func:`redact` replaces them in an error body before it is sent (an upstream may echo our
+  credentials in an error message we pass on). Only error bodies pay for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+from aiohttp import web
+from pydantic import BaseModel, SecretStr
+
+from schemas.config import ServerConfig
+from schemas.errors import GatewayError
+
+__all__ = ["RequestTimeoutError", "handler_args", "read_body", "redact", "register_secrets"]
+
+_LINGERING = 10.0  # aiohttp's default
+_REDACTED = b"[redacted]"
+_MIN_SECRET = 6  # shorter values would redact ordinary words
+# Secret byte strings of every config loaded in this process, as sent and as JSON-escaped.
+_secrets: set[bytes] = set()
+
+
+class RequestTimeoutError(GatewayError):
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
+def handler_args(server: ServerConfig) -> dict[str, Any]:
+    """aiohttp ``RequestHandler`` settings for ``web.Application(handler_args=...)``."""
+    return {
+        "max_line_size": server.max_header_bytes,
+        "max_field_size": server.max_header_bytes,
+        "max_headers": server.max_headers,
+        "keepalive_timeout": server.client_header_timeout,
+        # After an answer sent before the body was read (413, 408), aiohttp keeps reading the
+        # rest so the client sees the answer: no longer than a body may take anyway.
+        "lingering_time": min(_LINGERING, server.client_body_timeout),
+    }
+
+
+async def read_body(request: web.Request, seconds: float) -> bytes:
+    """The whole body, or 408 when it takes longer than ``seconds`` to arrive."""
+    if request.content.is_eof():  # all of it is buffered already: no timer needed
+        return await request.read()
+    try:
+        async with asyncio.timeout(seconds):
+            return await request.read()
+    except TimeoutError:
+        # The connection is mid-body: answer, then close it rather than keep it alive.
+        request.protocol.close()
+        raise RequestTimeoutError(f"The request body did not arrive within {seconds:g} seconds.") from None
+
+
+def _secret_values(node: Any) -> list[str]:
+    if isinstance(node, SecretStr):
+        value = node.get_secret_value()
+        if value.startswith(("redis://", "rediss://", "unix://")):
+            password = urlsplit(value).password
+            return [value] + ([password] if password else [])
+        return [] if value == "memory" else [value]
+    if isinstance(node, BaseModel):
+        return [v for name in type(node).model_fields for v in _secret_values(getattr(node, name))]
+    if isinstance(node, dict):
+        return [v for item in node.values() for v in _secret_values(item)]
+    if isinstance(node, list | tuple):
+        return [v for item in node for v in _secret_values(item)]
+    return []
+
+
+def register_secrets(config: BaseModel) -> None:
+    """Remember every secret in ``config`` for :func:`redact` (process-wide; never cleared)."""
+    for value in _secret_values(config):
+        if len(value) >= _MIN_SECRET:
+            _secrets.add(value.encode())
+            _secrets.add(orjson.dumps(value)[1:-1])  # as it appears inside a JSON string
+
+
+def redact(body: bytes) -> bytes:
+    """``body`` with every registered secret replaced by ``[redacted]``."""
+    for secret in _secrets:
+        if secret in body:
+            body = body.replace(secret, _REDACTED)
+    return body

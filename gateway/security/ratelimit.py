@@ -1,0 +1,444 @@
+"""Per-key rate limits: token buckets for requests and tokens, and a cap on requests in flight.
+
+Each key with limits has up to three counters:
+
+- a **requests** bucket holding ``rpm`` and refilled at ``rpm`` per minute; a request takes 1;
+- a **tokens** bucket holding ``tpm`` and refilled at ``tpm`` per minute; a request reserves
+  its worst case (:func:`gateway.security.caps.reserve_tokens`) before the upstream call, and the
+  difference to its real usage is given back (or owed) when it ends (:meth:`LimitStore.release`);
+- **concurrency**: requests admitted and not yet released, at most ``max_concurrent``.
+
+A request is admitted only if every counter has room; otherwise nothing is taken and the
+:class:`Verdict` says which limit refused it and when to retry. Levels may go below zero
+when a request used more than it reserved (its prompt was under-estimated): the debt is
+repaid by the refill.
+
+Stores: :class:`MemoryStore` (one replica, O(1) per request, not thread-safe: one event
+loop) and :class:`RedisStore` (shared by replicas: each decision is one atomic Lua script
+on Redis's clock). When Redis fails or is slower than ``redis_timeout`` the Redis store
+logs one line, sets ``gateway_ratelimit_store_degraded`` to 1 and decides in a
+:class:`MemoryStore` of its own (limits then hold per replica) until a retry, every
+``redis_retry_interval`` seconds, finds Redis again. Requests are never failed because
+Redis is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+__all__ = ["LimitStore", "Limits", "MemoryStore", "RedisStore", "Reservation", "Verdict", "format_reset"]
+
+log = logging.getLogger("gateway.ratelimit")
+
+_MINUTE = 60.0
+_CONCURRENCY_RETRY = 1.0  # seconds: a slot frees when some request ends; no better estimate
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    rpm: int | None = None
+    tpm: int | None = None
+    max_concurrent: int | None = None
+
+    @property
+    def any(self) -> bool:
+        return self.rpm is not None or self.tpm is not None or self.max_concurrent is not None
+
+
+@dataclass(slots=True)
+class Verdict:
+    """One admission decision, and the bucket levels after it (for the x-ratelimit-* headers).
+
+    ``reason`` when refused: ``requests``, ``tokens``, ``concurrency``, or ``too_large``
+    (the reservation exceeds ``tpm`` itself: waiting cannot help, so no ``retry_after``).
+    """
+
+    allowed: bool
+    requests_level: float
+    tokens_level: float
+    reason: str | None = None
+    retry_after: float | None = None
+
+    def headers(self, limits: Limits) -> dict[str, str]:
+        """OpenAI's ``x-ratelimit-*`` headers for the limits that are set."""
+        out: dict[str, str] = {}
+        rpm, tpm = limits.rpm, limits.tpm
+        if rpm is not None:
+            level = self.requests_level
+            out["x-ratelimit-limit-requests"] = str(rpm)
+            out["x-ratelimit-remaining-requests"] = str(int(level)) if level > 0 else "0"
+            out["x-ratelimit-reset-requests"] = format_reset((rpm - level) * _MINUTE / rpm)
+        if tpm is not None:
+            level = self.tokens_level
+            out["x-ratelimit-limit-tokens"] = str(tpm)
+            out["x-ratelimit-remaining-tokens"] = str(int(level)) if level > 0 else "0"
+            out["x-ratelimit-reset-tokens"] = format_reset((tpm - level) * _MINUTE / tpm)
+        return out
+
+
+def format_reset(seconds: float) -> str:
+    """Time until a bucket is full again, as OpenAI writes it: ``20ms``, ``1.5s``, ``6m0s``."""
+    ms = int(seconds * 1000 + 0.5)
+    if ms <= 0:
+        return "0s"
+    if ms < 1000:
+        return f"{ms}ms"
+    minutes, ms = divmod(ms, 60_000)
+    whole, frac = divmod(ms, 1000)
+    text = f"{whole}.{frac:03d}".rstrip("0").rstrip(".") if frac else str(whole)
+    return f"{minutes}m{text}s" if minutes else f"{text}s"
+
+
+@dataclass(slots=True)
+class Reservation:
+    """What one admitted request holds until :meth:`LimitStore.release` (exactly once)."""
+
+    store: LimitStore  # the store that admitted it (a degraded Redis store's fallback, maybe)
+    key: str
+    limits: Limits
+    tokens: int
+    lease: str = ""  # the concurrency slot's id in a shared store
+
+
+class LimitStore(ABC):
+    """Where the counters live. ``acquire``/``peek`` are awaited on the request path; ``release``
+    never blocks the response (a networked store finishes it in the background)."""
+
+    @abstractmethod
+    async def acquire(self, key: str, limits: Limits, tokens: int) -> tuple[Verdict, Reservation | None]:
+        """Admit a request reserving ``tokens``, or refuse it; a reservation only when admitted."""
+
+    @abstractmethod
+    def release(self, reservation: Reservation, used: int | None) -> None:
+        """End a request: free its concurrency slot and settle its tokens (``used`` None = the
+        upstream reported no usage: keep what was reserved)."""
+
+    @abstractmethod
+    async def peek(self, key: str, limits: Limits) -> Verdict:
+        """The current levels, taking nothing (headers of answers that reserved nothing)."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections; called once at shutdown."""
+
+
+class _Bucket:
+    __slots__ = ("level", "stamp")
+
+    def __init__(self, level: float, stamp: float) -> None:
+        self.level = level
+        self.stamp = stamp
+
+    def refill(self, capacity: int, now: float) -> float:
+        level = self.level + (now - self.stamp) * capacity / _MINUTE
+        self.level = level if level < capacity else float(capacity)
+        self.stamp = now
+        return self.level
+
+
+class _KeyState:
+    __slots__ = ("active", "requests", "tokens")
+
+    def __init__(self, limits: Limits, now: float) -> None:
+        self.requests = _Bucket(float(limits.rpm or 0), now)
+        self.tokens = _Bucket(float(limits.tpm or 0), now)
+        self.active = 0
+
+
+_lease_ids = itertools.count(1)
+_LEASE_PREFIX = os.urandom(6).hex()
+
+
+def _lease() -> str:
+    return f"{_LEASE_PREFIX}-{next(_lease_ids)}"
+
+
+class MemoryStore(LimitStore):
+    """Counters in this process: exact for one replica. ``clock`` returns seconds (monotonic)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._keys: dict[str, _KeyState] = {}
+
+    def _state(self, key: str, limits: Limits, now: float) -> _KeyState:
+        state = self._keys.get(key)
+        if state is None:
+            state = self._keys[key] = _KeyState(limits, now)
+        return state
+
+    def decide(self, key: str, limits: Limits, tokens: int) -> tuple[Verdict, Reservation | None]:
+        now = self._clock()
+        state = self._state(key, limits, now)
+        rpm, tpm, most = limits.rpm, limits.tpm, limits.max_concurrent
+        requests = state.requests.refill(rpm, now) if rpm else 0.0
+        budget = state.tokens.refill(tpm, now) if tpm else 0.0
+        reason: str | None = None
+        wait: float | None = None
+        if most is not None and state.active >= most:
+            reason, wait = "concurrency", _CONCURRENCY_RETRY
+        elif rpm and requests < 1:
+            reason, wait = "requests", (1 - requests) * _MINUTE / rpm
+        elif tpm and tokens > tpm:
+            reason = "too_large"
+        elif tpm and budget < tokens:
+            reason, wait = "tokens", (tokens - budget) * _MINUTE / tpm
+        if reason is not None:
+            return Verdict(False, requests, budget, reason, wait), None
+        if rpm:
+            state.requests.level = requests = requests - 1
+        if tpm:
+            state.tokens.level = budget = budget - tokens
+        state.active += 1
+        return Verdict(True, requests, budget), Reservation(self, key, limits, tokens)
+
+    async def acquire(self, key: str, limits: Limits, tokens: int) -> tuple[Verdict, Reservation | None]:
+        return self.decide(key, limits, tokens)
+
+    def release(self, reservation: Reservation, used: int | None) -> None:
+        state = self._keys.get(reservation.key)
+        if state is None:
+            return
+        state.active = max(0, state.active - 1)
+        tpm = reservation.limits.tpm
+        if tpm and used is not None and used != reservation.tokens:
+            level = state.tokens.refill(tpm, self._clock()) + reservation.tokens - used
+            state.tokens.level = min(float(tpm), level)
+
+    def levels(self, key: str, limits: Limits) -> Verdict:
+        now = self._clock()
+        state = self._state(key, limits, now)
+        requests = state.requests.refill(limits.rpm, now) if limits.rpm else 0.0
+        budget = state.tokens.refill(limits.tpm, now) if limits.tpm else 0.0
+        return Verdict(True, requests, budget)
+
+    async def peek(self, key: str, limits: Limits) -> Verdict:
+        return self.levels(key, limits)
+
+
+# --- Redis ----------------------------------------------------------------------------------
+# Every script reads the time from Redis itself, so replicas whose clocks differ still share
+# one bucket timeline. A bucket is a hash {l: level, t: ms}; a missing one is full. Keys expire
+# once their bucket would be full again (or, for leases, after the longest lease).
+_LUA_PRELUDE = """
+if redis.replicate_commands then pcall(redis.replicate_commands) end
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + tonumber(clock[2]) / 1000
+local function level(key, cap)
+  if cap <= 0 then return 0 end
+  local v = redis.call('HMGET', key, 'l', 't')
+  if not v[1] then return cap end
+  local l = tonumber(v[1]) + math.max(0, now - tonumber(v[2])) * cap / 60000
+  if l > cap then return cap end
+  return l
+end
+local function save(key, cap, l)
+  redis.call('HSET', key, 'l', tostring(l), 't', tostring(now))
+  redis.call('PEXPIRE', key, math.ceil((cap - l) * 60000 / cap) + 1000)
+end
+"""
+
+# KEYS: requests bucket, tokens bucket, leases (sorted set: lease -> expiry ms)
+# ARGV: rpm, tpm, max_concurrent (0 = unset), tokens to reserve, lease id, lease ttl ms
+# -> {verdict (0 ok, 1 requests, 2 tokens, 3 concurrency, 4 too large), wait ms, requests level, tokens level}
+_ACQUIRE = (
+    _LUA_PRELUDE
+    + """
+local rpm, tpm, most = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local want, lease, ttl = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
+local rl, tl = level(KEYS[1], rpm), level(KEYS[2], tpm)
+local verdict, wait = 0, 0
+if most > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+  if redis.call('ZCARD', KEYS[3]) >= most then verdict, wait = 3, 1000 end
+end
+if verdict == 0 and rpm > 0 and rl < 1 then verdict, wait = 1, (1 - rl) * 60000 / rpm end
+if verdict == 0 and tpm > 0 then
+  if want > tpm then verdict = 4
+  elseif tl < want then verdict, wait = 2, (want - tl) * 60000 / tpm end
+end
+if verdict == 0 then
+  if rpm > 0 then rl = rl - 1; save(KEYS[1], rpm, rl) end
+  if tpm > 0 then tl = tl - want; save(KEYS[2], tpm, tl) end
+  if most > 0 then
+    redis.call('ZADD', KEYS[3], now + ttl, lease)
+    redis.call('PEXPIRE', KEYS[3], ttl)
+  end
+end
+return {verdict, tostring(wait), tostring(rl), tostring(tl)}
+"""
+)
+
+# KEYS: tokens bucket, leases.  ARGV: tpm (0 = unset), tokens given back (negative: owed), lease id
+_RELEASE = (
+    _LUA_PRELUDE
+    + """
+local tpm, back = tonumber(ARGV[1]), tonumber(ARGV[2])
+if tpm > 0 and back ~= 0 then
+  local l = level(KEYS[1], tpm) + back
+  if l > tpm then l = tpm end
+  save(KEYS[1], tpm, l)
+end
+if ARGV[3] ~= '' then redis.call('ZREM', KEYS[2], ARGV[3]) end
+return 1
+"""
+)
+
+# KEYS: requests bucket, tokens bucket.  ARGV: rpm, tpm.  Reads only.
+_PEEK = (
+    _LUA_PRELUDE
+    + """
+return {tostring(level(KEYS[1], tonumber(ARGV[1]))), tostring(level(KEYS[2], tonumber(ARGV[2])))}
+"""
+)
+
+_REASONS = {1: "requests", 2: "tokens", 3: "concurrency", 4: "too_large"}
+
+
+def _where(url: str) -> str:
+    """The store's address for logs, without credentials."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return f"redis at unix:{parts.path}"
+    return f"redis at {parts.hostname or 'localhost'}:{parts.port or 6379}"
+
+
+class RedisStore(LimitStore):
+    """Counters in Redis, shared by every replica using the same ``url`` and ``prefix``.
+
+    ``on_degraded(bool)`` is told when the store starts and stops deciding locally;
+    ``on_error()`` is told of every failed Redis call (both feed metrics).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "gateway",
+        timeout: float = 0.25,
+        retry_interval: float = 5.0,
+        lease_seconds: float = 900.0,
+        clock: Callable[[], float] = time.monotonic,
+        on_degraded: Callable[[bool], None] | None = None,
+        on_error: Callable[[], None] | None = None,
+    ) -> None:
+        import redis.asyncio as aioredis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+
+        # No client-side retries: a failed call degrades at once instead of stalling requests.
+        self._redis: Any = aioredis.from_url(
+            url,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 0),
+            health_check_interval=0,
+        )
+        self._acquire = self._redis.register_script(_ACQUIRE)
+        self._release = self._redis.register_script(_RELEASE)
+        self._peek = self._redis.register_script(_PEEK)
+        self._prefix = prefix
+        self._timeout = timeout
+        self._retry_interval = retry_interval
+        self._lease_ms = int(lease_seconds * 1000)
+        self._clock = clock
+        self._where = _where(url)
+        self._on_degraded = on_degraded
+        self._on_error = on_error
+        self.fallback = MemoryStore(clock)
+        self.degraded = False
+        self._retry_at = 0.0
+        self._pending: set[asyncio.Task[None]] = set()
+
+    def _keys(self, key: str) -> tuple[str, str, str]:
+        # {key} is a hash tag: the three keys of one API key share a Redis Cluster slot.
+        base = f"{self._prefix}:rl:{{{key}}}"
+        return f"{base}:req", f"{base}:tok", f"{base}:conc"
+
+    def _use_redis(self) -> bool:
+        return not self.degraded or self._clock() >= self._retry_at
+
+    async def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        # socket timeouts bound each I/O step; this bounds the whole call (pool waits included).
+        async with asyncio.timeout(self._timeout * 2):
+            return await script(keys=keys, args=args)
+
+    def _failed(self, exc: BaseException) -> None:
+        if self._on_error is not None:
+            self._on_error()
+        self._retry_at = self._clock() + self._retry_interval
+        if not self.degraded:
+            self.degraded = True
+            # Type only: redis-py messages carry no secret, but the URL's password must never be
+            # one step away from a log line.
+            log.warning(
+                "rate-limit store %s failed (%s); enforcing limits per replica until it is back",
+                self._where,
+                type(exc).__name__,
+            )
+            if self._on_degraded is not None:
+                self._on_degraded(True)
+
+    def _succeeded(self) -> None:
+        if self.degraded:
+            self.degraded = False
+            log.warning("rate-limit store %s is back; limits are shared across replicas again", self._where)
+            if self._on_degraded is not None:
+                self._on_degraded(False)
+
+    async def acquire(self, key: str, limits: Limits, tokens: int) -> tuple[Verdict, Reservation | None]:
+        if not self._use_redis():
+            return self.fallback.decide(key, limits, tokens)
+        lease = _lease()
+        args = [limits.rpm or 0, limits.tpm or 0, limits.max_concurrent or 0, tokens, lease, self._lease_ms]
+        try:
+            raw = await self._call(self._acquire, list(self._keys(key)), args)
+        except Exception as exc:  # any Redis failure (connection, timeout, script) degrades
+            self._failed(exc)
+            return self.fallback.decide(key, limits, tokens)
+        self._succeeded()
+        code, wait_ms, requests, budget = int(raw[0]), float(raw[1]), float(raw[2]), float(raw[3])
+        if code:
+            wait = wait_ms / 1000 if code != 4 else None
+            return Verdict(False, requests, budget, _REASONS[code], wait), None
+        return Verdict(True, requests, budget), Reservation(self, key, limits, tokens, lease)
+
+    def release(self, reservation: Reservation, used: int | None) -> None:
+        back = 0 if used is None else reservation.tokens - used
+        keys = self._keys(reservation.key)
+        args = [reservation.limits.tpm or 0, back, reservation.lease if reservation.limits.max_concurrent else ""]
+        if not back and not args[2]:
+            return
+        task = asyncio.get_running_loop().create_task(self._release_later([keys[1], keys[2]], args))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _release_later(self, keys: list[str], args: list[Any]) -> None:
+        try:
+            await self._call(self._release, keys, args)
+        except Exception as exc:  # the lease expires on its own; the token difference is lost
+            self._failed(exc)
+
+    async def peek(self, key: str, limits: Limits) -> Verdict:
+        if not self._use_redis():
+            return self.fallback.levels(key, limits)
+        keys = self._keys(key)
+        try:
+            raw = await self._call(self._peek, [keys[0], keys[1]], [limits.rpm or 0, limits.tpm or 0])
+        except Exception as exc:
+            self._failed(exc)
+            return self.fallback.levels(key, limits)
+        self._succeeded()
+        return Verdict(True, float(raw[0]), float(raw[1]))
+
+    async def close(self) -> None:
+        if self._pending:
+            await asyncio.wait(list(self._pending), timeout=self._timeout * 4)
+        await self._redis.aclose()

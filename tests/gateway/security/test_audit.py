@@ -1,0 +1,74 @@
+"""The optional audit log: one JSON line per completion request, only when ``server.audit_log`` is on."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from tests.conftest import MOCK_MODEL, OPENAI_MODEL
+from tests.fakes import Behaviour
+from tests.gateway.security.conftest import AUTH_A, AUTH_B, KEY_A, MakeSecureGateway, auth_section
+
+
+class Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[dict[str, Any]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(orjson.loads(record.getMessage()))
+
+
+@pytest.fixture
+def audit_lines() -> Iterator[Lines]:
+    handler = Lines()
+    logger = logging.getLogger("gateway.audit")
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+
+
+async def post(url: str, body: dict[str, Any], headers: dict[str, str]) -> int:
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url + "/v1/completions", json=body, headers=headers) as resp:
+            await resp.read()
+            return resp.status
+
+
+async def test_off_by_default(secure_gateway: MakeSecureGateway, audit_lines: Lines) -> None:
+    gw = await secure_gateway(auth_section())
+    assert await post(gw.url, {"model": MOCK_MODEL, "prompt": "hi"}, AUTH_A) == 200
+    assert audit_lines.records == []
+
+
+async def test_one_json_line_per_request(secure_gateway: MakeSecureGateway, audit_lines: Lines) -> None:
+    gw = await secure_gateway(auth_section(), server="audit_log: true")
+    assert await post(gw.url, {"model": OPENAI_MODEL, "prompt": "hi", "max_tokens": 3}, AUTH_A) == 200
+    assert await post(gw.url, {"model": OPENAI_MODEL, "prompt": "hi"}, AUTH_B) == 403
+    assert await post(gw.url, {"model": OPENAI_MODEL, "prompt": "hi"}, {}) == 401
+    stream = {"model": OPENAI_MODEL, "prompt": "hi", "stream": True, "max_tokens": 5}
+    gw.upstream.script.append(Behaviour(kind="cut", events=2))
+    assert await post(gw.url, stream, AUTH_A) == 200  # cut after 2 events: HTTP 200, counted as 502
+    ok, forbidden, unauthenticated, cut = audit_lines.records
+    assert ok["event"] == "completion"
+    assert ok["key"] == "team-a" and ok["model"] == OPENAI_MODEL and ok["backend"] == "up-openai"
+    assert ok["status"] == 200 and ok["prompt_tokens"] == 3 and ok["completion_tokens"] == 2
+    assert isinstance(ok["latency_ms"], float) and ok["request_id"].startswith("req-")
+    assert forbidden["key"] == "team-b" and forbidden["status"] == 403 and forbidden["backend"] is None
+    assert unauthenticated["key"] is None and unauthenticated["status"] == 401
+    assert cut["status"] == 502 and cut["backend"] == "up-openai"
+    assert all(KEY_A not in orjson.dumps(r).decode() for r in audit_lines.records)
+
+
+async def test_audit_without_auth(secure_gateway: MakeSecureGateway, audit_lines: Lines) -> None:
+    gw = await secure_gateway(server="audit_log: true")
+    assert await post(gw.url, {"model": MOCK_MODEL, "prompt": "hi"}, {}) == 200
+    [line] = audit_lines.records
+    assert line["key"] is None and line["model"] == MOCK_MODEL and line["backend"] == "sim"
