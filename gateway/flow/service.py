@@ -18,8 +18,14 @@ When no route could even be tried because every circuit is open, the answer is a
 ``Retry-After`` (the shortest remaining cooldown) at once, not after a pile of timeouts.
 
 Cost: the first iteration of the loop is the whole story for a request that does not
-fail: one breaker check, one slot, one call. Retry state, schedules and lists are only
-allocated once something failed or was skipped.
+fail: one breaker check, one slot, one call. Everything else (the remaining try order,
+scheduled retries, passed-over and skipped routes: :class:`_Setbacks`) is allocated only
+once something failed or was skipped.
+
+A failure the request caused (:func:`gateway.flow.health.client_caused`, a 4xx other than
+408/429) goes to the client at once: no breaker verdict against the backend, no retry, no
+failover. While an attempt is with an upstream, the request's record says so
+(``RequestRecord.reached``), so a client that leaves meanwhile is charged for the work.
 
 Slots: a non-streaming attempt holds its backend's slot while it runs; a stream keeps it
 until :meth:`OpenedStream.aclose`. Cancellation (the client left) releases whatever the
