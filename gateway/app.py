@@ -9,6 +9,7 @@ last; health probes run between the two.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Mapping
 
 from aiohttp import web
@@ -28,7 +29,7 @@ from gateway.http.openapi import openapi_handler
 from gateway.metrics import GatewayMetrics
 from gateway.security.auth import protect
 from gateway.security.guard import RequestGuard
-from gateway.state import STATE, GatewayState
+from gateway.state import STATE, GatewayState, models_body
 from schemas.config import GatewayConfig
 
 __all__ = ["PROBER", "create_app"]
@@ -45,6 +46,10 @@ def create_app(
     metrics = GatewayMetrics((m.name for m in config.models), built, keys=keys)
     clock = clock if clock is not None else Clock()
     guards = _guards(config, metrics, clock)
+    started_at = time.time()
+    body = models_body(config.models, started_at)
+    # Auth, cost caps, rate limits, audit: see gateway.security.guard (nothing per request when off).
+    guard = RequestGuard.from_config(config, metrics, body)
     state = GatewayState(
         config=config,
         backends=built,
@@ -52,9 +57,10 @@ def create_app(
         metrics=metrics,
         service=CompletionService(metrics, clock),
         admission=Admission(config.server.admission, metrics),
+        request_guard=guard,
+        models_body=body,
+        started_at=started_at,
     )
-    # Auth, cost caps, rate limits, audit: see gateway.security.guard (nothing per request when off).
-    guard = state.request_guard = RequestGuard.from_config(config, metrics, state.models_body)
     prober = HealthProber(
         (built[b.name], guards[b.name].breaker, b.health_check) for b in config.backends if b.health_check is not None
     )
@@ -74,8 +80,7 @@ def create_app(
 
 def _add_routes(app: web.Application, config: GatewayConfig, guard: RequestGuard) -> None:
     """The endpoints; the security wrappers and hooks only where the config turns them on."""
-    completions = guard.completions(handlers.completions) if guard.wraps_completions else handlers.completions
-    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/completions", handlers.completions)
     app.router.add_get("/v1/models", guard.list_models if guard.keyring is not None else handlers.list_models)
     app.router.add_get("/health", handlers.health)
     metrics_digest = guard.keyring.metrics_digest if guard.keyring is not None else None
@@ -87,9 +92,7 @@ def _add_routes(app: web.Application, config: GatewayConfig, guard: RequestGuard
 
 
 async def _close_guard(app: web.Application) -> None:
-    guard = app[STATE].request_guard
-    if guard is not None:
-        await guard.close()
+    await app[STATE].request_guard.close()
 
 
 def _guards(config: GatewayConfig, metrics: GatewayMetrics, clock: Clock) -> dict[str, BackendGuard]:

@@ -10,15 +10,14 @@ dict lookup plus a few lock-protected adds.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from backends.capabilities import ALL_FIELDS
-from backends.vllm.pool import STATES, ReportsPool
+from backends.vllm.pool import ReportsPool
+from backends.vllm.pool.metrics import PoolCollector
 
 __all__ = ["GATEWAY_SCOPE", "UNKNOWN", "GatewayMetrics"]
 
@@ -256,7 +255,7 @@ class GatewayMetrics:
     def stream_failed(self, model: str, backend: str, reason: str) -> None:
         self.stream_failures.labels(self.model_label(model), self.backend_label(backend), reason).inc()
 
-    def client_disconnected(self, model: str, backend: str | None) -> None:
+    def client_disconnected(self, model: str | None, backend: str | None) -> None:
         self.client_disconnects.labels(self.model_label(model), self.backend_label(backend)).inc()
 
     # --- routing and resilience -------------------------------------------------------------
@@ -293,7 +292,7 @@ class GatewayMetrics:
         """Export each pool's workers (read at scrape time, nothing on the request path)."""
         watched = [pool for pool in pools if pool.name in self._backends]
         if watched:
-            self.registry.register(_PoolCollector(watched))
+            self.registry.register(PoolCollector(watched))
 
     # --- security and tenancy (gateway.security.guard) ------------------------------------------------
     def key_label(self, key: str | None) -> str:
@@ -324,44 +323,3 @@ class GatewayMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
-
-
-class _PoolCollector(Collector):
-    """``gateway_pool_*`` series, labelled by configured backend name and worker index."""
-
-    def __init__(self, pools: list[ReportsPool]) -> None:
-        self._pools = pools
-
-    def collect(self) -> Iterator[Metric]:
-        labels = ("backend", "worker")
-        state = GaugeMetricFamily(
-            "gateway_pool_worker_state", "1 for the state each pool worker is in.", labels=(*labels, "state")
-        )
-        restarts = CounterMetricFamily("gateway_pool_worker_restarts", "Restarts of each pool worker.", labels=labels)
-        in_flight = GaugeMetricFamily(
-            "gateway_pool_worker_in_flight", "Requests in flight from this gateway to each worker.", labels=labels
-        )
-        queue = GaugeMetricFamily(
-            "gateway_pool_worker_queue", "Requests waiting in each worker's own queue (scraped).", labels=labels
-        )
-        kv = GaugeMetricFamily(
-            "gateway_pool_worker_kv_cache_usage", "KV-cache usage of each worker, 0..1 (scraped).", labels=labels
-        )
-        decisions = CounterMetricFamily(
-            "gateway_pool_routing_decisions",
-            "Worker choices by why (affinity_hit, affinity_miss, affinity_overloaded, least_load, round_robin).",
-            labels=("backend", "decision"),
-        )
-        for pool in self._pools:
-            status = pool.pool_status()
-            for w in status.workers:
-                worker = (pool.name, str(w.index))
-                for name in STATES:
-                    state.add_metric((*worker, name), 1.0 if w.state == name else 0.0)
-                restarts.add_metric(worker, w.restarts)
-                in_flight.add_metric(worker, w.in_flight)
-                queue.add_metric(worker, w.waiting)
-                kv.add_metric(worker, w.kv_cache_usage)
-            for decision, count in status.decisions.items():
-                decisions.add_metric((pool.name, decision), count)
-        yield from (state, restarts, in_flight, queue, kv, decisions)

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
-import os
-import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import orjson
 from aiohttp import web
@@ -17,16 +14,10 @@ from gateway.flow.admission import Admission
 from gateway.flow.router import Router
 from gateway.flow.service import CompletionService
 from gateway.metrics import GatewayMetrics
-from schemas.config import GatewayConfig
+from gateway.security.guard import RequestGuard
+from schemas.config import GatewayConfig, ModelConfig
 
-if TYPE_CHECKING:  # gateway.security.guard imports this module
-    from gateway.security.guard import RequestGuard
-
-__all__ = ["REQUEST_ID", "STATE", "GatewayState", "InFlight", "request_id_of"]
-
-# A typed request key (aiohttp >= 3.14), so request storage is checked like app storage.
-REQUEST_ID: web.RequestKey[str] = web.RequestKey("request_id", str)
-
+__all__ = ["STATE", "GatewayState", "InFlight", "models_body"]
 
 _CANCEL_GRACE = 2.0  # seconds cancelled handlers get to write their last words
 
@@ -76,48 +67,28 @@ class InFlight:
             await asyncio.wait(tasks, timeout=grace)
 
 
+def models_body(models: Iterable[ModelConfig], created: float) -> bytes:
+    """The body of ``GET /v1/models`` (auth off; with auth, each key has its own)."""
+    data = [{"id": m.name, "object": "model", "created": int(created), "owned_by": "gateway"} for m in models]
+    return orjson.dumps({"object": "list", "data": data})
+
+
 @dataclass
 class GatewayState:
+    """Built in one phase by ``create_app``: every part is there before the first request."""
+
     config: GatewayConfig
     backends: dict[str, Backend]
     router: Router
     metrics: GatewayMetrics
     service: CompletionService
     admission: Admission
+    # Auth, cost caps, rate limits and audit (gateway.security.guard).
+    request_guard: RequestGuard
+    models_body: bytes
+    started_at: float
     in_flight: InFlight = field(default_factory=InFlight)
-    models_body: bytes = b""
-    # Auth, cost caps, rate limits and audit (gateway.security.guard); set by create_app.
-    request_guard: RequestGuard | None = None
     draining: bool = False
-    started_at: float = field(default_factory=time.time)
-
-    def __post_init__(self) -> None:
-        created = int(self.started_at)
-        self.models_body = orjson.dumps(
-            {
-                "object": "list",
-                "data": [
-                    {"id": model.name, "object": "model", "created": created, "owned_by": "gateway"}
-                    for model in self.config.models
-                ],
-            }
-        )
 
 
 STATE: web.AppKey[GatewayState] = web.AppKey("gateway_state", GatewayState)
-
-
-# A random per-process prefix plus a counter: unique across replicas and restarts without a
-# syscall per request (os.urandom showed up in profiles).
-_ID_PREFIX = "req-" + os.urandom(6).hex()
-_id_counter = itertools.count(1)
-
-
-def new_request_id() -> str:
-    return f"{_ID_PREFIX}{next(_id_counter):08x}"
-
-
-def request_id_of(request: web.Request) -> str:
-    """The id set by the middleware (the client's ``x-request-id`` or a fresh one)."""
-    rid = request.get(REQUEST_ID)
-    return rid if isinstance(rid, str) else new_request_id()

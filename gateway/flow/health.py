@@ -8,7 +8,8 @@ States::
 
 What counts (:func:`health_verdict`): no connection, timeouts, 5xx, 408 and broken
 responses are failures; any other answer (a 400 about the request, 401, 404) shows the
-backend is up and counts as a success; a 429 or a client that went away says nothing.
+backend is up and counts as a success; a 429, a client that went away, or any other failure
+the request itself caused (:func:`client_caused`: the client gets a 4xx) says nothing.
 
 The breaker is consulted on every attempt, so the closed path is a couple of attribute
 reads; transitions report to ``on_change`` (the circuit-state gauge). Not thread-safe:
@@ -27,7 +28,7 @@ from backends.errors import UpstreamError, UpstreamStatusError
 from gateway.clock import Clock
 from schemas.config import CircuitBreakerConfig, HealthCheckConfig
 
-__all__ = ["CircuitBreaker", "CircuitState", "HealthProber", "Permit", "health_verdict"]
+__all__ = ["CircuitBreaker", "CircuitState", "HealthProber", "Permit", "client_caused", "health_verdict"]
 
 log = logging.getLogger("gateway.health")
 
@@ -52,13 +53,25 @@ _CLOSED = CircuitState.CLOSED  # module constants: the closed path runs on every
 _PASS = Permit.PASS
 
 
+def client_caused(exc: UpstreamError) -> bool:
+    """Whether the request, not the backend, is at fault: the client gets a 4xx other than
+    408 (a timeout) and 429 (load), e.g. a 400/404/413/422 about what it sent. Such a
+    failure never counts against the backend's breaker and is neither retried nor failed over.
+    """
+    status = exc.status
+    return 400 <= status < 500 and status != 408 and status != 429
+
+
 def health_verdict(exc: UpstreamError) -> bool | None:
-    """False: the backend failed; True: it answered sensibly; None: no verdict (429)."""
+    """False: the backend failed; True: it answered sensibly; None: no verdict (429, or a
+    failure the request caused that is not an answer of the upstream's, see :func:`client_caused`)."""
     if isinstance(exc, UpstreamStatusError):
         status = exc.upstream_status
         if status == 429:
             return None
         return not (status >= 500 or status == 408)
+    if client_caused(exc):
+        return None  # e.g. an adapter that found the request unservable: nothing about the backend
     return False  # no connection, timeout, a cut or garbled response
 
 

@@ -1,8 +1,17 @@
 """The retry policy of one backend, built from tenacity's composable stop / wait / retry objects.
 
+This is the gateway's one retry layer (the transport and the pool dispatcher do not resend
+a request that may have reached an upstream); ``gateway.flow.service`` applies it.
+
 The service runs the loop itself, because one request's attempts also move between a
-model's routes, which tenacity's ``Retrying`` cannot express. After a failed try of a
-backend it asks that backend's policy, through tenacity's own ``RetryCallState``:
+model's routes, which tenacity's ``Retrying`` cannot express, and because ``Retrying``
+times attempts with ``time.monotonic`` where we need the injectable clock. After a failed
+try of a backend it asks that backend's policy the way tenacity's own loop does, through
+tenacity's public strategy contract: each ``stop``/``wait``/``retry`` object is called with
+a ``RetryCallState`` (its public constructor, ``set_exception``, ``prepare_for_next_attempt``
+and the documented ``start_time``, ``outcome_timestamp``, ``idle_for``, ``upcoming_sleep``).
+``pyproject.toml`` pins the tenacity range that has them all (``stop_before_delay`` and
+``upcoming_sleep`` came in 8.3):
 
 - ``retry``: is the failure worth another try here? Only failures that left nothing at the
   client and may pass (:func:`retryable`: no connection, timeout before any byte, a stream
@@ -28,6 +37,7 @@ from tenacity.wait import wait_base, wait_exponential_jitter
 
 from backends.errors import UpstreamError
 from gateway.clock import Clock
+from gateway.flow.health import client_caused
 from schemas.config import RetryConfig
 
 __all__ = [
@@ -45,8 +55,16 @@ RETRYABLE_BEFORE_FIRST_BYTE = frozenset({"stream_cut", "stream_idle"})
 
 
 def retryable(exc: BaseException) -> bool:
-    """Whether another try (of this backend or of another route) may succeed where ``exc`` failed."""
-    return isinstance(exc, UpstreamError) and (exc.retryable or exc.reason in RETRYABLE_BEFORE_FIRST_BYTE)
+    """Whether another try (of this backend or of another route) may succeed where ``exc`` failed.
+
+    Never when the request caused it (:func:`gateway.flow.health.client_caused`): any
+    backend would refuse it the same way.
+    """
+    return (
+        isinstance(exc, UpstreamError)
+        and (exc.retryable or exc.reason in RETRYABLE_BEFORE_FIRST_BYTE)
+        and not client_caused(exc)
+    )
 
 
 def _retry_after(state: RetryCallState) -> float | None:
@@ -90,7 +108,7 @@ class wait_retry_after(wait_base):  # lower case like tenacity's own
 class RetryPolicy:
     """Shared, stateless decisions about one backend; per-request state lives in :class:`RetryState`."""
 
-    __slots__ = ("_owner", "attempts", "clock", "retry", "stop", "wait")
+    __slots__ = ("attempts", "clock", "retry", "retrying", "stop", "wait")
 
     def __init__(self, *, stop: stop_base, wait: wait_base, retry: retry_base, clock: Clock, attempts: int = 0) -> None:
         self.stop = stop
@@ -100,9 +118,9 @@ class RetryPolicy:
         # How many tries a request may make on this backend (0: unknown, decided by ``stop``);
         # lets the service skip the retry machinery for a backend that never retries.
         self.attempts = attempts
-        # A ``RetryCallState`` must name its ``Retrying`` (tenacity uses it for repr and
-        # statistics only). One per policy, never iterated, so it is never shared state.
-        self._owner = AsyncRetrying(stop=stop, wait=wait, retry=retry, sleep=clock.sleep)
+        # The same policy as tenacity's own controller; each ``RetryCallState`` names it (tenacity
+        # uses that for repr and statistics only). Never iterated, so it holds no request's state.
+        self.retrying = AsyncRetrying(stop=stop, wait=wait, retry=retry, sleep=clock.sleep)
 
     @classmethod
     def from_config(cls, config: RetryConfig, clock: Clock) -> RetryPolicy:
@@ -127,7 +145,7 @@ class RetryState:
 
     def __init__(self, policy: RetryPolicy, started: float) -> None:
         self._policy = policy
-        self._state = RetryCallState(policy._owner, None, (), {})
+        self._state = RetryCallState(policy.retrying, None, (), {})
         self._state.start_time = started
 
     @property

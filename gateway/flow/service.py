@@ -18,8 +18,14 @@ When no route could even be tried because every circuit is open, the answer is a
 ``Retry-After`` (the shortest remaining cooldown) at once, not after a pile of timeouts.
 
 Cost: the first iteration of the loop is the whole story for a request that does not
-fail: one breaker check, one slot, one call. Retry state, schedules and lists are only
-allocated once something failed or was skipped.
+fail: one breaker check, one slot, one call. Everything else (the remaining try order,
+scheduled retries, passed-over and skipped routes: :class:`_Setbacks`) is allocated only
+once something failed or was skipped.
+
+A failure the request caused (:func:`gateway.flow.health.client_caused`, a 4xx other than
+408/429) goes to the client at once: no breaker verdict against the backend, no retry, no
+failover. While an attempt is with an upstream, the request's record says so
+(``RequestRecord.reached``), so a client that leaves meanwhile is charged for the work.
 
 Slots: a non-streaming attempt holds its backend's slot while it runs; a stream keeps it
 until :meth:`OpenedStream.aclose`. Cancellation (the client left) releases whatever the
@@ -30,7 +36,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from backends.base import CompletionResult, CompletionStream, UpstreamCall
 from backends.errors import UpstreamError
@@ -41,6 +47,9 @@ from gateway.flow.router import BackendGuard, ModelEntry, Route
 from gateway.metrics import GatewayMetrics
 from schemas.completions import CompletionRequest
 from schemas.errors import ServiceUnavailableError
+
+if TYPE_CHECKING:  # the record is filled in here; gateway.accounting imports nothing of the flow
+    from gateway.accounting import RequestRecord
 
 __all__ = ["CompletionService", "OpenedStream"]
 
@@ -60,18 +69,33 @@ class OpenedStream:
     streams midway would look healthy.
     """
 
-    __slots__ = ("_closed", "_verdict_due", "first", "route", "stream")
+    __slots__ = ("_closed", "_metrics", "_verdict_due", "first", "route", "stream")
 
-    def __init__(self, first: bytes, stream: CompletionStream, route: Route, *, verdict_due: bool) -> None:
+    def __init__(
+        self, first: bytes, stream: CompletionStream, route: Route, metrics: GatewayMetrics, *, verdict_due: bool
+    ) -> None:
         self.first = first
         self.stream = stream
         self.route = route
+        self._metrics = metrics
         self._verdict_due = verdict_due
         self._closed = False
 
+    def __aiter__(self) -> OpenedStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        """The stream's next chunk; an upstream failure is reported to the breaker, then raised."""
+        try:
+            return await self.stream.__anext__()
+        except UpstreamError as exc:
+            self.failed(exc)
+            raise
+
     def failed(self, exc: UpstreamError) -> None:
-        """The upstream failed after the first event: its breaker hears of it."""
+        """The upstream failed after the first event: its breaker and the metrics hear of it."""
         self._verdict_due = False
+        self._metrics.upstream_error(self.route.backend.name, exc.reason)
         if health_verdict(exc) is False:
             self.route.guard.breaker.failed()
 
@@ -104,26 +128,123 @@ async def _call_stream(route: Route, call: UpstreamCall) -> tuple[bytes, Complet
     return first, stream
 
 
+class _Setbacks:
+    """A request's attempts after its first setback (a failure, an open circuit, a full backend).
+
+    Allocated only then, so a request that goes through on its first route pays for none of
+    it. Holds the try order from the second route on (retries are appended to it with the
+    time they may start), the full backends passed over, the open circuits skipped, and the
+    latest retryable failure (the answer when nothing is left).
+    """
+
+    __slots__ = ("busy", "clock", "denied", "due", "i", "last", "left", "retries", "started", "tries")
+
+    def __init__(self, routes: list[Route], clock: Clock, started: float) -> None:
+        self.tries = list(routes)  # copied: it is the caller's list, and retries grow it
+        self.i = 1  # every setback happens on the first route: nothing passed it before
+        self.clock = clock
+        self.started = started
+        self.due: dict[int, tuple[float, str]] = {}  # index in tries -> (start no sooner, reason)
+        self.retries: dict[BackendGuard, RetryState] = {}
+        self.busy: list[Route] = []  # full backends, passed over for now
+        self.denied: list[Route] = []  # open circuits
+        self.last: UpstreamError | None = None  # the latest retryable failure
+        self.left: Route | None = None  # the route that failure came from
+
+    async def next(self) -> tuple[Route, str | None, bool] | None:
+        """The next route: (route, the retry's reason or None, whether to queue for a slot).
+
+        Routes in order, each retry after its backoff; then the full backends again, this
+        time waiting for a slot; None when nothing is left.
+        """
+        if self.i < len(self.tries):
+            i = self.i
+            self.i += 1
+            scheduled = self.due.pop(i, None)
+            if scheduled is None:
+                return self.tries[i], None, False
+            at, reason = scheduled
+            delay = at - self.clock.now()
+            if delay > 0:
+                await self.clock.sleep(delay)
+            return self.tries[i], reason, False
+        if self.busy:
+            return self.busy.pop(0), None, True
+        return None
+
+    def failed(self, route: Route, exc: UpstreamError) -> float | None:
+        """A retryable failure on ``route``: remembered, and a later try of the same backend
+        scheduled when its retry policy allows one. Returns that try's backoff, or None."""
+        self.last, self.left = exc, route
+        policy = route.guard.retry
+        if policy.attempts == 1:
+            return None
+        state = self.retries.get(route.guard)
+        if state is None:
+            state = self.retries[route.guard] = policy.start(self.started)
+        wait = state.next_wait(exc)
+        if wait is not None:
+            self.tries.append(route)
+            self.due[len(self.tries) - 1] = (self.clock.now() + wait, exc.reason)
+        return wait
+
+    def moves_on(self, route: Route) -> bool:
+        """Whether the next try goes to another route than ``route`` (for the log)."""
+        return self.i < len(self.tries) and self.tries[self.i] is not route
+
+    def answer(self, metrics: GatewayMetrics, model: str) -> UpstreamError | ServiceUnavailableError:
+        """What the client gets when no route is left: the last failure, or 503 when every circuit was open."""
+        if self.last is not None:
+            return self.last
+        assert self.denied, "every route is tried, skipped as busy then waited for, or denied"
+        metrics.unavailable(model)
+        wait = min(r.guard.breaker.retry_in() for r in self.denied)
+        return ServiceUnavailableError(
+            "no healthy backend can serve this model right now; retry later",
+            code="no_healthy_upstream",
+            retry_after=max(1.0, wait),
+        )
+
+
 class CompletionService:
+    """Runs a request's attempts over its routes; owns retrying and failover for the gateway.
+
+    The single retry layer: the transport and the pool dispatcher do not resend a request
+    once it may have reached an upstream; each backend's :class:`~gateway.flow.retry.RetryPolicy`
+    decides here, between routes, with the breaker and the bulkhead in view.
+    """
+
     def __init__(self, metrics: GatewayMetrics, clock: Clock | None = None) -> None:
         self._metrics = metrics
         self._clock = clock if clock is not None else Clock()
 
     async def complete(
-        self, entry: ModelEntry, routes: list[Route], request: CompletionRequest, request_id: str, priority: int = 0
+        self,
+        entry: ModelEntry,
+        routes: list[Route],
+        request: CompletionRequest,
+        request_id: str,
+        priority: int = 0,
+        record: RequestRecord | None = None,
     ) -> tuple[CompletionResult, Route]:
         result, route, _ = await self._run(
-            entry.name, routes, request, request_id, priority, _call_complete, hold=False
+            entry.name, routes, request, request_id, priority, _call_complete, hold=False, record=record
         )
         return result, route
 
     async def open_stream(
-        self, entry: ModelEntry, routes: list[Route], request: CompletionRequest, request_id: str, priority: int = 0
+        self,
+        entry: ModelEntry,
+        routes: list[Route],
+        request: CompletionRequest,
+        request_id: str,
+        priority: int = 0,
+        record: RequestRecord | None = None,
     ) -> OpenedStream:
         (first, stream), route, permit = await self._run(
-            entry.name, routes, request, request_id, priority, _call_stream, hold=True
+            entry.name, routes, request, request_id, priority, _call_stream, hold=True, record=record
         )
-        return OpenedStream(first, stream, route, verdict_due=permit is Permit.PASS)
+        return OpenedStream(first, stream, route, self._metrics, verdict_due=permit is Permit.PASS)
 
     async def _run(
         self,
@@ -135,115 +256,79 @@ class CompletionService:
         attempt: _Attempt[_T],
         *,
         hold: bool,
+        record: RequestRecord | None,
     ) -> tuple[_T, Route, Permit]:
-        clock = self._clock
+        """Try ``routes`` in order until one answers (module docstring: the policy)."""
         metrics = self._metrics
-        started = clock.now()
-        tries = routes  # grows when a retry is scheduled (copied first: it is the caller's list)
-        i = 0
-        # Allocated only once something failed or was skipped:
-        due: dict[int, tuple[float, str]] | None = None  # index in tries -> (start no sooner, reason)
-        states: dict[BackendGuard, RetryState] | None = None
-        busy: list[Route] | None = None  # full backends, passed over for now
-        denied: list[Route] | None = None  # open circuits
-        last: UpstreamError | None = None  # the latest retryable failure
-        left: Route | None = None  # the route that failure came from
+        started = self._clock.now()
+        setbacks: _Setbacks | None = None  # None while nothing failed or was skipped
+        route, retry_reason, queue = routes[0], None, False
         while True:
-            retry_reason: str | None = None
-            may_wait = False
-            if i < len(tries):
-                route = tries[i]
-                if due is not None and i in due:
-                    at, retry_reason = due.pop(i)
-                    delay = at - clock.now()
-                    if delay > 0:
-                        await clock.sleep(delay)
-                i += 1
-            elif busy:
-                route = busy.pop(0)
-                may_wait = True  # nothing else left: queue for this backend
-            else:
-                break
             guard = route.guard
             permit = guard.breaker.allow()
-            if permit is Permit.DENY:
-                if denied is None:
-                    denied = []
-                denied.append(route)
-                continue
-            if not guard.limiter.try_acquire():
-                if not may_wait:
-                    guard.breaker.release(permit)
-                    if busy is None:
-                        busy = []
-                    busy.append(route)
-                    continue
+            if permit is Permit.DENY:  # an open circuit: skip it
+                setbacks = setbacks or _Setbacks(routes, self._clock, started)
+                setbacks.denied.append(route)
+            elif guard.limiter.try_acquire() or (queue and await _queue_for(guard, permit, priority)):
+                if setbacks is not None and setbacks.left is not None and setbacks.last is not None:
+                    if retry_reason is not None:
+                        metrics.retried(route.backend.name, retry_reason)
+                    else:
+                        metrics.failed_over(model, setbacks.left.backend.name, setbacks.last.reason)
+                if record is not None:
+                    record.reached = True
                 try:
-                    await guard.limiter.acquire(priority)
-                except BaseException:
+                    result = await attempt(route, UpstreamCall(request, route.upstream_model, model, request_id))
+                except UpstreamError as exc:
+                    guard.limiter.release()
+                    guard.breaker.outcome(exc, permit)
+                    metrics.upstream_error(route.backend.name, exc.reason)
+                    if record is not None:
+                        record.reached = False
+                    if not retryable(exc):
+                        log.info(
+                            "request %s: backend %s failed (%s), not retryable",
+                            request_id,
+                            route.backend.name,
+                            exc.reason,
+                        )
+                        raise
+                    setbacks = setbacks or _Setbacks(routes, self._clock, started)
+                    wait = setbacks.failed(route, exc)
+                    log.info(
+                        "request %s: backend %s failed (%s)%s%s",
+                        request_id,
+                        route.backend.name,
+                        exc.reason,
+                        "" if wait is None else f"; retry in {wait:.2f}s",
+                        "; next route" if setbacks.moves_on(route) else "",
+                    )
+                except BaseException:  # cancelled (the client left) or a bug: no verdict on the backend
+                    guard.limiter.release()
                     guard.breaker.release(permit)
                     raise
-            if last is not None and left is not None:
-                if retry_reason is not None:
-                    metrics.retried(route.backend.name, retry_reason)
                 else:
-                    metrics.failed_over(model, left.backend.name, last.reason)
-
-            call = UpstreamCall(request, route.upstream_model, model, request_id)
-            try:
-                result = await attempt(route, call)
-            except UpstreamError as exc:
-                guard.limiter.release()
-                guard.breaker.outcome(exc, permit)
-                metrics.upstream_error(route.backend.name, exc.reason)
-                if not retryable(exc):
-                    log.info(
-                        "request %s: backend %s failed (%s), not retryable", request_id, route.backend.name, exc.reason
-                    )
-                    raise
-                last, left = exc, route
-                wait = None
-                if guard.retry.attempts > 1:
-                    if states is None:
-                        states = {}
-                    state = states.get(guard)
-                    if state is None:
-                        state = states[guard] = guard.retry.start(started)
-                    wait = state.next_wait(exc)
-                    if wait is not None:
-                        if tries is routes:
-                            tries = list(routes)
-                        tries.append(route)
-                        if due is None:
-                            due = {}
-                        due[len(tries) - 1] = (clock.now() + wait, exc.reason)
-                log.info(
-                    "request %s: backend %s failed (%s)%s%s",
-                    request_id,
-                    route.backend.name,
-                    exc.reason,
-                    "" if wait is None else f"; retry in {wait:.2f}s",
-                    "; next route" if i < len(tries) and tries[i] is not route else "",
-                )
-                continue
-            except BaseException:  # cancelled (the client left) or a bug: no verdict on the backend
-                guard.limiter.release()
+                    if not hold:
+                        guard.breaker.succeeded()
+                        guard.limiter.release()
+                    elif permit is Permit.TRIAL:
+                        guard.breaker.succeeded()  # the backend answers: the trial is settled by the first event
+                    return result, route, permit
+            else:  # a full bulkhead: passed over for now, waited on when nothing else is left
                 guard.breaker.release(permit)
-                raise
-            if not hold:
-                guard.breaker.succeeded()
-                guard.limiter.release()
-            elif permit is Permit.TRIAL:
-                guard.breaker.succeeded()  # the backend answers: the trial is settled by the first event
-            return result, route, permit
+                setbacks = setbacks or _Setbacks(routes, self._clock, started)
+                setbacks.busy.append(route)
+            after = await setbacks.next()
+            if after is None:
+                raise setbacks.answer(metrics, model)
+            route, retry_reason, queue = after
 
-        if last is not None:
-            raise last
-        assert denied, "every route is tried, skipped as busy then waited for, or denied"
-        metrics.unavailable(model)
-        wait = min(r.guard.breaker.retry_in() for r in denied)
-        raise ServiceUnavailableError(
-            "no healthy backend can serve this model right now; retry later",
-            code="no_healthy_upstream",
-            retry_after=max(1.0, wait),
-        )
+
+async def _queue_for(guard: BackendGuard, permit: Permit, priority: int) -> bool:
+    """Wait in ``guard``'s bounded queue for a slot (raises when refused); the permit is freed then."""
+    try:
+        await guard.limiter.acquire(priority)
+    except BaseException:
+        guard.breaker.release(permit)
+        raise
+    return True

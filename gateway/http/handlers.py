@@ -1,7 +1,8 @@
 """HTTP handlers: parse, call the service, write JSON or SSE. Nothing else lives here.
 
 Errors are raised as ``GatewayError`` and rendered once by ``gateway.http.middleware``;
-handlers only record metrics around them.
+what each request was and cost goes into its :class:`gateway.accounting.RequestRecord`,
+closed once when the handler ends.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import orjson
 from aiohttp import web
 
 from backends.errors import UpstreamError
+from gateway.accounting import RequestRecord
 from gateway.flow.router import ModelEntry, Route
 from gateway.http.hardening import read_body, redact
+from gateway.http.request_id import request_id_of
 from gateway.http.validation import parse_completion_request
-from gateway.security.guard import Ticket
-from gateway.state import STATE, GatewayState, request_id_of
+from gateway.state import STATE, GatewayState
 from schemas.completions import CompletionRequest
 from schemas.errors import GatewayError, ServiceUnavailableError, UnsupportedParameterError
 
@@ -37,30 +39,51 @@ _SSE_HEADERS = {
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/completions``: every answer, refusals included, is accounted once by its record."""
     state = request.app[STATE]
-    metrics = state.metrics
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    rid = request_id_of(request)
-    body = await read_body(request, state.config.server.client_body_timeout)
-    model: str | None = None
+    guard = state.request_guard
+    record = RequestRecord(state.metrics, guard.audit, request_id_of(request))
+    status = 500  # a bug: the middleware answers 500
     try:
+        response = await _serve(request, state, record)
+        status = record.status or response.status
+        return response
+    except GatewayError as exc:
+        status = exc.status
+        if record.backend is None and isinstance(exc, UpstreamError):
+            record.backend = exc.backend or None  # the backend whose failure is the answer
+        raise
+    except web.HTTPException as exc:  # aiohttp's own answers: the body limit's 413
+        status = exc.status
+        raise
+    except asyncio.CancelledError:
+        status = 503 if state.in_flight.expired else 499
+        raise
+    except ConnectionResetError:
+        status = 499
+        raise
+    finally:
+        record.close(status)
+
+
+async def _serve(request: web.Request, state: GatewayState, record: RequestRecord) -> web.StreamResponse:
+    guard = state.request_guard
+    record.key = guard.identify(request)
+    body = await read_body(request, state.config.server.client_body_timeout)
+    try:
+        # Everything that can refuse the request without an upstream, before the key's budget is touched.
         req = parse_completion_request(body)
         entry = state.router.lookup(req.model)
-        model = entry.name
-        # Key permissions, cost caps, rate limits (gateway.security.guard); settled when the request ends.
-        guard = state.request_guard
-        ticket = await guard.admit(request, req, model) if guard is not None else None
+        record.model = entry.name
+        guard.check(record.key, req, entry.name)
         routes = state.router.candidates(entry, req)
         priority = state.admission.priority_of(request.headers)
     except UnsupportedParameterError as exc:
-        metrics.unsupported_parameter(exc.backend, exc.param or "")
-        metrics.request_finished(model, None, exc.status, None)
+        state.metrics.unsupported_parameter(exc.backend, exc.param or "")
         raise
-    except GatewayError as exc:
-        metrics.request_finished(model, None, exc.status, None)
-        raise
+    await guard.reserve(request, record, req)
 
+    metrics = state.metrics
     metrics.request_started(entry.name)
     task = request.task
     state.in_flight.enter(task)
@@ -69,15 +92,12 @@ async def completions(request: web.Request) -> web.StreamResponse:
         try:
             if not limiter.try_acquire():  # the common case takes a slot without a coroutine
                 await limiter.acquire(priority)
-        except GatewayError as exc:  # the gateway is saturated: 429
-            metrics.request_finished(entry.name, None, exc.status, loop.time() - started)
-            raise
         except asyncio.CancelledError:
-            _cancelled(state, entry.name, None, started)
+            _cancelled(state)
         try:
             if req.stream:
-                return await _stream(request, state, entry, routes, req, rid, priority, started, ticket)
-            return await _complete(state, entry, routes, req, rid, priority, started, ticket)
+                return await _stream(request, state, entry, routes, req, priority, record)
+            return await _complete(state, entry, routes, req, priority, record)
         finally:
             limiter.release()
     finally:
@@ -85,18 +105,14 @@ async def completions(request: web.Request) -> web.StreamResponse:
         metrics.request_ended(entry.name)
 
 
-def _cancelled(state: GatewayState, model: str, backend: str | None, started: float) -> NoReturn:
-    """Account for a cancelled request and end it: a client that left (499), or the drain deadline (503)."""
-    seconds = asyncio.get_running_loop().time() - started
+def _cancelled(state: GatewayState) -> NoReturn:
+    """End a cancelled request: a client that left (499), or the drain deadline (503)."""
     if state.in_flight.expired:
         # Our own drain cancelled it: the client is still there and gets a 503 it can retry elsewhere.
         task = asyncio.current_task()
         if task is not None:
             task.uncancel()
-        state.metrics.request_finished(model, backend, 503, seconds)
         raise _shutting_down()
-    state.metrics.client_disconnected(model, backend)
-    state.metrics.request_finished(model, backend, 499, seconds)  # nginx's "client closed request"
     raise asyncio.CancelledError
 
 
@@ -111,30 +127,16 @@ async def _complete(
     entry: ModelEntry,
     routes: list[Route],
     req: CompletionRequest,
-    rid: str,
     priority: int,
-    started: float,
-    ticket: Ticket | None,
+    record: RequestRecord,
 ) -> web.Response:
-    metrics = state.metrics
-    loop = asyncio.get_running_loop()
     try:
-        result, route = await state.service.complete(entry, routes, req, rid, priority)
-    except GatewayError as exc:
-        metrics.request_finished(entry.name, getattr(exc, "backend", None), exc.status, loop.time() - started)
-        raise
+        result, route = await state.service.complete(entry, routes, req, record.request_id, priority, record)
     except asyncio.CancelledError:
-        _cancelled(state, entry.name, None, started)
-    except Exception:  # a bug: the middleware logs it and answers 500
-        metrics.request_finished(entry.name, None, 500, loop.time() - started)
-        raise
-    backend = route.backend.name
-    if result.usage is not None:
-        metrics.tokens(entry.name, backend, result.usage.prompt_tokens, result.usage.completion_tokens)
-    metrics.request_finished(entry.name, backend, 200, loop.time() - started)
-    if ticket is not None:
-        ticket.record(backend, 200, result.usage)
-    return web.Response(body=result.body, content_type=_JSON, headers={"x-request-id": rid})
+        _cancelled(state)
+    record.backend = route.backend.name
+    record.usage = result.usage
+    return web.Response(body=result.body, content_type=_JSON, headers={"x-request-id": record.request_id})
 
 
 async def _stream(
@@ -143,51 +145,44 @@ async def _stream(
     entry: ModelEntry,
     routes: list[Route],
     req: CompletionRequest,
-    rid: str,
     priority: int,
-    started: float,
-    ticket: Ticket | None,
+    record: RequestRecord,
 ) -> web.StreamResponse:
     metrics = state.metrics
     model = entry.name
-    loop = asyncio.get_running_loop()
     try:
-        opened = await state.service.open_stream(entry, routes, req, rid, priority)
-    except GatewayError as exc:
-        metrics.request_finished(model, getattr(exc, "backend", None), exc.status, loop.time() - started)
-        raise
+        opened = await state.service.open_stream(entry, routes, req, record.request_id, priority, record)
     except asyncio.CancelledError:
-        _cancelled(state, model, None, started)
-    except Exception:  # a bug: the middleware logs it and answers 500
-        metrics.request_finished(model, None, 500, loop.time() - started)
-        raise
-    backend = opened.route.backend.name
+        _cancelled(state)
+    backend = record.backend = opened.route.backend.name
     stream = opened.stream
-    status = 200
-    response = web.StreamResponse(headers={**_SSE_HEADERS, "x-request-id": rid})
+    record.relayed = 0
+    response = web.StreamResponse(headers={**_SSE_HEADERS, "x-request-id": record.request_id})
     try:
         await response.prepare(request)
         # When the upstream has already finished, the chunk, [DONE] and the end of the
         # body leave in one write (one syscall instead of three for short streams).
         if stream.finished:
             await response.write_eof(opened.first + _DONE)
-            metrics.first_token(model, backend, loop.time() - started)
+            record.relayed = _events(opened.first)
+            metrics.first_token(model, backend, asyncio.get_running_loop().time() - record.started)
             return response
         if opened.first:
             await response.write(opened.first)
-        metrics.first_token(model, backend, loop.time() - started)
+            record.relayed = _events(opened.first)
+        metrics.first_token(model, backend, asyncio.get_running_loop().time() - record.started)
         tail = _DONE
         try:
-            async for chunk in stream:
+            async for chunk in opened:  # an upstream failure reaches the breaker through ``opened``
                 if stream.finished:
                     tail = chunk + _DONE
+                    record.relayed += _events(chunk)
                     break
                 await response.write(chunk)
+                record.relayed += _events(chunk)
         except UpstreamError as exc:
             # After the first byte nothing is retried: say what happened, then end cleanly.
-            status = exc.status
-            opened.failed(exc)
-            metrics.upstream_error(backend, exc.reason)
+            record.status = exc.status
             metrics.stream_failed(model, backend, exc.reason)
             tail = _error_event(exc)
         except ConnectionResetError:
@@ -196,42 +191,35 @@ async def _stream(
             # Not an upstream failure but a bug. The response has started, so the middleware
             # can no longer answer (it would write a second response into this body): log it
             # and end the stream here, the same way as an upstream failure.
-            log.exception("unexpected error while streaming %s (request %s)", request.path, rid)
+            log.exception("unexpected error while streaming %s (request %s)", request.path, record.request_id)
             error = (
                 exc
                 if isinstance(exc, GatewayError)
                 else GatewayError("The gateway failed to process the request; see its log.", code="internal_error")
             )
-            status = error.status
+            record.status = error.status
             metrics.stream_failed(model, backend, "internal")
             tail = _error_event(error)
         await response.write_eof(tail)
     except asyncio.CancelledError:
         if not state.in_flight.expired:
-            metrics.client_disconnected(model, backend)
-            status = 499  # nginx's "client closed request"
-            raise
+            raise  # the client left: 499
         # The drain deadline passed: end the stream with an error the client can act on, not a bare cut.
-        status = 503
         metrics.stream_failed(model, backend, "shutdown")
         if response.prepared:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(1.0):
                     await response.write_eof(_error_event(_shutting_down()))
         raise
-    except ConnectionResetError:
-        metrics.client_disconnected(model, backend)
-        status = 499
-        raise
     finally:
         await opened.aclose()
-        usage = stream.usage
-        if usage is not None:
-            metrics.tokens(model, backend, usage.prompt_tokens, usage.completion_tokens)
-        metrics.request_finished(model, backend, status, loop.time() - started)
-        if ticket is not None:
-            ticket.record(backend, status, usage)
+        record.usage = stream.usage
     return response
+
+
+def _events(chunk: bytes) -> int:
+    """SSE events in ``chunk``: each carries at least one generated token of one choice."""
+    return chunk.count(b"data: ")
 
 
 def _error_event(error: GatewayError) -> bytes:

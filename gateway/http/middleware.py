@@ -16,7 +16,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from gateway.http.hardening import redact
-from gateway.state import REQUEST_ID, new_request_id
+from gateway.http.request_id import REQUEST_ID, new_request_id
 from schemas.errors import (
     GatewayError,
     MethodNotAllowedError,

@@ -1,0 +1,102 @@
+"""One completion request's record: opened by the handler, closed exactly once in its ``finally``.
+
+The handler (``gateway.http.handlers.completions``) opens a :class:`RequestRecord` before it
+reads the body, so every answer of the completion route is in it: a 401, a 408 or 413 from
+the body limits, a 400/403/404/429 refusal, an upstream error, a stream cut midway, a client
+that left (499) or the drain deadline (503). Along the way the handler, the request guard and
+the service fill in what they learn (model, key, reservation, backend, usage, what was
+relayed); :meth:`RequestRecord.close` then carries it, once, to:
+
+- the metrics: ``gateway_requests_total`` with the real status, latency, tokens, disconnects;
+- the key's rate-limit reservation: settled by :meth:`RequestRecord.used_tokens`;
+- the per-key metrics and the audit line.
+
+Token settlement follows what the upstream did, the same way for streams and non-streams:
+its usage when it reported one; nothing when no upstream worked on the request; otherwise an
+estimate from what was relayed (the prompt plus one token per relayed event). A non-stream
+answer relays nothing until it is complete, so a client that leaves while the upstream is
+generating has no relayed part to count: its reservation stands (it was the bound the key
+agreed to), instead of being refunded for work the upstream did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from backends.base import TokenUsage
+from gateway.metrics import GatewayMetrics
+from gateway.security.audit import AuditLog
+from gateway.security.auth import ApiKey
+from gateway.security.ratelimit import Reservation
+
+__all__ = ["RequestRecord"]
+
+
+class RequestRecord:
+    """What one completion request was, did and cost. One per request; not shared."""
+
+    __slots__ = (
+        "_audit", "_closed", "_metrics", "backend", "key", "model", "prompt_estimate", "reached", "relayed",
+        "request_id", "reservation", "started", "status", "usage",
+    )  # fmt: skip
+
+    def __init__(self, metrics: GatewayMetrics, audit: AuditLog | None, request_id: str) -> None:
+        self._metrics = metrics
+        self._audit = audit
+        self._closed = False
+        self.request_id = request_id
+        self.started = asyncio.get_running_loop().time()
+        self.model: str | None = None  # the configured model, once looked up
+        self.key: ApiKey | None = None  # the caller's key, when auth is on
+        self.reservation: Reservation | None = None  # what the key's limits reserved
+        self.prompt_estimate = 0  # the prompt's share of the reservation
+        # Set by the service while an attempt is with an upstream (and kept when it answers):
+        # the client that leaves then has had work done for it.
+        self.reached = False
+        self.backend: str | None = None  # the backend that answered, or whose failure is the answer
+        self.usage: TokenUsage | None = None  # as the upstream reported it
+        self.relayed: int | None = None  # stream events sent to the client (None: not streaming yet)
+        # A stream's final status when it differs from its 200 head (an error event midway).
+        self.status: int | None = None
+
+    def used_tokens(self) -> int | None:
+        """Tokens to settle the key's reservation with; None keeps what was reserved."""
+        usage = self.usage
+        if usage is not None:
+            return usage.prompt_tokens + usage.completion_tokens
+        if not self.reached:
+            return 0  # no upstream worked on it: all of it goes back
+        if self.relayed is not None:
+            return self.prompt_estimate + self.relayed
+        return None
+
+    def close(self, status: int) -> None:
+        """Account for the request's answer (``status``, as the client saw it); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        seconds = asyncio.get_running_loop().time() - self.started
+        metrics, model, backend, usage = self._metrics, self.model, self.backend, self.usage
+        if usage is not None and model is not None and backend is not None:
+            metrics.tokens(model, backend, usage.prompt_tokens, usage.completion_tokens)
+        if status == 499:  # nginx's "client closed request"
+            metrics.client_disconnected(model, backend)
+        metrics.request_finished(model, backend, status, seconds)
+        if self.reservation is not None:
+            self.reservation.store.release(self.reservation, self.used_tokens())
+        key = self.key
+        if key is not None:
+            metrics.key_request(key.name, status)
+            if usage is not None:
+                metrics.key_tokens(key.name, usage.prompt_tokens, usage.completion_tokens)
+        if self._audit is not None:
+            self._audit.write(
+                request_id=self.request_id,
+                key=key.name if key is not None else None,
+                model=model,
+                backend=backend,
+                status=status,
+                prompt_tokens=usage.prompt_tokens if usage is not None else None,
+                completion_tokens=usage.completion_tokens if usage is not None else None,
+                latency=seconds,
+            )
