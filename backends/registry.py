@@ -6,6 +6,10 @@ unknown types at load, so the fallthrough is a programming error.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
+from prometheus_client.registry import Collector
+
 from backends.base import Backend
 from backends.mock import MockBackend
 from backends.native.llamacpp import LlamaCppBackend
@@ -13,7 +17,8 @@ from backends.native.ollama import OllamaBackend
 from backends.native.tgi import TGIBackend
 from backends.openai.adapter import OpenAIBackend
 from backends.vllm.adapter import VLLMBackend
-from backends.vllm.pool import VLLMEndpointsBackend, VLLMPoolBackend
+from backends.vllm.pool import ReportsPool, VLLMEndpointsBackend, VLLMPoolBackend
+from backends.vllm.pool.metrics import PoolCollector
 from schemas.config import (
     BackendConfig,
     LlamaCppBackendConfig,
@@ -25,7 +30,7 @@ from schemas.config import (
     VLLMPoolBackendConfig,
 )
 
-__all__ = ["build_backend", "build_backends"]
+__all__ = ["build_backend", "build_backends", "metric_collectors"]
 
 
 def build_backend(config: BackendConfig) -> Backend:
@@ -51,3 +56,10 @@ def build_backend(config: BackendConfig) -> Backend:
 
 def build_backends(configs: list[BackendConfig]) -> dict[str, Backend]:
     return {config.name: build_backend(config) for config in configs}
+
+
+def metric_collectors(backends: Mapping[str, Backend]) -> Sequence[Collector]:
+    """The backends' own Prometheus collectors (today: the pools' ``gateway_pool_*`` series),
+    read at scrape time; ``gateway.metrics`` registers them without knowing any adapter."""
+    pools: list[ReportsPool] = [backend for backend in backends.values() if isinstance(backend, ReportsPool)]
+    return [PoolCollector(pools)] if pools else []

@@ -15,9 +15,9 @@ from collections.abc import Iterable, Mapping
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 
+from backends.base import Backend
 from backends.capabilities import ALL_FIELDS
-from backends.vllm.pool import ReportsPool
-from backends.vllm.pool.metrics import PoolCollector
+from backends.registry import metric_collectors
 
 __all__ = ["GATEWAY_SCOPE", "UNKNOWN", "GatewayMetrics"]
 
@@ -36,7 +36,7 @@ class GatewayMetrics:
     def __init__(
         self,
         models: Iterable[str],
-        backends: Iterable[str] | Mapping[str, object],
+        backends: Iterable[str] | Mapping[str, Backend],
         registry: CollectorRegistry | None = None,
         keys: Iterable[str] = (),
     ) -> None:
@@ -156,7 +156,7 @@ class GatewayMetrics:
         for backend in self._backends:
             self.circuit.labels(backend)
         if isinstance(backends, Mapping):  # given the backends themselves: export pool workers too
-            self.watch_pools(b for b in backends.values() if isinstance(b, ReportsPool))
+            self.watch_backends(backends)
 
         self._init_key_series(keys)
 
@@ -288,11 +288,10 @@ class GatewayMetrics:
         self.rejections.labels(self._scope(scope), reason).inc()
 
     # --- worker pools ------------------------------------------------------------------------
-    def watch_pools(self, pools: Iterable[ReportsPool]) -> None:
-        """Export each pool's workers (read at scrape time, nothing on the request path)."""
-        watched = [pool for pool in pools if pool.name in self._backends]
-        if watched:
-            self.registry.register(PoolCollector(watched))
+    def watch_backends(self, backends: Mapping[str, Backend]) -> None:
+        """Export the configured backends' own series (e.g. pool workers), read at scrape time."""
+        for collector in metric_collectors({name: b for name, b in backends.items() if name in self._backends}):
+            self.registry.register(collector)
 
     # --- security and tenancy (gateway.security.guard) ------------------------------------------------
     def key_label(self, key: str | None) -> str:

@@ -81,7 +81,7 @@ async def _serve(request: web.Request, state: GatewayState, record: RequestRecor
     except UnsupportedParameterError as exc:
         state.metrics.unsupported_parameter(exc.backend, exc.param or "")
         raise
-    await guard.reserve(request, record, req)
+    record.reservation, record.prompt_estimate = await guard.reserve(request, record.key, req)
 
     metrics = state.metrics
     metrics.request_started(entry.name)

@@ -12,7 +12,7 @@ In the order the handler calls them:
   refused request therefore never spends the key's budget.
 
 Settlement (the reservation, the per-key metrics, the audit line) happens once, when the
-handler closes the request's :class:`gateway.accounting.RequestRecord`. The
+handler closes the request's record (``gateway.accounting.RequestRecord``). The
 ``x-ratelimit-*`` headers are added by :meth:`RequestGuard.on_prepare`, an
 ``on_response_prepare`` hook registered only when some key has limits, so they are on every
 answer to a known key, streams and errors included.
@@ -25,12 +25,11 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gateway.accounting import RequestRecord
 from gateway.metrics import GatewayMetrics
 from gateway.security.audit import AuditLog
 from gateway.security.auth import API_KEY, ApiKey, AuthenticationError, KeyRing, PermissionDeniedError, request_key
 from gateway.security.caps import CapExceededError, Caps, estimate_prompt_tokens, reserve_tokens
-from gateway.security.ratelimit import LimitStore, MemoryStore, RedisStore, Verdict
+from gateway.security.ratelimit import LimitStore, MemoryStore, RedisStore, Reservation, Verdict
 from schemas.completions import CompletionRequest
 from schemas.config import GatewayConfig
 from schemas.errors import RateLimitError
@@ -121,24 +120,27 @@ class RequestGuard:
             self._metrics.key_rejected(key.name, "model" if isinstance(exc, PermissionDeniedError) else "cost_cap")
             raise
 
-    async def reserve(self, request: web.Request, record: RequestRecord, req: CompletionRequest) -> None:
-        """Take ``req``'s share of its key's limits into ``record`` (429 when over)."""
-        key = record.key
+    async def reserve(
+        self, request: web.Request, key: ApiKey | None, req: CompletionRequest
+    ) -> tuple[Reservation | None, int]:
+        """Take ``req``'s share of its key's limits (429 when over): the reservation, for the
+        request's record to settle, and the prompt's estimated share of it."""
         if key is None or self.store is None or not key.limits.any:
-            return
+            return None, 0
         limits = key.limits
-        tokens = 0
+        tokens = prompt_estimate = 0
         if limits.tpm is not None:
-            record.prompt_estimate = estimate_prompt_tokens(req.prompt)
+            prompt_estimate = estimate_prompt_tokens(req.prompt)
             tokens = reserve_tokens(req)
-        verdict, record.reservation = await self.store.acquire(key.name, limits, tokens)
+        verdict, reservation = await self.store.acquire(key.name, limits, tokens)
         headers = verdict.headers(limits)
         request[RATE_HEADERS] = headers
-        if record.reservation is None:
-            self._metrics.key_rejected(key.name, verdict.reason or "")
-            if verdict.retry_after is not None:
-                headers["retry-after-ms"] = str(max(1, round(verdict.retry_after * 1000)))
-            raise _refusal(key, verdict, tokens)
+        if reservation is not None:
+            return reservation, prompt_estimate
+        self._metrics.key_rejected(key.name, verdict.reason or "")
+        if verdict.retry_after is not None:
+            headers["retry-after-ms"] = str(max(1, round(verdict.retry_after * 1000)))
+        raise _refusal(key, verdict, tokens)
 
     async def list_models(self, request: web.Request) -> web.Response:
         """``GET /v1/models`` with auth on: only the models the caller's key may use."""
