@@ -234,6 +234,8 @@ class Behaviour:
     (200 with a non-JSON body), ``error_event`` (stream ``events`` chunks then an
     error event and [DONE]), ``garbage_event`` (stream ``events`` chunks then an event
     that is not JSON, then [DONE]). ``delay`` on ``ok`` paces stream chunks.
+    ``hold`` waits until the test calls :meth:`release`, then answers normally: a request
+    kept in flight for exactly as long as a test needs, with no timing window.
     """
 
     kind: str = "ok"
@@ -242,6 +244,10 @@ class Behaviour:
     headers: dict[str, str] = field(default_factory=dict)
     events: int = 0
     delay: float = 0.0
+    released: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+    def release(self) -> None:
+        self.released.set()
 
 
 @dataclass
@@ -393,6 +399,8 @@ class FakeUpstream:
             return None
         if behaviour.kind == "stall":
             await asyncio.sleep(behaviour.delay)
+        if behaviour.kind == "hold":
+            await behaviour.released.wait()
         if behaviour.kind == "status":
             payload = behaviour.body if isinstance(behaviour.body, bytes) else orjson.dumps(behaviour.body)
             return web.Response(
