@@ -13,6 +13,8 @@ The two HTTP backends both point at the same :class:`tests.fakes.FakeUpstream`.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -38,6 +40,25 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+async def eventually(check: Callable[[], bool | Awaitable[bool]], within: float = 10.0) -> None:
+    """Wait until ``check()`` (plain or async) is true; fail after ``within`` seconds.
+
+    ``within`` only bounds a failing test: it is generous so a loaded machine never makes a
+    passing test fail. What a test asserts about time goes through a fake clock instead.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        result = check()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"condition not met within {within} s")
+        await asyncio.sleep(0.01)
 
 
 def gateway_config_text(

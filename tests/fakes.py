@@ -1,6 +1,12 @@
-"""A scriptable fake OpenAI/vLLM upstream: a real aiohttp server on loopback.
+"""Test doubles: a scripted in-memory backend at the seam, and a fake upstream server.
 
-Tests queue behaviours (``FakeUpstream.script``); requests with nothing queued
+:class:`ScriptedBackend` implements :class:`backends.base.Backend` in memory: no socket,
+no adapter. Each call takes the next scripted :class:`Reply` (answer, raise a given
+``backends.errors`` type, stall until released, stream N events then fail) and is
+recorded, so flow tests assert what the service did, not how.
+
+:class:`FakeUpstream` is a scriptable fake OpenAI/vLLM upstream: a real aiohttp server on
+loopback. Tests queue behaviours (``FakeUpstream.script``); requests with nothing queued
 get ``FakeUpstream.default(body)`` when set (random faults for soak runs), else a
 normal, deterministic completion. It records every request it received (body and
 headers), counts TCP connections (seen, and open now), requests in progress and
@@ -17,12 +23,204 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Literal, Protocol
 
 import orjson
 from aiohttp import web
 
-__all__ = ["Behaviour", "FakeUpstream"]
+from backends.base import Backend, CompletionResult, CompletionStream, TokenUsage, UpstreamCall
+from backends.capabilities import Capabilities, Level
+from backends.errors import UpstreamError
+
+__all__ = ["Behaviour", "Call", "FakeUpstream", "Reply", "ScriptedBackend", "ScriptedStream"]
+
+
+# --- the scripted in-memory backend ------------------------------------------------------------
+
+
+class _Advances(Protocol):
+    def advance(self, seconds: float) -> None: ...
+
+
+@dataclass
+class Reply:
+    """What a :class:`ScriptedBackend` does with one call (``complete`` or ``stream``).
+
+    In order: wait until :meth:`release` when ``stall`` is set; let ``takes`` seconds pass
+    on the backend's clock (a fake clock: the attempt "took" that long); raise ``error``
+    when ``events_before_error`` is None (before any byte: the call itself fails); else
+    answer. A stream yields ``events`` events, or, when ``events_before_error`` is set,
+    that many events and then raises ``error`` (0: the stream fails before its first event).
+    """
+
+    events: int = 2
+    error: UpstreamError | None = None
+    events_before_error: int | None = None
+    stall: bool = False
+    takes: float = 0.0
+    released: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+    def release(self) -> None:
+        self.released.set()
+
+    @classmethod
+    def answer(cls, events: int = 2) -> Reply:
+        return cls(events=events)
+
+    @classmethod
+    def fail(cls, error: UpstreamError, *, takes: float = 0.0) -> Reply:
+        return cls(error=error, takes=takes)
+
+    @classmethod
+    def stalled(cls, error: UpstreamError | None = None) -> Reply:
+        """Hangs until :meth:`release`, then answers (or raises ``error``)."""
+        return cls(error=error, stall=True)
+
+    @classmethod
+    def stream_then_fail(cls, events: int, error: UpstreamError) -> Reply:
+        return cls(events=events, error=error, events_before_error=events)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call a :class:`ScriptedBackend` received."""
+
+    backend: str
+    method: Literal["complete", "stream"]
+    call: UpstreamCall
+
+    @property
+    def upstream_model(self) -> str:
+        return self.call.upstream_model
+
+
+class ScriptedBackend(Backend):
+    """An in-memory backend whose answers are scripted per call.
+
+    ``script`` holds the replies of the next calls, in order; a call with nothing queued
+    gets ``default`` (a normal answer unless a test changes it). Every call is appended to
+    ``calls`` (and to the shared ``journal``, when given, so a test sees the order across
+    backends) when it starts, before any stall. ``active`` counts calls in progress and
+    streams not yet closed. Answers name the backend in their text (``" from <name>"``).
+    """
+
+    kind: ClassVar[str] = "scripted"
+
+    def __init__(
+        self,
+        name: str,
+        capabilities: Capabilities | None = None,
+        *,
+        journal: list[Call] | None = None,
+        clock: _Advances | None = None,
+    ) -> None:
+        super().__init__(name, capabilities if capabilities is not None else Capabilities.of(Level.NATIVE))
+        self.script: deque[Reply] = deque()
+        self.default = Reply()
+        self.calls: list[Call] = []
+        self.journal = journal
+        self.clock = clock
+        self.active = 0
+        self.healthy = True
+        self.closed = False
+
+    def queue(self, *replies: Reply) -> None:
+        self.script.extend(replies)
+
+    @property
+    def upstream_models(self) -> list[str]:
+        return [c.upstream_model for c in self.calls]
+
+    async def complete(self, call: UpstreamCall) -> CompletionResult:
+        reply = await self._begin("complete", call)
+        try:
+            if reply.error is not None:
+                raise reply.error
+            return CompletionResult(self._body(call, reply.events), TokenUsage(3, reply.events))
+        finally:
+            self.active -= 1
+
+    async def stream(self, call: UpstreamCall) -> CompletionStream:
+        reply = await self._begin("stream", call)
+        if reply.error is not None and reply.events_before_error is None:
+            self.active -= 1
+            raise reply.error
+        return ScriptedStream(self, call, reply)
+
+    async def health(self) -> bool:
+        return self.healthy
+
+    async def close(self) -> None:
+        self.closed = True
+
+    async def _begin(self, method: Literal["complete", "stream"], call: UpstreamCall) -> Reply:
+        reply = self.script.popleft() if self.script else self.default
+        record = Call(self.name, method, call)
+        self.calls.append(record)
+        if self.journal is not None:
+            self.journal.append(record)
+        self.active += 1
+        try:
+            if reply.stall:
+                await reply.released.wait()
+        except BaseException:
+            self.active -= 1
+            raise
+        if reply.takes and self.clock is not None:
+            self.clock.advance(reply.takes)
+        return reply
+
+    def _body(self, call: UpstreamCall, events: int) -> bytes:
+        return orjson.dumps(
+            {
+                "id": "cmpl-scripted",
+                "object": "text_completion",
+                "created": 1,
+                "model": call.public_model,
+                "choices": [{"index": 0, "text": f" from {self.name}", "logprobs": None, "finish_reason": "length"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": events, "total_tokens": 3 + events},
+            }
+        )
+
+
+class ScriptedStream(CompletionStream):
+    """The stream of one scripted call: ``reply.events`` events, or a failure after some."""
+
+    def __init__(self, backend: ScriptedBackend, call: UpstreamCall, reply: Reply) -> None:
+        self._backend = backend
+        self._call = call
+        self._reply = reply
+        self.sent = 0
+        self.closed = False
+
+    async def __anext__(self) -> bytes:
+        reply = self._reply
+        if reply.events_before_error is not None and self.sent == reply.events_before_error:
+            assert reply.error is not None
+            raise reply.error
+        if self.sent >= reply.events:
+            raise StopAsyncIteration
+        self.sent += 1
+        if self.sent == reply.events and reply.events_before_error is None:
+            self.finished = True
+            self.usage = TokenUsage(3, reply.events)
+        chunk = {
+            "id": "cmpl-scripted",
+            "object": "text_completion",
+            "created": 1,
+            "model": self._call.public_model,
+            "choices": [{"index": 0, "text": f" {self._backend.name}{self.sent}", "logprobs": None,
+                         "finish_reason": "length" if self.finished else None}],
+        }  # fmt: skip
+        return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+    async def aclose(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._backend.active -= 1
+
+
+# --- the fake upstream server ------------------------------------------------------------------
 
 
 @dataclass
@@ -36,6 +234,8 @@ class Behaviour:
     (200 with a non-JSON body), ``error_event`` (stream ``events`` chunks then an
     error event and [DONE]), ``garbage_event`` (stream ``events`` chunks then an event
     that is not JSON, then [DONE]). ``delay`` on ``ok`` paces stream chunks.
+    ``hold`` waits until the test calls :meth:`release`, then answers normally: a request
+    kept in flight for exactly as long as a test needs, with no timing window.
     """
 
     kind: str = "ok"
@@ -44,6 +244,10 @@ class Behaviour:
     headers: dict[str, str] = field(default_factory=dict)
     events: int = 0
     delay: float = 0.0
+    released: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+    def release(self) -> None:
+        self.released.set()
 
 
 @dataclass
@@ -195,6 +399,8 @@ class FakeUpstream:
             return None
         if behaviour.kind == "stall":
             await asyncio.sleep(behaviour.delay)
+        if behaviour.kind == "hold":
+            await behaviour.released.wait()
         if behaviour.kind == "status":
             payload = behaviour.body if isinstance(behaviour.body, bytes) else orjson.dumps(behaviour.body)
             return web.Response(

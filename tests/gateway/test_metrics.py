@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -10,7 +9,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import MOCK_MODEL, OPENAI_MODEL, VLLM_MODEL, RunningGateway
+from tests.conftest import MOCK_MODEL, OPENAI_MODEL, VLLM_MODEL, RunningGateway, eventually
 from tests.fakes import Behaviour
 
 SECRET_MODEL = "customer-secret-model-name-7781"
@@ -158,7 +157,7 @@ async def test_client_disconnect_mid_stream_cancels_upstream(
 ) -> None:
     """A client that goes away mid-stream stops the upstream's generation and is counted as 499."""
     up = gateway.upstream
-    up.script.append(Behaviour(kind="ok", delay=0.02))  # 200 tokens at 20 ms: about 4 s if not cancelled
+    up.script.append(Behaviour(kind="stall_mid", events=1, delay=3600))  # ends only if cancelled
     resp = await session.post(
         f"{gateway.url}/v1/completions", json={"model": OPENAI_MODEL, "prompt": "x", "max_tokens": 200, "stream": True}
     )
@@ -167,18 +166,16 @@ async def test_client_disconnect_mid_stream_cancels_upstream(
     assert first.startswith(b"data: {")
     resp.close()  # drop the connection with the stream half read
 
-    for _ in range(200):
-        if up.cancelled_streams and not up.open_streams:
-            break
-        await asyncio.sleep(0.01)
+    await eventually(lambda: up.cancelled_streams > 0 and not up.open_streams)
     assert up.cancelled_streams == 1
     assert up.open_streams == 0
 
-    for _ in range(100):
+    async def answered_499() -> bool:
         m = await scrape(gateway, session)
-        if m.value("gateway_requests_total", model=OPENAI_MODEL, backend="up-openai", status="499"):
-            break
-        await asyncio.sleep(0.01)
+        return bool(m.value("gateway_requests_total", model=OPENAI_MODEL, backend="up-openai", status="499"))
+
+    await eventually(answered_499)
+    m = await scrape(gateway, session)
     assert m.value("gateway_requests_total", model=OPENAI_MODEL, backend="up-openai", status="499") == 1
     assert m.value("gateway_client_disconnects_total", model=OPENAI_MODEL, backend="up-openai") == 1
     assert m.value("gateway_requests_in_flight", model=OPENAI_MODEL) == 0
@@ -190,18 +187,20 @@ async def test_client_disconnect_while_waiting_for_upstream(
     gateway: RunningGateway, session: aiohttp.ClientSession, stream: bool
 ) -> None:
     """The client gives up before the upstream's first byte (no response started yet)."""
-    gateway.upstream.script.append(Behaviour(kind="stall", delay=3))
+    gateway.upstream.script.append(Behaviour(kind="hold"))  # never answers: only the client gives up
     with pytest.raises(TimeoutError):
         await session.post(
             f"{gateway.url}/v1/completions",
             json={"model": OPENAI_MODEL, "prompt": "x", "stream": stream},
             timeout=aiohttp.ClientTimeout(total=0.3),
         )
-    for _ in range(100):
+
+    async def disconnect_counted() -> bool:
         m = await scrape(gateway, session)
-        if m.value("gateway_client_disconnects_total", model=OPENAI_MODEL, backend="_none"):
-            break
-        await asyncio.sleep(0.01)
+        return bool(m.value("gateway_client_disconnects_total", model=OPENAI_MODEL, backend="_none"))
+
+    await eventually(disconnect_counted)
+    m = await scrape(gateway, session)
     assert m.value("gateway_client_disconnects_total", model=OPENAI_MODEL, backend="_none") == 1
     assert m.value("gateway_requests_in_flight", model=OPENAI_MODEL) == 0
     # Counted like a stream whose client left: status 499 ("client closed request").

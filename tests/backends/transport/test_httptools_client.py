@@ -21,11 +21,17 @@ from aiohttp import web
 from backends.errors import UpstreamConnectError, UpstreamProtocolError, UpstreamTimeoutError
 from backends.transport.httptools_client import FastHTTPTransport
 from schemas.config import TimeoutConfig
-from tests.conftest import free_port
+from tests.conftest import eventually, free_port
 from tests.fakes import Behaviour, FakeUpstream
 
 JSON = {"Content-Type": "application/json", "Authorization": "Bearer sk-test"}
 BIG = bytes(range(256)) * 4096  # 1 MiB
+
+
+# Where the fake upstream never ends by itself, only the timeout under test can end the
+# call; should it not, the test fails after this many seconds instead of hanging (the
+# asyncio.timeout raises TimeoutError, not our UpstreamTimeoutError).
+HANG = 30.0
 
 
 def transport(max_connections: int = 8, **timeouts: float) -> FastHTTPTransport:
@@ -229,12 +235,15 @@ async def test_concurrency_is_bounded_by_max_connections(fake_upstream: FakeUpst
 
 async def test_waiting_for_a_connection_is_bounded_by_connect(fake_upstream: FakeUpstream) -> None:
     t = transport(max_connections=1, connect=0.2)
-    fake_upstream.script.append(Behaviour(delay=0.5))
+    fake_upstream.script.append(Behaviour(kind="stall_mid", events=1, delay=3600))  # holds the slot
     held = await post(t, fake_upstream, stream=True)
     started = time.monotonic()
     with pytest.raises(UpstreamTimeoutError):
-        await post(t, fake_upstream)
-    assert 0.15 < time.monotonic() - started < 1.0
+        async with asyncio.timeout(HANG):
+            await post(t, fake_upstream)
+    # Timing-only sanity (the transport's timeouts are the event loop's timers, no clock to
+    # inject): it waited for the 0.2 s connect bound, not for the held stream to end.
+    assert time.monotonic() - started >= 0.15
     held.release()  # frees the only slot
     assert (await complete(t, fake_upstream))["object"] == "text_completion"
     await t.close()
@@ -257,8 +266,7 @@ async def test_idle_connection_closed_by_server_is_not_reused(client: FastHTTPTr
         assert resp.status == 200
         await resp.read()
         resp.release()
-        await asyncio.sleep(0.3)  # past the server's keepalive_timeout
-        assert client._count == 0
+        await eventually(lambda: client._count == 0)  # the server closed it after its keepalive_timeout
 
 
 async def test_reused_connection_dropped_unanswered_is_retried_fresh(
@@ -310,11 +318,12 @@ async def test_unresolvable_host(client: FastHTTPTransport) -> None:
 
 async def test_stall_before_headers_times_out(fake_upstream: FakeUpstream) -> None:
     t = transport(first_byte=0.2)
-    fake_upstream.script.append(Behaviour(kind="stall", delay=3))
+    fake_upstream.script.append(Behaviour(kind="hold"))  # never answers by itself
     started = time.monotonic()
     with pytest.raises(UpstreamTimeoutError) as info:
-        await post(t, fake_upstream)
-    assert 0.15 < time.monotonic() - started < 1.0
+        async with asyncio.timeout(HANG):
+            await post(t, fake_upstream)
+    assert time.monotonic() - started >= 0.15  # timing-only sanity: it waited for first_byte
     assert info.value.reason == "timeout"
     await t.close()
 
@@ -323,31 +332,29 @@ async def test_non_stream_total_bounds_the_body(raw_server: Callable[[Handler], 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf")
-        await asyncio.sleep(3)
+        await asyncio.Event().wait()  # the rest of the body never comes
 
     t = transport(first_byte=5, total=0.3)
     resp = await t.send("GET", await raw_server(handler), body=None, headers={}, stream=False)
-    started = time.monotonic()
     with pytest.raises(UpstreamTimeoutError):
-        await resp.read()
-    assert time.monotonic() - started < 1.0
+        async with asyncio.timeout(HANG):
+            await resp.read()  # only ``total`` can end this read
     resp.release()
     await t.close()
 
 
 async def test_stall_mid_stream_times_out(fake_upstream: FakeUpstream) -> None:
     t = transport(first_byte=1, stream_idle=0.2)
-    fake_upstream.script.append(Behaviour(kind="stall_mid", events=2, delay=3))
+    fake_upstream.script.append(Behaviour(kind="stall_mid", events=2, delay=3600))  # silent until cancelled
     resp = await post(t, fake_upstream, stream=True, max_tokens=8)
     received = b""
-    started = time.monotonic()
     with pytest.raises(UpstreamTimeoutError) as info:
-        async for piece in resp.iter_chunks():
-            received += piece
+        async with asyncio.timeout(HANG):
+            async for piece in resp.iter_chunks():
+                received += piece
     resp.release()
-    assert info.value.reason == "stream_idle"
+    assert info.value.reason == "stream_idle"  # not first_byte (1 s): the silence came after two events
     assert received.count(b"data: ") == 2
-    assert time.monotonic() - started < 1.5
     await t.close()
 
 
@@ -384,10 +391,7 @@ async def test_release_of_half_read_stream_closes_the_connection(
     assert first.startswith(b"data: ")
     resp.release()
     resp.release()  # idempotent
-    for _ in range(100):
-        if fake_upstream.cancelled_streams:
-            break
-        await asyncio.sleep(0.01)
+    await eventually(lambda: fake_upstream.cancelled_streams > 0)
     assert fake_upstream.cancelled_streams == 1
     await complete(client, fake_upstream)
     assert fake_upstream.connections == 2

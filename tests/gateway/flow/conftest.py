@@ -26,8 +26,10 @@ from gateway.app import create_app
 from gateway.clock import Clock
 from gateway.configfile import parse_config
 from gateway.state import STATE, GatewayState
-from tests.conftest import free_port, serve_app
+from tests.conftest import eventually, free_port, serve_app
 from tests.fakes import FakeUpstream
+
+__all__ = ["FakeClock", "Gateway", "Make", "body", "error_of", "eventually", "metric", "post", "sse_events"]
 
 TIMEOUT = "{connect: 1, first_byte: 5, total: 10, stream_idle: 5}"
 
@@ -135,12 +137,3 @@ async def metric(session: aiohttp.ClientSession, gw: Gateway, name: str, **label
             if sample.name == name and sample.labels == labels:
                 return float(sample.value)
     return 0.0
-
-
-async def eventually(check: Callable[[], bool], within: float = 3.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not check():
-        if loop.time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)

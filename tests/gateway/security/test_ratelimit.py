@@ -12,7 +12,7 @@ import pytest
 from gateway.security.caps import estimate_prompt_tokens, reserve_tokens
 from gateway.security.ratelimit import Limits, MemoryStore, format_reset
 from schemas.completions import CompletionRequest
-from tests.conftest import MOCK_MODEL, OPENAI_MODEL
+from tests.conftest import MOCK_MODEL, OPENAI_MODEL, eventually
 from tests.fakes import Behaviour
 from tests.gateway.security.conftest import AUTH_A, AUTH_B, MakeSecureGateway, auth_section
 
@@ -190,14 +190,16 @@ async def test_failed_upstream_call_gives_its_tokens_back(secure_gateway: MakeSe
 
 async def test_concurrency_limit_over_http(secure_gateway: MakeSecureGateway) -> None:
     gw = await secure_gateway(auth_section(a="max_concurrent: 1"))
-    gw.upstream.script.append(Behaviour(kind="stall", delay=0.5))
+    held = Behaviour(kind="hold")
+    gw.upstream.script.append(held)
     body = {"model": OPENAI_MODEL, "prompt": "x"}
     slow = asyncio.create_task(post(gw.url, body, AUTH_A))
-    await asyncio.sleep(0.2)
+    await eventually(lambda: gw.upstream.active == 1)  # the first request holds the key's slot
     status, headers, raw = await post(gw.url, body, AUTH_A)
     assert status == 429
     assert "in flight" in orjson.loads(raw)["error"]["message"]
     assert headers["Retry-After"] == "1"
+    held.release()
     assert (await slow)[0] == 200
     assert (await post(gw.url, body, AUTH_A))[0] == 200  # the slot came back
 

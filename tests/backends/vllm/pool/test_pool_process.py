@@ -84,7 +84,7 @@ async def test_stop_returns_only_when_the_whole_group_is_gone(tag: str, tmp_path
     assert group_alive(proc.pid) and len(live_pids_with(tag)) == 3  # launcher, worker, engine
     started = time.monotonic()
     await stop(proc, 0.3)
-    assert time.monotonic() - started < 3.0
+    assert time.monotonic() - started < 20.0  # timing-only sanity: killed, not left to its 60 s sleep
     assert not group_alive(proc.pid)
     assert live_pids_with(tag) == []
     lines = tail(log)

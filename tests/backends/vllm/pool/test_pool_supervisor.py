@@ -123,7 +123,9 @@ async def test_crash_loop_gives_up_and_reports(make_pool: MakePool, caplog: pyte
     started = time.monotonic()
     with pytest.raises(NoReadyWorkerError) as info:
         await pool.complete(call())
-    assert time.monotonic() - started < 1.0
+    # Timing-only sanity (the supervisor runs real processes on real time): refused well
+    # before wait_for_ready's 30 s default would have passed.
+    assert time.monotonic() - started < 10.0
     assert info.value.retry_after == 30.0
     status = read_status(pool.status_path)
     assert status.workers[0].state == "failed" and status.workers[0].log_tail
@@ -160,6 +162,6 @@ async def test_close_stops_everything_even_sigterm_ignorers(make_pool: MakePool,
     assert len(live_pids_with(tag)) == 6  # 2 x (launcher, stand-in, engine child)
     started = time.monotonic()
     await pool.close()
-    assert time.monotonic() - started < 4.0
+    assert time.monotonic() - started < 20.0  # timing-only sanity: SIGKILLed, not waited on forever
     assert live_pids_with(tag) == []
     assert states(pool) == ["stopped", "stopped"]
