@@ -64,10 +64,13 @@ def client_caused(exc: UpstreamError) -> bool:
 
 def health_verdict(exc: UpstreamError) -> bool | None:
     """False: the backend failed; True: it answered sensibly; None: no verdict (429, or a
-    failure the request caused that is not an answer of the upstream's, see :func:`client_caused`)."""
+    failure the request caused, see :func:`client_caused`). A 4xx about the request says
+    nothing of the backend's health: counting it as a success would let a client that sends
+    bad requests reset a failing backend's streak (the breaker settles a half-open trial on
+    it all the same, see :meth:`CircuitBreaker.outcome`)."""
     if isinstance(exc, UpstreamStatusError):
         status = exc.upstream_status
-        if status == 429:
+        if status == 429 or client_caused(exc):
             return None
         return not (status >= 500 or status == 408)
     if client_caused(exc):
@@ -159,7 +162,9 @@ class CircuitBreaker:
     def outcome(self, exc: UpstreamError, permit: Permit) -> None:
         """Report a failed attempt that was made under ``permit``."""
         verdict = health_verdict(exc)
-        if verdict is None:
+        if verdict is None and permit is Permit.TRIAL and isinstance(exc, UpstreamStatusError) and client_caused(exc):
+            self.succeeded()  # a trial only asks whether the backend answers: it did
+        elif verdict is None:
             self.release(permit)
         elif verdict:
             self.succeeded()

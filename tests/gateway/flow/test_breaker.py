@@ -126,8 +126,21 @@ def test_verdicts() -> None:
     assert health_verdict(UpstreamConnectError("x")) is False
     assert health_verdict(UpstreamStatusError(503, "x")) is False
     assert health_verdict(UpstreamStatusError(408, "x")) is False
-    assert health_verdict(UpstreamStatusError(400, "bad prompt")) is True  # it answered
+    # A 4xx about the request is no verdict on the backend (issue 13.13): not a failure, and no
+    # success that would reset a failing backend's streak either.
+    assert health_verdict(UpstreamStatusError(400, "bad prompt")) is None
     assert health_verdict(UpstreamStatusError(429, "x")) is None
+
+
+def test_a_client_error_settles_a_half_open_trial() -> None:
+    clock = FakeClock()
+    b, _ = breaker(clock)
+    for _ in range(3):
+        b.failed()
+    clock.advance(60)
+    assert b.allow() is Permit.TRIAL
+    b.outcome(UpstreamStatusError(400, "bad prompt"), Permit.TRIAL)  # the backend answered: it is back
+    assert b.state is CircuitState.CLOSED
 
 
 def test_probes_feed_the_same_state() -> None:

@@ -258,11 +258,10 @@ async def test_client_errors_never_open_the_circuit(status: int) -> None:
     assert f.metric("gateway_circuit_state", backend="a") == CircuitState.CLOSED
 
 
-@pytest.mark.xfail(reason="issue 13.13, flow-accounting", strict=True)
 @pytest.mark.parametrize("status", CLIENT_ERRORS)
 async def test_a_client_error_is_not_counted_by_the_breaker_at_all(status: int) -> None:
-    # Today a 4xx about the request counts as a success and resets the failure streak,
-    # so a client can keep a failing backend's circuit closed by sending bad requests.
+    # A 4xx about the request is no success either: otherwise a client could keep a failing
+    # backend's circuit closed by sending bad requests between its failures.
     f = flow("a", a={"circuit_breaker": {"consecutive_failures": 2, "failure_rate": None}})
     f["a"].queue(
         Reply.fail(UpstreamStatusError(500, "boom")),
