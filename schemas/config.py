@@ -182,7 +182,8 @@ class PoolRoutingConfig(_Strict):
     worker that served that prefix last (it likely holds it in its KV cache), unless that
     worker is overloaded; everything else goes to the least loaded worker. It learns from
     this process's own traffic, so other gateway workers and replicas learn apart.
-    ``prefix-hash``: a stable hash of the prompt's first block picks the worker by rendezvous
+    ``prefix-hash``: a stable hash of the prompt's first block (``block_chars`` characters or
+    ``block_tokens`` ids: about the shared part's length) picks the worker by rendezvous
     hashing with bounded load (at most 1.25x the average), the same worker in every gateway
     process and replica without shared state; pick it when several gateway workers or
     replicas front the same servers. ``least-load``: load only. ``round-robin``: neither (a

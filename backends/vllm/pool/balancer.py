@@ -20,10 +20,11 @@ the endpoint's URL), and the first endpoint in that order whose load is within t
 is chosen. So every gateway worker and every replica sends a prefix to the same server
 without talking to each other, and when a server joins or leaves only the keys it wins
 or held move (about 1/N of them). The first block, not the deepest, is the key so that a
-conversation keeps its server while it grows. Bound (consistent hashing with bounded
-loads, Mirrokni et al. 2018): with ``n`` candidates carrying ``L`` requests in all
-(load = in flight from this gateway + the server's scraped queue), an endpoint may take
-the request only while ``load + 1 <= ceil((1 + HASH_EPSILON) * (L + 1) / n)``, i.e. no
+conversation keeps its server while it grows; so ``block_chars`` / ``block_tokens`` set how
+much of the prompt decides (about the length of the shared system prompt or document).
+Bound (consistent hashing with bounded loads, Mirrokni et al. 2018): with ``n`` candidates
+carrying ``L`` requests in all (load = in flight from this gateway + the server's scraped
+queue), an endpoint may take the request only while ``load + 1 <= ceil((1 + HASH_EPSILON) * (L + 1) / n)``, i.e. no
 server gets more than 1.25x its fair share (rounded up); a server whose KV cache is at
 least ``kv_cache_high`` full is passed over too. The least loaded endpoint always meets
 the bound, so the walk always ends. Replicas see different in-flight counts, so under
