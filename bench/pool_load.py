@@ -1,4 +1,4 @@
-"""A shared-prefix load against a running gateway: throughput, TTFT, prefix-affinity hit rate.
+"""A shared-prefix load against a running gateway: throughput, TTFT, routing decisions.
 
 Used by ``bench/pool_sim.py`` (stand-in workers) and ``deploy/gpu-check.sh`` (real vLLM).
 ``--concurrency`` closed-loop clients send ``--requests`` streaming completions in all;
@@ -7,7 +7,9 @@ uniformly with ``--seed``) plus a unique suffix, the shape of many users sharing
 system prompts or documents. TTFT is from sending the request to the first SSE event
 carrying text. The affinity hit rate comes from the gateway's
 ``gateway_pool_routing_decisions_total``: hits / (hits + misses + overloaded fallbacks),
-counted over this run only.
+counted over this run only; with ``prefix-hash`` the preferred rate is the share of
+requests that went to their prefix's first rendezvous choice (the rest spilled past the
+load bound).
 
     python bench/pool_load.py --url http://127.0.0.1:8080 --model llama --requests 300
 """
@@ -41,6 +43,7 @@ class LoadResult:
     latency_p90_ms: float
     affinity_hit_rate: float | None
     decisions: dict[str, float]
+    hash_preferred_rate: float | None = None
 
 
 def prefixes(groups: int, chars: int, seed: int) -> list[str]:
@@ -136,6 +139,7 @@ async def run_load(
         after = await _decisions(session, url)
     decisions = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
     affine = sum(decisions.get(k, 0.0) for k in ("affinity_hit", "affinity_miss", "affinity_overloaded"))
+    hashed = decisions.get("hash_preferred", 0.0) + decisions.get("hash_overloaded", 0.0)
     return LoadResult(
         requests=requests,
         errors=errors,
@@ -148,6 +152,7 @@ async def run_load(
         latency_p90_ms=_pct(latencies, 0.9),
         affinity_hit_rate=decisions.get("affinity_hit", 0.0) / affine if affine else None,
         decisions=decisions,
+        hash_preferred_rate=decisions.get("hash_preferred", 0.0) / hashed if hashed else None,
     )
 
 
@@ -162,10 +167,12 @@ def add_load_args(parser: argparse.ArgumentParser) -> None:
 
 def summary(result: LoadResult) -> str:
     hit = "-" if result.affinity_hit_rate is None else f"{result.affinity_hit_rate:.1%}"
+    rate = result.hash_preferred_rate
+    preferred = "" if rate is None else f"; prefix-hash preferred {rate:.1%}"
     return (
         f"{result.requests} requests ({result.errors} errors) in {result.seconds:.1f}s: {result.rps:.1f} req/s; "
         f"TTFT p50 {result.ttft_p50_ms:.0f} ms, p90 {result.ttft_p90_ms:.0f} ms, p99 {result.ttft_p99_ms:.0f} ms; "
-        f"latency p50 {result.latency_p50_ms:.0f} ms; prefix-affinity hit rate {hit}"
+        f"latency p50 {result.latency_p50_ms:.0f} ms; prefix-affinity hit rate {hit}{preferred}"
     )
 
 

@@ -1,4 +1,4 @@
-"""Simulation: does prefix affinity + load beat round-robin across a vllm-pool? (no GPU)
+"""Simulation: do prefix affinity / prefix hash + load beat round-robin across a vllm-pool? (no GPU)
 
 Starts ``gateway serve`` with a ``vllm-pool`` of stand-in workers
 (``tests/backends/vllm/pool/standin_worker.py --standin-sim``) that model what matters for routing:
@@ -10,7 +10,10 @@ routing strategy and prints a markdown table. Results go to
 ``bench-results/pool-sim-<stamp>.json``.
 
     .venv/bin/python bench/pool_sim.py                    # defaults (about a minute)
-    .venv/bin/python bench/pool_sim.py --requests 300 --strategies round-robin,prefix-affinity
+    .venv/bin/python bench/pool_sim.py --requests 300 --strategies round-robin,prefix-affinity,prefix-hash
+
+``prefix-hash`` needs no shared state, so what it shows here (one gateway) holds for every
+gateway worker and replica; ``prefix-affinity`` learns per process.
 """
 
 from __future__ import annotations
@@ -34,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pool_load import LoadResult, add_load_args, run_load
 
 ROOT = Path(__file__).resolve().parents[1]
-STANDIN = ROOT / "tests" / "pool" / "standin_worker.py"
-STRATEGIES = ("round-robin", "least-load", "prefix-affinity")
+STANDIN = ROOT / "tests" / "backends" / "vllm" / "pool" / "standin_worker.py"
+STRATEGIES = ("round-robin", "least-load", "prefix-affinity", "prefix-hash")
 _COUNTER = re.compile(r"^(standin_prefix_(?:hit_)?blocks_total) ([0-9.]+)$", re.M)
 
 
@@ -162,13 +165,18 @@ def main() -> None:
         f"{args.hit_ms:g} ms on a hit; decode {args.token_ms:g} ms/token x {args.max_tokens}; "
         f"{args.requests} streamed requests, {args.concurrency} concurrent\n"
     )
-    print("| routing | req/s | TTFT p50 | TTFT p90 | TTFT p99 | latency p50 | worker prefix-cache hits | errors |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| routing | req/s | TTFT p50 | TTFT p90 | TTFT p99 | latency p50 | worker prefix-cache hits "
+        "| routed to the prefix's choice | errors |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for strategy, r in results.items():
+        rate = r["affinity_hit_rate"] if r["hash_preferred_rate"] is None else r["hash_preferred_rate"]
+        routed = "-" if rate is None else f"{rate:.0%}"
         print(
             f"| {strategy} | {r['rps']:.1f} | {r['ttft_p50_ms']:.0f} ms | {r['ttft_p90_ms']:.0f} ms | "
             f"{r['ttft_p99_ms']:.0f} ms | {r['latency_p50_ms']:.0f} ms | {r['worker_cache_hit_rate']:.0%} | "
-            f"{r['errors']} |"
+            f"{routed} | {r['errors']} |"
         )
     out = ROOT / "bench-results" / f"pool-sim-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(exist_ok=True)

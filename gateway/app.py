@@ -26,6 +26,7 @@ from gateway.http import handlers
 from gateway.http.hardening import handler_args, register_secrets
 from gateway.http.middleware import request_middleware
 from gateway.http.openapi import openapi_handler
+from gateway.http.probes import ready
 from gateway.metrics import GatewayMetrics
 from gateway.security.auth import protect
 from gateway.security.guard import RequestGuard
@@ -83,6 +84,7 @@ def _add_routes(app: web.Application, config: GatewayConfig, guard: RequestGuard
     app.router.add_post("/v1/completions", handlers.completions)
     app.router.add_get("/v1/models", guard.list_models if guard.keyring is not None else handlers.list_models)
     app.router.add_get("/health", handlers.health)
+    app.router.add_get("/ready", ready)  # readiness, separate from liveness: gateway.http.probes
     metrics_digest = guard.keyring.metrics_digest if guard.keyring is not None else None
     app.router.add_get("/metrics", protect(handlers.metrics, metrics_digest) if metrics_digest else handlers.metrics)
     app.router.add_get("/openapi.json", openapi_handler(config))

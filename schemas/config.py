@@ -180,11 +180,17 @@ class PoolRoutingConfig(_Strict):
 
     ``prefix-affinity`` (the default): requests whose prompts share leading blocks go to the
     worker that served that prefix last (it likely holds it in its KV cache), unless that
-    worker is overloaded; everything else goes to the least loaded worker. ``least-load``:
-    load only. ``round-robin``: neither (a baseline).
+    worker is overloaded; everything else goes to the least loaded worker. It learns from
+    this process's own traffic, so other gateway workers and replicas learn apart.
+    ``prefix-hash``: a stable hash of the prompt's first block (``block_chars`` characters or
+    ``block_tokens`` ids: about the shared part's length) picks the worker by rendezvous
+    hashing with bounded load (at most 1.25x the average), the same worker in every gateway
+    process and replica without shared state; pick it when several gateway workers or
+    replicas front the same servers. ``least-load``: load only. ``round-robin``: neither (a
+    baseline).
     """
 
-    strategy: Literal["prefix-affinity", "least-load", "round-robin"] = "prefix-affinity"
+    strategy: Literal["prefix-affinity", "prefix-hash", "least-load", "round-robin"] = "prefix-affinity"
     # Prompt blocks hashed for affinity: characters per block of a text prompt, token ids per
     # block of a token prompt; only whole blocks count (as in vLLM's prefix cache).
     block_chars: Annotated[int, Field(ge=16, le=1_000_000)] = 256

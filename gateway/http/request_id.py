@@ -17,9 +17,18 @@ __all__ = ["REQUEST_ID", "new_request_id", "request_id_of"]
 REQUEST_ID: web.RequestKey[str] = web.RequestKey("request_id", str)
 
 # A random per-process prefix plus a counter: unique across replicas and restarts without a
-# syscall per request (os.urandom showed up in profiles).
-_ID_PREFIX = "req-" + os.urandom(6).hex()
+# syscall per request (os.urandom showed up in profiles). Re-made in a forked child, which
+# would otherwise repeat the parent's ids.
+def _new_id_prefix() -> None:
+    global _ID_PREFIX, _id_counter
+    _ID_PREFIX = "req-" + os.urandom(6).hex()
+    _id_counter = itertools.count(1)
+
+
+_ID_PREFIX = ""
 _id_counter = itertools.count(1)
+_new_id_prefix()
+os.register_at_fork(after_in_child=_new_id_prefix)
 
 
 def new_request_id() -> str:

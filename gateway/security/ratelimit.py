@@ -153,8 +153,18 @@ class _KeyState:
         self.active = 0
 
 
+# Lease ids: a random per-process prefix plus a counter, re-made in a forked child (else it
+# repeats the parent's ids, and in Redis one release frees another process's slot).
+def _new_lease_prefix() -> None:
+    global _LEASE_PREFIX, _lease_ids
+    _LEASE_PREFIX = os.urandom(6).hex()
+    _lease_ids = itertools.count(1)
+
+
+_LEASE_PREFIX = ""
 _lease_ids = itertools.count(1)
-_LEASE_PREFIX = os.urandom(6).hex()
+_new_lease_prefix()
+os.register_at_fork(after_in_child=_new_lease_prefix)
 
 
 def _lease() -> str:

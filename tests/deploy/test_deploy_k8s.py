@@ -198,12 +198,12 @@ def test_gateway_deployment_is_operable(overlay: str) -> None:
     mount = next(m for m in container["volumeMounts"] if m["name"] == "config")
     assert config_path == Path(mount["mountPath"]) / "gateway.yaml"
 
-    # Readiness on /health, on the port the CLI listens on.
+    # Readiness on /ready, liveness on /health, on the port the CLI listens on.
     port = int(args[args.index("--port") + 1])
     named_ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert named_ports["http"] == port
-    for probe in ("readinessProbe", "livenessProbe"):
-        assert container[probe]["httpGet"]["path"] == "/health"
+    for probe, path in (("readinessProbe", "/ready"), ("livenessProbe", "/health")):
+        assert container[probe]["httpGet"]["path"] == path
         assert named_ports.get(container[probe]["httpGet"]["port"], container[probe]["httpGet"]["port"]) == port
 
     # Graceful termination outlasts preStop + the gateway's drain; liveness never cuts a drain short.

@@ -1,4 +1,4 @@
-"""Choosing a worker: least load, refined by the worker's own queue, and prefix affinity.
+"""Choosing a worker: least load, refined by the worker's own queue, prefix affinity, prefix hash.
 
 Load of an endpoint = requests in flight from this gateway + requests waiting in the
 worker's own queue (``vllm:num_requests_waiting``, scraped) + its KV-cache usage (0..1,
@@ -11,7 +11,27 @@ longest matching prefix (the least loaded of several) is chosen unless it is
 overloaded (load above the least loaded endpoint's by more than ``overload_margin``,
 or KV cache at least ``kv_cache_high`` full): then the least loaded endpoint is
 chosen instead. The chosen endpoint records the keys, so the next request with the
-same prefix follows it. Every choice is counted by decision (``DECISIONS``).
+same prefix follows it.
+
+``prefix-hash``: no learned state. The key of the prompt's first whole block
+(``backends.vllm.pool.prefix``: BLAKE2b, equal in every process) ranks the available
+endpoints by rendezvous hashing (highest ``blake2b(key, endpoint id)`` first; the id is
+the endpoint's URL), and the first endpoint in that order whose load is within the bound
+is chosen. So every gateway worker and every replica sends a prefix to the same server
+without talking to each other, and when a server joins or leaves only the keys it wins
+or held move (about 1/N of them). The first block, not the deepest, is the key so that a
+conversation keeps its server while it grows; so ``block_chars`` / ``block_tokens`` set how
+much of the prompt decides (about the length of the shared system prompt or document).
+Bound (consistent hashing with bounded loads, Mirrokni et al. 2018): with ``n`` candidates
+carrying ``L`` requests in all (load = in flight from this gateway + the server's scraped
+queue), an endpoint may take the request only while ``load + 1 <= ceil((1 + HASH_EPSILON) * (L + 1) / n)``, i.e. no
+server gets more than 1.25x its fair share (rounded up); a server whose KV cache is at
+least ``kv_cache_high`` full is passed over too. The least loaded endpoint always meets
+the bound, so the walk always ends. Replicas see different in-flight counts, so under
+heavy load they may spill differently; below the bound they agree exactly. A prompt
+shorter than one block has no key and goes to the least loaded endpoint.
+
+Every choice is counted by decision (``DECISIONS``).
 
 Not thread-safe; called from the event loop only. ``pick`` is O(endpoints x keys)
 dict lookups and allocates one small list.
@@ -19,17 +39,31 @@ dict lookups and allocates one small list.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from hashlib import blake2b
 
 from backends.base import Backend
 from backends.vllm.pool.prefix import PrefixLRU
 from backends.vllm.pool.scrape import WorkerLoad
 from schemas.config import PoolRoutingConfig
 
-__all__ = ["DECISIONS", "Balancer", "Endpoint"]
+__all__ = ["DECISIONS", "HASH_EPSILON", "Balancer", "Endpoint", "rendezvous_order"]
 
-# Fixed label values for metrics: why an endpoint was chosen.
-DECISIONS = ("affinity_hit", "affinity_miss", "affinity_overloaded", "least_load", "round_robin")
+# Fixed label values for metrics: why an endpoint was chosen. ``hash_preferred``: the
+# prefix's first rendezvous choice; ``hash_overloaded``: a later one, the earlier ones
+# being over the load bound (or their KV cache full), or already tried by this request.
+DECISIONS = (
+    "affinity_hit",
+    "affinity_miss",
+    "affinity_overloaded",
+    "hash_preferred",
+    "hash_overloaded",
+    "least_load",
+    "round_robin",
+)
+# prefix-hash: an endpoint may carry at most (1 + HASH_EPSILON) x the average load.
+HASH_EPSILON = 0.25
 
 
 class Endpoint:
@@ -40,10 +74,11 @@ class Endpoint:
     current generation (set while ``available``).
     """
 
-    __slots__ = ("adapter", "available", "generation", "in_flight", "index", "load", "prefixes", "url")
+    __slots__ = ("_url", "adapter", "available", "generation", "hash_id", "in_flight", "index", "load", "prefixes")
 
     def __init__(self, index: int, affinity_entries: int, url: str = "") -> None:
         self.index = index
+        self.hash_id = b""
         self.url = url
         self.adapter: Backend | None = None
         self.available = False
@@ -51,6 +86,17 @@ class Endpoint:
         self.in_flight = 0
         self.load = WorkerLoad()
         self.prefixes = PrefixLRU(affinity_entries)
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    @url.setter
+    def url(self, url: str) -> None:
+        # The endpoint's name in rendezvous hashing: the same in every process that knows
+        # the server by the same URL (the pool's workers get theirs once their port is known).
+        self._url = url
+        self.hash_id = (url or f"#{self.index}").encode()
 
     @property
     def ident(self) -> tuple[int, int]:
@@ -69,7 +115,9 @@ class Balancer:
     def __init__(self, routing: PoolRoutingConfig) -> None:
         self.routing = routing
         self.endpoints: list[Endpoint] = []
-        self.decisions = dict.fromkeys(DECISIONS, 0)
+        # The hash_* series exist only where they can move (today's label set is unchanged elsewhere).
+        names = DECISIONS if routing.strategy == "prefix-hash" else [d for d in DECISIONS if not d.startswith("hash_")]
+        self.decisions = dict.fromkeys(names, 0)
         self._rr = 0
 
     def pick(self, keys: Sequence[int], exclude: frozenset[tuple[int, int]] | set[tuple[int, int]]) -> Endpoint | None:
@@ -85,6 +133,8 @@ class Balancer:
             self.decisions["round_robin"] += 1
             return cands[start]
         least = _least_loaded(cands, start)
+        if strategy == "prefix-hash" and keys:
+            return self._hashed(cands, keys[0], least, exclude)
         if strategy == "least-load" or not keys:
             self.decisions["least_load"] += 1
             return least
@@ -99,11 +149,41 @@ class Balancer:
         chosen.prefixes.add(keys)
         return chosen
 
+    def _hashed(
+        self,
+        cands: list[Endpoint],
+        key: int,
+        least: Endpoint,
+        exclude: frozenset[tuple[int, int]] | set[tuple[int, int]],
+    ) -> Endpoint:
+        total = sum(_hash_load(ep) for ep in cands)
+        bound = math.ceil((1 + HASH_EPSILON) * (total + 1) / len(cands))
+        kv_high = self.routing.kv_cache_high
+        order = rendezvous_order(cands, key)
+        # least meets the bound by construction: it is kept only when every KV cache is full.
+        chosen = next((ep for ep in order if _hash_load(ep) + 1 <= bound and ep.load.kv_cache_usage < kv_high), least)
+        # Preferred = first over every available endpoint, so a retry that skips the one it
+        # already tried counts as a spill.
+        first = order[0] if not exclude else rendezvous_order([e for e in self.endpoints if e.available], key)[0]
+        self.decisions["hash_preferred" if chosen is first else "hash_overloaded"] += 1
+        return chosen
+
     def _overloaded(self, affine: Endpoint, least: Endpoint) -> bool:
         routing = self.routing
         return (
             affine.score - least.score > routing.overload_margin or affine.load.kv_cache_usage >= routing.kv_cache_high
         )
+
+
+def rendezvous_order(endpoints: Sequence[Endpoint], key: int) -> list[Endpoint]:
+    """``endpoints`` by rendezvous weight for ``key``, highest first (stable across processes)."""
+    prefix = key.to_bytes(8, "big")
+    return sorted(endpoints, key=lambda ep: blake2b(prefix + ep.hash_id, digest_size=8).digest(), reverse=True)
+
+
+def _hash_load(ep: Endpoint) -> int:
+    # Whole requests: with integer loads the least loaded endpoint always meets the bound.
+    return ep.in_flight + int(ep.load.waiting)
 
 
 def _least_loaded(cands: list[Endpoint], start: int) -> Endpoint:

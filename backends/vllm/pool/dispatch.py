@@ -102,7 +102,7 @@ class Dispatcher:
 
     # --- picking ------------------------------------------------------------------------
     def _keys(self, call: UpstreamCall) -> tuple[int, ...]:
-        if self.routing.strategy != "prefix-affinity":
+        if self.routing.strategy not in ("prefix-affinity", "prefix-hash"):
             return ()
         return prefix_keys(call.request, self.routing)
 

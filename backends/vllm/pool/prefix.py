@@ -7,42 +7,65 @@ prompts), chained the same way: key *k* stands for the whole prefix up to block
 *k*, so two prompts share key *k* only when their first *k* blocks are equal.
 Only whole blocks count, as in vLLM; a prompt shorter than one block has no key.
 
+Keys are 64-bit BLAKE2b digests, not Python's ``hash()`` (salted per process): the same
+prompt gets the same keys in every gateway worker and every replica, which
+``prefix-hash`` routing needs (each process must pick the same server on its own) and
+which makes ``prefix-affinity`` reproducible. Text and token blocks hash under
+different domain bytes, so a text never collides with a token list by construction.
+Cost: one ``blake2b`` of at most ``block_chars`` bytes per block, ``max_blocks`` at most.
+
 The LRU per worker is bounded by construction (``capacity`` keys; inserting past it
 evicts the least recently used), so the index cannot grow with traffic.
-Hashes are Python's (salted per process): they only need to agree within one gateway.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from hashlib import blake2b
 from typing import cast
 
 from schemas.completions import CompletionRequest
 from schemas.config import PoolRoutingConfig
 
-__all__ = ["PrefixLRU", "prefix_keys"]
+__all__ = ["PrefixLRU", "block_keys", "prefix_keys"]
+
+_TEXT, _TOKENS = b"t", b"i"  # domain bytes: which kind of block a digest stands for
 
 
 def prefix_keys(request: CompletionRequest, routing: PoolRoutingConfig) -> tuple[int, ...]:
     """Chained hashes of the leading whole blocks of the request's (first) prompt."""
     prompt = request.prompt
     first = prompt if isinstance(prompt, str) else prompt[0]
-    if isinstance(first, str):
-        return _chain(first, routing.block_chars, routing.max_blocks)
-    if isinstance(first, list):
-        return _chain(first, routing.block_tokens, routing.max_blocks)
-    return _chain(cast("list[int]", prompt), routing.block_tokens, routing.max_blocks)
+    if isinstance(first, (str, list)):
+        return block_keys(first, routing)
+    return block_keys(cast("list[int]", prompt), routing)
+
+
+def block_keys(prefix: str | Sequence[int], routing: PoolRoutingConfig) -> tuple[int, ...]:
+    """Chained hashes of the leading whole blocks of a text or of a token-id sequence.
+
+    The one key function for every caller (completions' prompts, a chat conversation's
+    leading part): equal leading blocks give equal keys in every process.
+    """
+    if isinstance(prefix, str):
+        return _chain(prefix, routing.block_chars, routing.max_blocks)
+    return _chain(prefix, routing.block_tokens, routing.max_blocks)
 
 
 def _chain(seq: str | Sequence[int], size: int, max_blocks: int) -> tuple[int, ...]:
     blocks = min(len(seq) // size, max_blocks)
     keys: list[int] = []
-    h = 0
+    previous = b""
     for i in range(blocks):
         block = seq[i * size : (i + 1) * size]
-        h = hash((h, block if isinstance(block, str) else tuple(block)))
-        keys.append(h)
+        if isinstance(block, str):
+            # surrogatepass: a lone surrogate (valid JSON escape) must hash, not raise.
+            data = _TEXT + block.encode("utf-8", "surrogatepass")
+        else:
+            data = _TOKENS + b",".join(str(t).encode() for t in block)  # ids are unbounded ints
+        previous = blake2b(previous + data, digest_size=8).digest()
+        keys.append(int.from_bytes(previous, "big"))
     return tuple(keys)
 
 
