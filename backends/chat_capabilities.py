@@ -31,6 +31,7 @@ from typing import Any
 from backends.capabilities import Capabilities, Level
 from backends.vllm.versions import VLLMFeatures, VLLMVersion, refusal_reasons
 from schemas.chat import ChatCompletionRequest
+from schemas.chat_messages import TextResponseFormat
 
 __all__ = [
     "CHAT_BOUNDARIES",
@@ -109,6 +110,8 @@ def request_forms(request: ChatCompletionRequest) -> Iterator[tuple[str, str]]:
 
 
 def _is_neutral(field: str, value: Any) -> bool:
+    if field == "response_format" and isinstance(value, TextResponseFormat):
+        return True  # plain text is every backend's default: nothing to honour
     # Validation is strict, so a bool never stands for an int here and ``==`` is exact enough.
     return value is None or any(value == candidate for candidate in CHAT_NEUTRAL_VALUES.get(field, ()))
 
@@ -188,7 +191,9 @@ class ChatCapabilities:
             if isinstance(value, int) and value > limit:
                 return Refusal(name, f"{name}>{limit}", self.reasons.get(f"{name}>{limit}"))
         for rule in self.exclusive:
-            present = [f for f in rule.fields if getattr(request, f) not in (None, False)]
+            present = [
+                f for f in rule.fields if getattr(request, f) is not False and not _is_neutral(f, getattr(request, f))
+            ]
             if len(present) == len(rule.fields):
                 return Refusal(present[-1], "+".join(rule.fields), rule.why)
         return None
