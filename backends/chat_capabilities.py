@@ -38,6 +38,7 @@ __all__ = [
     "CHAT_FIELDS",
     "CHAT_NEUTRAL_VALUES",
     "LLAMACPP_CHAT",
+    "MOCK_CHAT",
     "OLLAMA_CHAT",
     "OPENAI_CHAT",
     "OPENAI_ONLY_FIELDS",
@@ -210,6 +211,20 @@ class ChatCapabilities:
 OPENAI_CHAT = ChatCapabilities.build(
     N, dict.fromkeys(VLLM_CHAT_EXTRAS, U), {"stream_options=continuous_usage_stats": U}
 )
+
+# --- mock: the chat simulator (backends.mock_chat); hints that change no simulated text are accepted
+
+MOCK_CHAT = ChatCapabilities.build(
+    N,
+    {
+        **dict.fromkeys(VLLM_CHAT_EXTRAS, U),
+        "modalities": U, "audio": U, "prediction": U, "web_search_options": U, "functions": U, "function_call": U,
+    },
+    {
+        "tools=custom": U, "tool_choice=custom": U, "stream_options=continuous_usage_stats": U,
+        "stream_options=include_obfuscation": U,
+    },
+)  # fmt: skip
 
 # --- TGI Messages API (v3.3.7): unlisted fields are unsupported -------------------------------
 
