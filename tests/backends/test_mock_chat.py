@@ -15,6 +15,8 @@ from backends.chat_capabilities import MOCK_CHAT
 from backends.mock import MOCK_CONTEXT_LENGTH
 from backends.mock_chat import chat_chunks, complete_chat, stream_chat
 from schemas.chat import ChatCompletionRequest
+from schemas.chat_responses import ChatCompletionChunk as OurChunk
+from schemas.chat_responses import ChatCompletionResponse as OurResponse
 from schemas.errors import InvalidRequestError
 
 USER = {"role": "user", "content": "What is the weather in Oslo?"}
@@ -47,6 +49,7 @@ def req(**fields: Any) -> ChatCompletionRequest:
 def answer(**fields: Any) -> dict[str, Any]:
     body = complete_chat(req(**fields), "public-name", completion_id="chatcmpl-x", created=1)
     ChatCompletion.model_validate(body)  # the official client's type accepts it
+    assert OurResponse.model_validate(body).model_dump(exclude_unset=True) == body  # and our typed model, losslessly
     return body
 
 
@@ -269,6 +272,7 @@ def reassemble(chunks: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict
     usage = None
     for chunk in chunks:
         ChatCompletionChunk.model_validate(chunk)
+        assert OurChunk.model_validate(chunk).model_dump(exclude_unset=True) == chunk
         assert chunk["object"] == "chat.completion.chunk"
         if chunk["usage"] is not None:
             assert chunk["choices"] == [] and usage is None
