@@ -217,7 +217,7 @@ OPENAI_CHAT = ChatCapabilities.build(
 MOCK_CHAT = ChatCapabilities.build(
     N,
     {
-        **dict.fromkeys(VLLM_CHAT_EXTRAS, U),
+        **dict.fromkeys(VLLM_CHAT_EXTRAS - {"min_tokens", "ignore_eos"}, U),
         "modalities": U, "audio": U, "prediction": U, "web_search_options": U, "functions": U, "function_call": U,
     },
     {

@@ -19,7 +19,9 @@ unless the caller passes them.
 
 Honoured: ``max_completion_tokens``/``max_tokens`` (output cut, ``finish_reason`` ``"length"``;
 arguments cut mid-JSON, as a real server does), ``n``, ``stop`` (on text and JSON content),
-``logprobs``/``top_logprobs`` (chat shape, content tokens only), ``stream_options.include_usage``.
+``logprobs``/``top_logprobs`` (chat shape, content tokens only), ``stream_options.include_usage``,
+and for text replies vLLM's ``min_tokens`` and ``ignore_eos`` (the reply runs to the token limit:
+how benchmarks get fixed-length streams).
 Tokens: text is split into words and punctuation; prompt tokens are the words of every message
 plus 3 per message and 3 for the reply, roughly as OpenAI counts.
 
@@ -161,14 +163,15 @@ def _tool_plan(req: ChatCompletionRequest) -> tuple[list[FunctionTool], bool, bo
     return [], False, False  # "none", or only custom tools (the simulator does not call those)
 
 
-def _reply_text(req: ChatCompletionRequest, rng: random.Random) -> str:
+def _reply_text(req: ChatCompletionRequest, rng: random.Random, at_least: int) -> str:
     fmt = req.response_format
     if isinstance(fmt, JSONSchemaResponseFormat):
         return orjson.dumps(instance(fmt.json_schema.schema_ or {}, rng)).decode()
     if fmt is not None and fmt.type == "json_object":
         answer = " ".join(rng.choice(_VOCAB) for _ in range(rng.randint(2, 6)))
         return orjson.dumps({"answer": answer, "confidence": round(rng.uniform(0, 1), 2)}).decode()
-    words = [rng.choice(_VOCAB) for _ in range(rng.randint(5, 24))]
+    # ``at_least`` tokens: the word count plus the full stop (min_tokens / ignore_eos, for benchmarks).
+    words = [rng.choice(_VOCAB) for _ in range(max(rng.randint(5, 24), at_least - 1))]
     return " ".join([words[0].capitalize(), *words[1:]]) + "."
 
 
@@ -225,7 +228,9 @@ def _simulate(req: ChatCompletionRequest) -> tuple[list[_Choice], int, int]:
                     break
             completion_tokens += budget - left
         else:
-            tokens = _tokens(_reply_text(req, rng))
+            # ignore_eos: one token past the limit, so the reply ends by length as on a real server.
+            at_least = budget + 1 if req.ignore_eos else min(req.min_tokens or 0, budget)
+            tokens = _tokens(_reply_text(req, rng, at_least))
             generated, finish = len(tokens), "stop"
             if len(tokens) > budget:
                 tokens, generated, finish = tokens[:budget], budget, "length"

@@ -106,6 +106,19 @@ def test_max_tokens_cut_the_answer(name: str, limit: int) -> None:
     assert choice["message"]["content"] == "".join(e["token"] for e in choice["logprobs"]["content"])
 
 
+@pytest.mark.parametrize(("fields", "tokens", "finish"), [
+    ({"ignore_eos": True, "max_completion_tokens": 64}, 64, "length"),
+    ({"ignore_eos": True, "max_tokens": 200}, 200, "length"),
+    ({"min_tokens": 40}, 40, "stop"),
+    ({"min_tokens": 40, "max_tokens": 50}, 40, "stop"),
+])  # fmt: skip
+def test_min_tokens_and_ignore_eos_lengthen_text(fields: dict[str, Any], tokens: int, finish: str) -> None:
+    body = answer(**fields, seed=1)
+    assert body["choices"][0]["finish_reason"] == finish
+    assert body["usage"]["completion_tokens"] == tokens
+    assert len(answer(seed=1)["choices"][0]["message"]["content"].split()) < 25  # without them: a short reply
+
+
 def test_max_tokens_cut_tool_arguments() -> None:
     body = answer(tools=TOOLS, tool_choice="required", max_completion_tokens=4)
     [choice] = body["choices"]
@@ -262,6 +275,7 @@ STREAM_CASES: list[dict[str, Any]] = [
     {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
     {"response_format": {"type": "json_schema", "json_schema": {"name": "o", "schema": Order.model_json_schema()}}},
     {"max_completion_tokens": 2},
+    {"max_completion_tokens": 64, "ignore_eos": True},
     {"tools": TOOLS, "tool_choice": "required", "max_tokens": 5},
 ]
 
@@ -367,6 +381,7 @@ def test_parallel_calls_stream_one_after_the_other_with_stable_indices() -> None
     ("fields", "param"),
     [
         ({"top_k": 5}, "top_k"),
+        ({"ignore_eos": True, "min_tokens": 3}, None),
         ({"modalities": ["text", "audio"], "audio": {"voice": "a", "format": "wav"}}, "modalities"),
         ({"tools": [{"type": "custom", "custom": {"name": "g"}}]}, "tools"),
         ({"tools": TOOLS, "tool_choice": "required"}, None),
