@@ -1,0 +1,389 @@
+"""Which Chat Completions fields (and which *forms* of them) each backend type can honour, as frozen data.
+
+A chat table has three layers, all data (spec chat-protocol.md is the source of every entry):
+
+- ``fields``: a :class:`~backends.capabilities.Capabilities` with a level per field of
+  :class:`~schemas.chat.ChatCompletionRequest` (native / translated / emulated / unsupported);
+  an unsupported field is refused unless the client set it to its neutral "off" value.
+- ``forms``: levels for the *values* of a field whose shapes differ per backend, keyed
+  ``"field=form"``: ``tool_choice=required``, ``response_format=json_schema``,
+  ``messages=input_audio`` (a content-part type), ``tools=custom``, ``parallel_tool_calls=false``,
+  ``stream_options=include_obfuscation``, ``modalities=audio``. A form without an entry has its
+  field's level. :func:`request_forms` lists the forms a request uses.
+- ``limits``: an upper bound per integer field the backend caps lower than the schema
+  (TGI's ``top_logprobs`` <= 5), and ``exclusive``: field sets a backend refuses together
+  (TGI's ``response_format`` + ``tools``).
+
+:meth:`ChatCapabilities.first_refusal` names the field to put in the 400 (``param``), the
+key that matched (a field or a ``field=form``) and the reason to quote. Tables are built once
+per backend type (per vLLM version and tool parser: cached), never per request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
+from functools import lru_cache
+from types import MappingProxyType
+from typing import Any
+
+from backends.capabilities import Capabilities, Level
+from backends.vllm.versions import VLLMFeatures, VLLMVersion, refusal_reasons
+from schemas.chat import ChatCompletionRequest
+from schemas.chat_messages import TextResponseFormat
+
+__all__ = [
+    "CHAT_BOUNDARIES",
+    "CHAT_FIELDS",
+    "CHAT_NEUTRAL_VALUES",
+    "LLAMACPP_CHAT",
+    "MOCK_CHAT",
+    "OLLAMA_CHAT",
+    "OPENAI_CHAT",
+    "OPENAI_ONLY_FIELDS",
+    "TGI_CHAT",
+    "VLLM_CHAT_EXTRAS",
+    "ChatCapabilities",
+    "Exclusive",
+    "Refusal",
+    "VLLMChatFeatures",
+    "request_forms",
+    "vllm_chat_capabilities",
+]
+
+N, T, E, U = Level.NATIVE, Level.TRANSLATED, Level.EMULATED, Level.UNSUPPORTED
+
+CHAT_FIELDS: tuple[str, ...] = tuple(ChatCompletionRequest.model_fields)
+
+# Fields only OpenAI's own API does anything with (pitfall 24: refused elsewhere, never dropped).
+OPENAI_ONLY_FIELDS: frozenset[str] = frozenset(
+    {
+        "modalities", "verbosity", "web_search_options", "audio", "store", "prediction", "service_tier",
+        "safety_identifier", "prompt_cache_key", "metadata", "functions", "function_call",
+    }
+)  # fmt: skip
+
+VLLM_CHAT_EXTRAS: frozenset[str] = frozenset(CHAT_FIELDS[CHAT_FIELDS.index("echo") :])
+
+# Values that mean "off": set explicitly, they are no violation on a backend without the feature.
+CHAT_NEUTRAL_VALUES: Mapping[str, tuple[Any, ...]] = MappingProxyType(
+    {
+        "n": (1,), "logprobs": (False,), "store": (False,), "metadata": ({},), "logit_bias": ({},),
+        "frequency_penalty": (0.0,), "presence_penalty": (0.0,), "echo": (False,),
+        "add_generation_prompt": (True,), "continue_final_message": (False,), "add_special_tokens": (False,),
+        "top_k": (-1, 0), "min_p": (0.0,), "repetition_penalty": (1.0,), "length_penalty": (1.0,),
+        "stop_token_ids": ([],), "include_stop_str_in_output": (False,), "ignore_eos": (False,),
+        "min_tokens": (0,), "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),
+        "documents": ([],), "chat_template_kwargs": ({},), "priority": (0,), "modalities": (["text"],),
+    }
+)  # fmt: skip
+
+
+def request_forms(request: ChatCompletionRequest) -> Iterator[tuple[str, str]]:
+    """``(field, form)`` for every value-level form the request uses (schema order, repeats possible)."""
+    for message in request.messages:
+        content = getattr(message, "content", None)
+        if isinstance(content, list):
+            for part in content:
+                yield "messages", part.type
+                if part.type == "image_url" and not part.image_url.url.startswith("data:"):
+                    yield "messages", "remote_image_url"
+    if request.modalities is not None and "audio" in request.modalities:
+        yield "modalities", "audio"
+    if request.response_format is not None:
+        yield "response_format", request.response_format.type
+    if request.stream_options is not None:
+        for option in ("include_usage", "continuous_usage_stats"):
+            if getattr(request.stream_options, option) is not None:
+                yield "stream_options", option
+        if request.stream_options.include_obfuscation:  # false means "do not obfuscate": nothing to do
+            yield "stream_options", "include_obfuscation"
+    for tool in request.tools or ():
+        yield "tools", tool.type
+    choice = request.tool_choice
+    if isinstance(choice, str):
+        yield "tool_choice", choice
+    elif choice is not None:
+        yield "tool_choice", choice.type
+    if request.parallel_tool_calls is not None:
+        yield "parallel_tool_calls", "true" if request.parallel_tool_calls else "false"
+
+
+def _is_neutral(field: str, value: Any) -> bool:
+    if field == "response_format" and isinstance(value, TextResponseFormat):
+        return True  # plain text is every backend's default: nothing to honour
+    # Validation is strict, so a bool never stands for an int here and ``==`` is exact enough.
+    return value is None or any(value == candidate for candidate in CHAT_NEUTRAL_VALUES.get(field, ()))
+
+
+@dataclass(frozen=True, slots=True)
+class Exclusive:
+    """Fields a backend refuses together; the refusal names the last of them the request sets."""
+
+    fields: tuple[str, ...]
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    param: str  # the request field to name in the 400
+    key: str  # what matched: the field, ``field=form``, ``field>limit`` or ``a+b``
+    why: str | None  # the reason to quote, when more can be said than "not by this backend"
+
+
+@dataclass(frozen=True)
+class ChatCapabilities:
+    """A backend type's chat table; build with :meth:`build`."""
+
+    fields: Capabilities
+    forms: Mapping[str, Level] = dataclass_field(default_factory=lambda: MappingProxyType({}))
+    limits: Mapping[str, int] = dataclass_field(default_factory=lambda: MappingProxyType({}))
+    exclusive: tuple[Exclusive, ...] = ()
+    reasons: Mapping[str, str] = dataclass_field(default_factory=lambda: MappingProxyType({}))
+
+    @classmethod
+    def build(
+        cls,
+        default: Level,
+        levels: Mapping[str, Level],
+        forms: Mapping[str, Level] | None = None,
+        *,
+        limits: Mapping[str, int] | None = None,
+        exclusive: tuple[Exclusive, ...] = (),
+        reasons: Mapping[str, str] | None = None,
+    ) -> ChatCapabilities:
+        unknown = set(levels) - set(CHAT_FIELDS)
+        unknown |= {key.split("=")[0] for key in forms or {}} - set(CHAT_FIELDS)
+        unknown |= set(limits or {}) - set(CHAT_FIELDS)
+        if unknown:
+            raise ValueError(f"unknown chat request fields: {sorted(unknown)}")
+        table = {name: levels.get(name, default) for name in CHAT_FIELDS}
+        unsupported = frozenset(name for name, level in table.items() if level is U)
+        return cls(
+            Capabilities(MappingProxyType(table), unsupported),
+            MappingProxyType(dict(forms or {})),
+            MappingProxyType(dict(limits or {})),
+            exclusive,
+            MappingProxyType(dict(reasons or {})),
+        )
+
+    def level(self, field: str, form: str | None = None) -> Level:
+        if form is not None and (level := self.forms.get(f"{field}={form}")) is not None:
+            return level
+        return self.fields.level(field)
+
+    def first_refusal(self, request: ChatCompletionRequest) -> Refusal | None:
+        """The first thing the request asks that this backend cannot honour, if any.
+
+        Order: unsupported fields (schema order), then forms, limits and exclusive sets.
+        Cost: a set intersection plus one walk over the request's forms (a handful).
+        """
+        touched = self.fields.unsupported.intersection(request.model_fields_set)
+        for name in CHAT_FIELDS:
+            if name in touched and not _is_neutral(name, getattr(request, name)):
+                return Refusal(name, name, self.reasons.get(name))
+        for name, form in request_forms(request):
+            key = f"{name}={form}"
+            if self.forms.get(key) is U:
+                return Refusal(name, key, self.reasons.get(key))
+        for name, limit in self.limits.items():
+            value = getattr(request, name)
+            if isinstance(value, int) and value > limit:
+                return Refusal(name, f"{name}>{limit}", self.reasons.get(f"{name}>{limit}"))
+        for rule in self.exclusive:
+            present = [
+                f for f in rule.fields if getattr(request, f) is not False and not _is_neutral(f, getattr(request, f))
+            ]
+            if len(present) == len(rule.fields):
+                return Refusal(present[-1], "+".join(rule.fields), rule.why)
+        return None
+
+    def rows(self) -> Iterator[tuple[str, Level]]:
+        """Every field, then every form, with its level (for the README's matrix)."""
+        for name in CHAT_FIELDS:
+            yield name, self.fields.level(name)
+        yield from sorted(self.forms.items())
+
+
+# --- openai: everything OpenAI documents; vLLM's extras are not OpenAI's ----------------------
+
+OPENAI_CHAT = ChatCapabilities.build(
+    N, dict.fromkeys(VLLM_CHAT_EXTRAS, U), {"stream_options=continuous_usage_stats": U}
+)
+
+# --- mock: the chat simulator (backends.mock_chat); hints that change no simulated text are accepted
+
+MOCK_CHAT = ChatCapabilities.build(
+    N,
+    {
+        **dict.fromkeys(VLLM_CHAT_EXTRAS - {"min_tokens", "ignore_eos"}, U),
+        "modalities": U, "audio": U, "prediction": U, "web_search_options": U, "functions": U, "function_call": U,
+    },
+    {
+        "tools=custom": U, "tool_choice=custom": U, "stream_options=continuous_usage_stats": U,
+        "stream_options=include_obfuscation": U,
+    },
+)  # fmt: skip
+
+# --- TGI Messages API (v3.3.7): unlisted fields are unsupported -------------------------------
+
+TGI_CHAT = ChatCapabilities.build(
+    U,
+    {
+        "messages": N, "model": T, "max_completion_tokens": T, "frequency_penalty": N, "top_logprobs": N,
+        "response_format": T, "stream": N, "stop": N, "logprobs": N, "max_tokens": N, "n": E, "seed": N,
+        "stream_options": N, "temperature": N, "top_p": N, "tools": N, "tool_choice": N,
+        "parallel_tool_calls": N, "user": T,
+    },
+    {
+        "messages=input_audio": U, "messages=file": U, "tools=custom": U, "tool_choice=custom": U,
+        "tool_choice=allowed_tools": U, "stream_options=continuous_usage_stats": U,
+        "stream_options=include_obfuscation": U,
+    },
+    limits={"top_logprobs": 5},
+    exclusive=(Exclusive(("tools", "response_format"), "TGI refuses a grammar and tools together"),),
+    reasons={
+        "presence_penalty": "TGI turns presence_penalty into repetition_penalty = presence_penalty + 2",
+        "logit_bias": "TGI accepts logit_bias but does not apply it",
+        "top_logprobs>5": "TGI returns at most max_top_n_tokens (default 5) alternatives",
+    },
+)  # fmt: skip
+
+# --- Ollama native /api/chat: options{}, format, images[]; unlisted fields are unsupported ------
+
+OLLAMA_CHAT = ChatCapabilities.build(
+    U,
+    {
+        "messages": T, "model": T, "reasoning_effort": T, "max_completion_tokens": T, "frequency_penalty": T,
+        "presence_penalty": T, "top_logprobs": T, "response_format": T, "stream": T, "stop": T, "logprobs": T,
+        "max_tokens": T, "n": E, "seed": T, "stream_options": E, "temperature": T, "top_p": T, "tools": T,
+        "tool_choice": T, "parallel_tool_calls": N, "user": T, "top_k": T, "min_p": T, "repetition_penalty": T,
+    },
+    {
+        "messages=remote_image_url": U, "messages=input_audio": U, "messages=file": U, "tools=custom": U,
+        # Ollama has no tool_choice: "auto" is its only behaviour, "none" drops the tools.
+        "tool_choice=required": U, "tool_choice=function": U, "tool_choice=custom": U,
+        "tool_choice=allowed_tools": U, "parallel_tool_calls=false": U,
+        "stream_options=continuous_usage_stats": U, "stream_options=include_obfuscation": U,
+    },
+    reasons={
+        "messages=remote_image_url": "Ollama takes images only as data: URLs (base64)",
+        "tool_choice=required": "Ollama cannot force a tool call (it has no tool_choice)",
+        "tool_choice=function": "Ollama cannot force a tool call (it has no tool_choice)",
+        "parallel_tool_calls=false": "Ollama cannot limit a reply to one tool call",
+    },
+)  # fmt: skip
+
+# --- llama.cpp server /v1/chat/completions ----------------------------------------------------
+
+LLAMACPP_CHAT = ChatCapabilities.build(
+    U,
+    {
+        "messages": N, "model": T, "max_completion_tokens": T, "frequency_penalty": N, "presence_penalty": N,
+        "top_logprobs": N, "response_format": N, "stream": N, "stop": N, "logit_bias": N, "logprobs": N,
+        "max_tokens": N, "n": E, "seed": N, "stream_options": N, "temperature": N, "top_p": N, "tools": N,
+        "tool_choice": N, "parallel_tool_calls": N, "user": T, "top_k": N, "min_p": N, "repetition_penalty": T,
+        "ignore_eos": N,
+    },
+    {
+        "messages=file": U, "tools=custom": U,
+        # llama.cpp reads tool_choice as a string: an object silently falls back to "auto".
+        "tool_choice=function": U, "tool_choice=custom": U, "tool_choice=allowed_tools": U,
+        "stream_options=continuous_usage_stats": U, "stream_options=include_obfuscation": U,
+    },
+    exclusive=(
+        Exclusive(("logprobs", "tools", "stream"), "llama.cpp cannot stream logprobs together with tools"),
+    ),
+    reasons={
+        "tool_choice=function": "llama.cpp reads tool_choice as a string and would downgrade a named choice to auto",
+    },
+)  # fmt: skip
+
+
+# --- vLLM: per version and per tool parser -----------------------------------------------------
+
+# First version with each chat behaviour (spec "vLLM ChatCompletionRequest by version").
+CHAT_BOUNDARIES: dict[str, VLLMVersion] = {
+    "continue_final_message": VLLMVersion(0, 6, 3),  # and priority
+    "max_completion_tokens": VLLMVersion(0, 6, 4),  # and request_id; translated to max_tokens before
+    "tool_choice_none": VLLMVersion(0, 6, 4),  # PR #10000; 400 before
+    "tool_choice_required": VLLMVersion(0, 8, 3),
+    "reasoning_effort": VLLMVersion(0, 10, 1),
+    "parallel_tool_calls_false": VLLMVersion(0, 12, 0),  # keeps the first call; ignored before
+    "forced_tools_need_parser": VLLMVersion(0, 14, 0),  # PR #30613: named/required need a parser
+}
+
+
+@dataclass(frozen=True, slots=True)
+class VLLMChatFeatures:
+    """What one vLLM server (version and tool parser) does with the chat fields whose handling changed."""
+
+    base: VLLMFeatures
+    tool_parser: str | None  # the server's --tool-call-parser (backend key ``tool_parser``)
+
+    @classmethod
+    def of(cls, version: VLLMVersion | None, tool_parser: str | None = None) -> VLLMChatFeatures:
+        return cls(VLLMFeatures.of(version), tool_parser)
+
+    def since(self, boundary: str) -> bool | None:
+        """Whether the version has the behaviour; None when the version is unknown."""
+        version = self.base.version
+        return None if version is None else version >= CHAT_BOUNDARIES[boundary]
+
+
+@lru_cache(maxsize=64)
+def vllm_chat_capabilities(features: VLLMChatFeatures) -> ChatCapabilities:
+    """The chat table of one vLLM server (cached: computed once per feature set)."""
+    v = features.base.label
+    unknown = "the vLLM server's version is unknown (no GET /version answer and no `version:` pin)"
+    levels: dict[str, Level] = dict.fromkeys(OPENAI_ONLY_FIELDS, U)
+    forms: dict[str, Level] = {"messages=file": U, "tools=custom": U, "tool_choice=custom": U}
+    forms["tool_choice=allowed_tools"] = U
+    forms["stream_options=include_obfuscation"] = U
+    reasons = {k: w for k, w in refusal_reasons(features.base).items() if k in CHAT_FIELDS}
+    # vLLM >= 0.6.5 ignores unknown keys with HTTP 200: forwarding these would drop them silently.
+    reasons |= dict.fromkeys(OPENAI_ONLY_FIELDS, "an OpenAI-only field that vLLM ignores")
+    levels |= dict.fromkeys(reasons, U)
+    if features.base.structured_outputs:
+        levels |= dict.fromkeys(("guided_json", "guided_regex", "guided_choice", "guided_grammar"), T)
+    else:
+        levels["structured_outputs"] = U
+        reasons["structured_outputs"] = f"vLLM {v} has no structured_outputs field (from 0.11)"
+    if not features.base.greedy_n:
+        levels["n"] = E  # n > 1 with temperature 0: replicated greedy choice
+
+    def gate(key: str, boundary: str, level_before: Level = U) -> None:
+        has = features.since(boundary)
+        if has:
+            return
+        target = forms if "=" in key else levels
+        target[key] = level_before
+        if level_before is U:
+            since = CHAT_BOUNDARIES[boundary]
+            reasons[key] = unknown if has is None else f"vLLM {v} does not honour {key} (from {since})"
+
+    gate("max_completion_tokens", "max_completion_tokens", T)  # sent as max_tokens
+    # Older servers refuse these with 400 (extra=forbid through 0.6.4), so only a known-old
+    # version needs the gateway to refuse them; an unknown one answers for itself.
+    if features.since("max_completion_tokens") is False:
+        gate("request_id", "max_completion_tokens")
+    if features.since("continue_final_message") is False:
+        gate("continue_final_message", "continue_final_message")
+        gate("priority", "continue_final_message")
+    gate("reasoning_effort", "reasoning_effort")
+    gate("parallel_tool_calls=false", "parallel_tool_calls_false")
+    if features.since("tool_choice_none") is False:
+        gate("tool_choice=none", "tool_choice_none")
+    if features.since("tool_choice_required") is False:
+        gate("tool_choice=required", "tool_choice_required")
+    if features.tool_parser is None:
+        no_parser = "the vLLM server runs no tool parser (set the backend's `tool_parser:`)"
+        forms["tool_choice=auto"] = U
+        reasons["tool_choice=auto"] = no_parser
+        needs = features.since("forced_tools_need_parser")
+        for form in ("required", "function"):
+            if needs is not False and forms.get(f"tool_choice={form}") is not U:
+                forms[f"tool_choice={form}"] = U
+                reasons[f"tool_choice={form}"] = no_parser if needs else f"{no_parser}; {unknown}"
+    return ChatCapabilities.build(N, levels, forms, reasons=reasons)

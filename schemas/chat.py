@@ -1,0 +1,353 @@
+"""The Chat Completions API request: every field with its bounds, and the rules that tie them.
+
+Fields are listed in OpenAI's documented order (``CreateChatCompletionRequest``), then
+vLLM's chat extras (spec chat-protocol.md sections 1-2). Bounds live in ``Field``; rules
+that tie fields together are named ``model_validator``s that raise
+:class:`~schemas.errors.FieldRuleError` naming the offending field. Validation is strict
+(no ``"5"`` for an int, no ``1`` for a bool), unknown fields are refused by name, and every
+integer is bounded to int64 so that re-serialising a request for an upstream never fails.
+
+``null`` means "the default" for every optional field: :meth:`ChatCompletionRequest.upstream_fields`
+never forwards one. Messages, tools and formats live in :mod:`schemas.chat_messages`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
+
+from schemas.chat_messages import (
+    AllowedToolsChoice,
+    AssistantMessage,
+    ChatMessage,
+    FunctionDefinition,
+    FunctionTool,
+    NamedCustomChoice,
+    NamedFunctionChoice,
+    ResponseFormat,
+    TextPart,
+    Tool,
+    ToolChoice,
+    ToolMessage,
+)
+from schemas.chat_messages import FunctionCallChoice as FunctionCallChoice
+from schemas.completions import INT64_MAX
+from schemas.errors import FieldRuleError
+
+__all__ = [
+    "MAX_TOP_LOGPROBS",
+    "ChatCompletionRequest",
+    "ChatStreamOptions",
+    "StructuredOutputs",
+]
+
+INT64_MIN = -(2**63)
+MAX_TOP_LOGPROBS = 20
+MAX_STOP_SEQUENCES = 4
+MAX_TOOLS = 128  # OpenAI's limit on tools (and deprecated functions) per request
+
+Int64 = Annotated[StrictInt, Field(ge=INT64_MIN, le=INT64_MAX)]
+Count = Annotated[StrictInt, Field(ge=0, le=INT64_MAX)]
+TokenId = Annotated[StrictInt, Field(ge=0, le=INT64_MAX)]
+StopSequence = Annotated[str, Field(min_length=1)]
+NonEmpty = Annotated[str, Field(min_length=1)]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+UnitInterval = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+
+
+class ChatStreamOptions(_Strict):
+    include_usage: StrictBool | None = None
+    include_obfuscation: StrictBool | None = None
+    # vLLM extra: a usage object on every chunk.
+    continuous_usage_stats: StrictBool | None = None
+
+
+class AudioOutput(_Strict):
+    voice: NonEmpty  # a built-in voice name (OpenAI adds new ones; not enumerated here)
+    format: Literal["wav", "aac", "mp3", "flac", "opus", "pcm16"]
+
+
+class Prediction(_Strict):
+    type: Literal["content"]
+    content: str | Annotated[list[TextPart], Field(min_length=1)]
+
+
+class ApproximateLocation(_Strict):
+    city: str | None = None
+    country: str | None = None
+    region: str | None = None
+    timezone: str | None = None
+
+
+class UserLocation(_Strict):
+    type: Literal["approximate"]
+    approximate: ApproximateLocation
+
+
+class WebSearchOptions(_Strict):
+    search_context_size: Literal["low", "medium", "high"] | None = None
+    user_location: UserLocation | None = None
+
+
+class StructuredOutputs(_Strict):
+    """vLLM's ``structured_outputs`` (0.11+): exactly one constraint, plus its options."""
+
+    json_: str | dict[str, Any] | None = Field(default=None, alias="json")
+    regex: NonEmpty | None = None
+    choice: Annotated[list[NonEmpty], Field(min_length=1)] | None = None
+    grammar: NonEmpty | None = None
+    json_object: StrictBool | None = None
+    structural_tag: NonEmpty | None = None
+    disable_fallback: StrictBool | None = None
+    disable_any_whitespace: StrictBool | None = None
+    disable_additional_properties: StrictBool | None = None
+    whitespace_pattern: str | None = None
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False, populate_by_name=True)
+
+    @model_validator(mode="after")
+    def check_one_constraint(self) -> StructuredOutputs:
+        kinds = ("json_", "regex", "choice", "grammar", "json_object", "structural_tag")
+        set_kinds = [k.rstrip("_") for k in kinds if getattr(self, k) not in (None, False)]
+        if len(set_kinds) != 1:
+            raise FieldRuleError(
+                "structured_outputs",
+                f"structured_outputs needs exactly one of json, regex, choice, grammar, json_object, structural_tag; "
+                f"got {', '.join(set_kinds) or 'none'}",
+            )
+        return self
+
+
+Metadata = Annotated[
+    dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]], Field(max_length=16)
+]
+
+
+class ChatCompletionRequest(_Strict):
+    """``POST /v1/chat/completions``: OpenAI's fields, then vLLM's chat extras."""
+
+    # --- OpenAI (documented order) ---------------------------------------------------------
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    model: NonEmpty
+    modalities: Annotated[list[Literal["text", "audio"]], Field(min_length=1, max_length=2)] | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    max_completion_tokens: Count | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    web_search_options: WebSearchOptions | None = None
+    top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    response_format: ResponseFormat | None = None
+    audio: AudioOutput | None = None
+    store: StrictBool | None = None
+    stream: StrictBool | None = None
+    stop: StopSequence | Annotated[list[StopSequence], Field(min_length=1, max_length=MAX_STOP_SEQUENCES)] | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    logprobs: StrictBool | None = None
+    max_tokens: Count | None = None  # deprecated by OpenAI in favour of max_completion_tokens
+    n: Annotated[StrictInt, Field(ge=1, le=128)] | None = None
+    prediction: Prediction | None = None
+    seed: Int64 | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    stream_options: ChatStreamOptions | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: UnitInterval | None = None
+    tools: Annotated[list[Tool], Field(min_length=1, max_length=MAX_TOOLS)] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: StrictBool | None = None
+    user: str | None = None  # deprecated by OpenAI: safety_identifier and prompt_cache_key
+    safety_identifier: Annotated[str, Field(max_length=64)] | None = None
+    prompt_cache_key: str | None = None
+    metadata: Metadata | None = None
+    functions: Annotated[list[FunctionDefinition], Field(min_length=1, max_length=MAX_TOOLS)] | None = None
+    function_call: FunctionCallChoice | None = None
+
+    # --- vLLM chat extras -----------------------------------------------------------------
+    echo: StrictBool | None = None
+    add_generation_prompt: StrictBool | None = None
+    continue_final_message: StrictBool | None = None
+    add_special_tokens: StrictBool | None = None
+    documents: list[dict[str, str]] | None = None
+    chat_template: NonEmpty | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    top_k: Annotated[StrictInt, Field(ge=-1, le=INT64_MAX)] | None = None
+    min_p: UnitInterval | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None
+    length_penalty: float | None = None
+    stop_token_ids: list[TokenId] | None = None
+    include_stop_str_in_output: StrictBool | None = None
+    ignore_eos: StrictBool | None = None
+    min_tokens: Count | None = None
+    skip_special_tokens: StrictBool | None = None
+    spaces_between_special_tokens: StrictBool | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: NonEmpty | None = None
+    guided_choice: Annotated[list[NonEmpty], Field(min_length=1)] | None = None
+    guided_grammar: NonEmpty | None = None
+    guided_decoding_backend: NonEmpty | None = None
+    guided_whitespace_pattern: str | None = None
+    structured_outputs: StructuredOutputs | None = None
+    priority: Int64 | None = None
+    request_id: NonEmpty | None = None
+
+    # --- cross-field rules --------------------------------------------------------------------
+    @model_validator(mode="after")
+    def check_messages(self) -> ChatCompletionRequest:
+        for i, message in enumerate(self.messages):
+            if (
+                isinstance(message, AssistantMessage)
+                and message.content is None
+                and not (message.tool_calls or message.function_call or message.audio)
+            ):
+                raise FieldRuleError(
+                    "messages",
+                    f"messages[{i}]: an assistant message needs content unless it has tool_calls "
+                    "(or function_call / audio)",
+                )
+        return self
+
+    @model_validator(mode="after")
+    def check_max_tokens_pair(self) -> ChatCompletionRequest:
+        if self.max_tokens is not None and self.max_completion_tokens is not None:
+            raise FieldRuleError(
+                "max_tokens",
+                "max_tokens and max_completion_tokens cannot both be set; use max_completion_tokens",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_top_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise FieldRuleError("top_logprobs", "top_logprobs requires logprobs to be true")
+        return self
+
+    @model_validator(mode="after")
+    def check_stream_options(self) -> ChatCompletionRequest:
+        if self.stream_options is not None and not self.stream:
+            raise FieldRuleError("stream_options", "stream_options is only allowed when stream is true")
+        return self
+
+    @model_validator(mode="after")
+    def check_logit_bias_keys(self) -> ChatCompletionRequest:
+        for key in self.logit_bias or {}:
+            # str.isdigit() alone accepts superscripts and non-ASCII digits.
+            if not (key.isascii() and key.isdigit()):
+                raise FieldRuleError(
+                    "logit_bias", f"logit_bias keys must be token ids (non-negative integers as strings); got {key!r}"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def check_tools(self) -> ChatCompletionRequest:
+        names = [t.function.name if isinstance(t, FunctionTool) else t.custom.name for t in self.tools or ()]
+        duplicate = next((n for i, n in enumerate(names) if n in names[:i]), None)
+        if duplicate is not None:
+            raise FieldRuleError("tools", f"the names in tools must be unique; {duplicate!r} is given twice")
+        choice = self.tool_choice
+        if choice is not None and choice != "none" and not names:
+            raise FieldRuleError("tool_choice", "tool_choice is only allowed when tools are specified")
+        if self.parallel_tool_calls is not None and not names:
+            raise FieldRuleError("parallel_tool_calls", "parallel_tool_calls is only allowed when tools are specified")
+        named: list[NamedFunctionChoice | NamedCustomChoice] = []
+        if isinstance(choice, NamedFunctionChoice | NamedCustomChoice):
+            named = [choice]
+        elif isinstance(choice, AllowedToolsChoice):
+            named = list(choice.allowed_tools.tools)
+        kinds = {(t.type, t.function.name if isinstance(t, FunctionTool) else t.custom.name) for t in self.tools or ()}
+        for ref in named:
+            name = ref.function.name if isinstance(ref, NamedFunctionChoice) else ref.custom.name
+            if (ref.type, name) not in kinds:
+                raise FieldRuleError(
+                    "tool_choice", f"tool_choice names a {ref.type} tool {name!r} that is not in tools"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def check_functions(self) -> ChatCompletionRequest:
+        if self.function_call is None or self.function_call == "none":
+            return self
+        names = {f.name for f in self.functions or ()}
+        if not names:
+            raise FieldRuleError("function_call", "function_call is only allowed when functions are specified")
+        if not isinstance(self.function_call, str) and self.function_call.name not in names:
+            raise FieldRuleError("function_call", f"function_call names {self.function_call.name!r}, not in functions")
+        return self
+
+    @model_validator(mode="after")
+    def check_audio(self) -> ChatCompletionRequest:
+        if self.modalities is not None and "audio" in self.modalities and self.audio is None:
+            raise FieldRuleError("audio", "audio (voice and format) is required when modalities include 'audio'")
+        return self
+
+    @model_validator(mode="after")
+    def check_template_flags(self) -> ChatCompletionRequest:
+        if not self.continue_final_message:
+            return self
+        if self.add_generation_prompt:
+            raise FieldRuleError(
+                "continue_final_message",
+                "continue_final_message and add_generation_prompt cannot both be true",
+            )
+        if not isinstance(self.messages[-1], AssistantMessage):
+            raise FieldRuleError(
+                "continue_final_message", "continue_final_message needs the last message to be the assistant's"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_min_tokens(self) -> ChatCompletionRequest:
+        limit = self.max_output_tokens
+        if self.min_tokens and limit is not None and self.min_tokens > limit:
+            raise FieldRuleError(
+                "min_tokens", f"min_tokens ({self.min_tokens}) must be less than or equal to max tokens ({limit})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_one_constraint(self) -> ChatCompletionRequest:
+        """One output constraint at a time: guided_*, structured_outputs or a JSON response_format."""
+        set_guides = [
+            name
+            for name in ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
+            if getattr(self, name) is not None
+        ]
+        if self.response_format is not None and self.response_format.type == "text":
+            set_guides.remove("response_format")  # plain text constrains nothing
+        if self.structured_outputs is not None:
+            set_guides.append("structured_outputs")
+        if len(set_guides) > 1:
+            raise FieldRuleError(
+                set_guides[1], f"only one structured-output constraint may be set; got {', '.join(set_guides)}"
+            )
+        if self.guided_whitespace_pattern is not None and self.guided_json is None:
+            raise FieldRuleError("guided_whitespace_pattern", "guided_whitespace_pattern only applies with guided_json")
+        guided = [g for g in set_guides if g.startswith("guided_")]
+        if self.guided_decoding_backend is not None and not guided:
+            raise FieldRuleError(
+                "guided_decoding_backend",
+                "guided_decoding_backend needs one of guided_json, guided_regex, guided_choice or guided_grammar",
+            )
+        return self
+
+    # --- helpers for the request path ------------------------------------------------------------
+    def upstream_fields(self) -> dict[str, Any]:
+        """The fields the client set to a non-null value, as plain JSON-able data (wire names)."""
+        return self.model_dump(exclude_none=True, exclude_unset=True, by_alias=True)
+
+    @property
+    def effective_n(self) -> int:
+        return self.n or 1
+
+    @property
+    def max_output_tokens(self) -> int | None:
+        """The client's output limit, whichever of the two names carried it (never both)."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def tool_results(self) -> list[ToolMessage]:
+        return [m for m in self.messages if isinstance(m, ToolMessage)]
