@@ -102,8 +102,8 @@ _REQUEST_ID = {"x-request-id": {"description": "The request's id (also sent upst
 _EXAMPLE_MODEL = "your-model"  # the request example's model when the caller may see none
 
 
-def build_openapi(config: GatewayConfig, models: list[str] | None = None) -> dict[str, Any]:
-    """The document; ``models`` are the names the caller may see (default: every configured one)."""
+def build_openapi(config: GatewayConfig, visible: list[str] | None = None) -> dict[str, Any]:
+    """The document; ``visible`` are the model names the caller may see (default: every configured one)."""
     _, schemas = models_json_schema(
         [
             (CompletionRequest, "validation"),
@@ -115,7 +115,7 @@ def build_openapi(config: GatewayConfig, models: list[str] | None = None) -> dic
         ref_template=_REF,
     )
     components: dict[str, Any] = {"schemas": schemas["$defs"]}
-    names = [model.name for model in config.models] if models is None else models
+    names = [model.name for model in config.models] if visible is None else visible
     if names:
         components["schemas"]["CompletionRequest"]["properties"]["model"]["examples"] = names
 
@@ -234,7 +234,7 @@ def openapi_handler(config: GatewayConfig, keyring: KeyRing | None = None) -> Ha
 
         return openapi
 
-    anonymous = orjson.dumps(build_openapi(config, models=[]))
+    anonymous = orjson.dumps(build_openapi(config, visible=[]))
     configured = [model.name for model in config.models]
     per_key: dict[str, bytes] = {}  # built on a key's first request; bounded by the configured keys
 
