@@ -78,6 +78,7 @@ _REASONS = {
     404: "Unknown model",
     408: "The request body arrived too slowly",
     413: "The request body is too large",
+    415: "The request's Content-Encoding is not supported",
     429: "Rate limited (per key), the gateway at capacity, or the upstream's 429",
     500: "A gateway bug (details only in its log)",
     502: "The upstream failed or refused our credentials",
@@ -157,7 +158,7 @@ def build_openapi(config: GatewayConfig, visible: list[str] | None = None) -> di
                     "text/event-stream": {"schema": {"type": "string"}},
                 },
             },
-            **_errors(400, *((401, 403) if auth is not None else ()), 404, 408, 413, 429, 500, 502, 503, 504),
+            **_errors(400, *((401, 403) if auth is not None else ()), 404, 408, 413, 415, 429, 500, 502, 503, 504),
         },
     }
     models: dict[str, Any] = {
