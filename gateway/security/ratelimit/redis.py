@@ -1,227 +1,20 @@
-"""Per-key rate limits: token buckets for requests and tokens, and a cap on requests in flight.
-
-Each key with limits has up to three counters:
-
-- a **requests** bucket holding ``rpm`` and refilled at ``rpm`` per minute; a request takes 1;
-- a **tokens** bucket holding ``tpm`` and refilled at ``tpm`` per minute; a request reserves
-  its worst case (:func:`gateway.security.caps.reserve_tokens`) before the upstream call, and the
-  difference to its real usage is given back (or owed) when it ends (:meth:`LimitStore.release`);
-- **concurrency**: requests admitted and not yet released, at most ``max_concurrent``.
-
-A request is admitted only if every counter has room; otherwise nothing is taken and the
-:class:`Verdict` says which limit refused it and when to retry. Levels may go below zero
-when a request used more than it reserved (its prompt was under-estimated): the debt is
-repaid by the refill.
-
-Stores: :class:`MemoryStore` (one replica, O(1) per request, not thread-safe: one event
-loop) and :class:`RedisStore` (shared by replicas: each decision is one atomic Lua script
-on Redis's clock). When Redis fails or is slower than ``redis_timeout`` the Redis store
-logs one line, sets ``gateway_ratelimit_store_degraded`` to 1 and decides in a
-:class:`MemoryStore` of its own (limits then hold per replica) until a retry, every
-``redis_retry_interval`` seconds, finds Redis again. Requests are never failed because
-Redis is.
-"""
+"""Counters in Redis, shared by replicas (see :mod:`gateway.security.ratelimit`)."""
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-import os
 import time
-from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["LimitStore", "Limits", "MemoryStore", "RedisStore", "Reservation", "Verdict", "format_reset"]
+from gateway.security.ratelimit.base import Limits, LimitStore, Reservation, Verdict, new_lease
+from gateway.security.ratelimit.memory import MemoryStore
+
+__all__ = ["RedisStore"]
 
 log = logging.getLogger("gateway.ratelimit")
-
-_MINUTE = 60.0
-_CONCURRENCY_RETRY = 1.0  # seconds: a slot frees when some request ends; no better estimate
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    rpm: int | None = None
-    tpm: int | None = None
-    max_concurrent: int | None = None
-
-    @property
-    def any(self) -> bool:
-        return self.rpm is not None or self.tpm is not None or self.max_concurrent is not None
-
-
-@dataclass(slots=True)
-class Verdict:
-    """One admission decision, and the bucket levels after it (for the x-ratelimit-* headers).
-
-    ``reason`` when refused: ``requests``, ``tokens``, ``concurrency``, or ``too_large``
-    (the reservation exceeds ``tpm`` itself: waiting cannot help, so no ``retry_after``).
-    """
-
-    allowed: bool
-    requests_level: float
-    tokens_level: float
-    reason: str | None = None
-    retry_after: float | None = None
-
-    def headers(self, limits: Limits) -> dict[str, str]:
-        """OpenAI's ``x-ratelimit-*`` headers for the limits that are set."""
-        out: dict[str, str] = {}
-        rpm, tpm = limits.rpm, limits.tpm
-        if rpm is not None:
-            level = self.requests_level
-            out["x-ratelimit-limit-requests"] = str(rpm)
-            out["x-ratelimit-remaining-requests"] = str(int(level)) if level > 0 else "0"
-            out["x-ratelimit-reset-requests"] = format_reset((rpm - level) * _MINUTE / rpm)
-        if tpm is not None:
-            level = self.tokens_level
-            out["x-ratelimit-limit-tokens"] = str(tpm)
-            out["x-ratelimit-remaining-tokens"] = str(int(level)) if level > 0 else "0"
-            out["x-ratelimit-reset-tokens"] = format_reset((tpm - level) * _MINUTE / tpm)
-        return out
-
-
-def format_reset(seconds: float) -> str:
-    """Time until a bucket is full again, as OpenAI writes it: ``20ms``, ``1.5s``, ``6m0s``."""
-    ms = int(seconds * 1000 + 0.5)
-    if ms <= 0:
-        return "0s"
-    if ms < 1000:
-        return f"{ms}ms"
-    minutes, ms = divmod(ms, 60_000)
-    whole, frac = divmod(ms, 1000)
-    text = f"{whole}.{frac:03d}".rstrip("0").rstrip(".") if frac else str(whole)
-    return f"{minutes}m{text}s" if minutes else f"{text}s"
-
-
-@dataclass(slots=True)
-class Reservation:
-    """What one admitted request holds until :meth:`LimitStore.release` (exactly once)."""
-
-    store: LimitStore  # the store that admitted it (a degraded Redis store's fallback, maybe)
-    key: str
-    limits: Limits
-    tokens: int
-    lease: str = ""  # the concurrency slot's id in a shared store
-
-
-class LimitStore(ABC):
-    """Where the counters live. ``acquire``/``peek`` are awaited on the request path; ``release``
-    never blocks the response (a networked store finishes it in the background)."""
-
-    @abstractmethod
-    async def acquire(self, key: str, limits: Limits, tokens: int) -> tuple[Verdict, Reservation | None]:
-        """Admit a request reserving ``tokens``, or refuse it; a reservation only when admitted."""
-
-    @abstractmethod
-    def release(self, reservation: Reservation, used: int | None) -> None:
-        """End a request: free its concurrency slot and settle its tokens (``used`` None = the
-        upstream reported no usage: keep what was reserved)."""
-
-    @abstractmethod
-    async def peek(self, key: str, limits: Limits) -> Verdict:
-        """The current levels, taking nothing (headers of answers that reserved nothing)."""
-
-    async def close(self) -> None:  # noqa: B027 - optional hook
-        """Release connections; called once at shutdown."""
-
-
-class _Bucket:
-    __slots__ = ("level", "stamp")
-
-    def __init__(self, level: float, stamp: float) -> None:
-        self.level = level
-        self.stamp = stamp
-
-    def refill(self, capacity: int, now: float) -> float:
-        level = self.level + (now - self.stamp) * capacity / _MINUTE
-        self.level = level if level < capacity else float(capacity)
-        self.stamp = now
-        return self.level
-
-
-class _KeyState:
-    __slots__ = ("active", "requests", "tokens")
-
-    def __init__(self, limits: Limits, now: float) -> None:
-        self.requests = _Bucket(float(limits.rpm or 0), now)
-        self.tokens = _Bucket(float(limits.tpm or 0), now)
-        self.active = 0
-
-
-_lease_ids = itertools.count(1)
-_LEASE_PREFIX = os.urandom(6).hex()
-
-
-def _lease() -> str:
-    return f"{_LEASE_PREFIX}-{next(_lease_ids)}"
-
-
-class MemoryStore(LimitStore):
-    """Counters in this process: exact for one replica. ``clock`` returns seconds (monotonic)."""
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        self._keys: dict[str, _KeyState] = {}
-
-    def _state(self, key: str, limits: Limits, now: float) -> _KeyState:
-        state = self._keys.get(key)
-        if state is None:
-            state = self._keys[key] = _KeyState(limits, now)
-        return state
-
-    def decide(self, key: str, limits: Limits, tokens: int) -> tuple[Verdict, Reservation | None]:
-        now = self._clock()
-        state = self._state(key, limits, now)
-        rpm, tpm, most = limits.rpm, limits.tpm, limits.max_concurrent
-        requests = state.requests.refill(rpm, now) if rpm else 0.0
-        budget = state.tokens.refill(tpm, now) if tpm else 0.0
-        reason: str | None = None
-        wait: float | None = None
-        if most is not None and state.active >= most:
-            reason, wait = "concurrency", _CONCURRENCY_RETRY
-        elif rpm and requests < 1:
-            reason, wait = "requests", (1 - requests) * _MINUTE / rpm
-        elif tpm and tokens > tpm:
-            reason = "too_large"
-        elif tpm and budget < tokens:
-            reason, wait = "tokens", (tokens - budget) * _MINUTE / tpm
-        if reason is not None:
-            return Verdict(False, requests, budget, reason, wait), None
-        if rpm:
-            state.requests.level = requests = requests - 1
-        if tpm:
-            state.tokens.level = budget = budget - tokens
-        state.active += 1
-        return Verdict(True, requests, budget), Reservation(self, key, limits, tokens)
-
-    async def acquire(self, key: str, limits: Limits, tokens: int) -> tuple[Verdict, Reservation | None]:
-        return self.decide(key, limits, tokens)
-
-    def release(self, reservation: Reservation, used: int | None) -> None:
-        state = self._keys.get(reservation.key)
-        if state is None:
-            return
-        state.active = max(0, state.active - 1)
-        tpm = reservation.limits.tpm
-        if tpm and used is not None and used != reservation.tokens:
-            level = state.tokens.refill(tpm, self._clock()) + reservation.tokens - used
-            state.tokens.level = min(float(tpm), level)
-
-    def levels(self, key: str, limits: Limits) -> Verdict:
-        now = self._clock()
-        state = self._state(key, limits, now)
-        requests = state.requests.refill(limits.rpm, now) if limits.rpm else 0.0
-        budget = state.tokens.refill(limits.tpm, now) if limits.tpm else 0.0
-        return Verdict(True, requests, budget)
-
-    async def peek(self, key: str, limits: Limits) -> Verdict:
-        return self.levels(key, limits)
-
 
 # --- Redis ----------------------------------------------------------------------------------
 # Every script reads the time from Redis itself, so replicas whose clocks differ still share
@@ -396,7 +189,7 @@ class RedisStore(LimitStore):
     async def acquire(self, key: str, limits: Limits, tokens: int) -> tuple[Verdict, Reservation | None]:
         if not self._use_redis():
             return self.fallback.decide(key, limits, tokens)
-        lease = _lease()
+        lease = new_lease()
         args = [limits.rpm or 0, limits.tpm or 0, limits.max_concurrent or 0, tokens, lease, self._lease_ms]
         try:
             raw = await self._call(self._acquire, list(self._keys(key)), args)

@@ -1,0 +1,130 @@
+"""Per-key rate limits: token buckets for requests and tokens, and a cap on requests in flight.
+
+Each key with limits has up to three counters:
+
+- a **requests** bucket holding ``rpm`` and refilled at ``rpm`` per minute; a request takes 1;
+- a **tokens** bucket holding ``tpm`` and refilled at ``tpm`` per minute; a request reserves
+  its worst case (:func:`gateway.security.caps.reserve_tokens`) before the upstream call, and the
+  difference to its real usage is given back (or owed) when it ends (:meth:`LimitStore.release`);
+- **concurrency**: requests admitted and not yet released, at most ``max_concurrent``.
+
+A request is admitted only if every counter has room; otherwise nothing is taken and the
+:class:`Verdict` says which limit refused it and when to retry. Levels may go below zero
+when a request used more than it reserved (its prompt was under-estimated): the debt is
+repaid by the refill.
+
+Stores: :class:`MemoryStore` (one replica, O(1) per request, not thread-safe: one event
+loop) and :class:`RedisStore` (shared by replicas: each decision is one atomic Lua script
+on Redis's clock). When Redis fails or is slower than ``redis_timeout`` the Redis store
+logs one line, sets ``gateway_ratelimit_store_degraded`` to 1 and decides in a
+:class:`MemoryStore` of its own (limits then hold per replica) until a retry, every
+``redis_retry_interval`` seconds, finds Redis again. Requests are never failed because
+Redis is.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+__all__ = ["CONCURRENCY_RETRY", "MINUTE", "LimitStore", "Limits", "Reservation", "Verdict", "format_reset", "new_lease"]
+
+MINUTE = 60.0
+CONCURRENCY_RETRY = 1.0  # seconds: a slot frees when some request ends; no better estimate
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    rpm: int | None = None
+    tpm: int | None = None
+    max_concurrent: int | None = None
+
+    @property
+    def any(self) -> bool:
+        return self.rpm is not None or self.tpm is not None or self.max_concurrent is not None
+
+
+@dataclass(slots=True)
+class Verdict:
+    """One admission decision, and the bucket levels after it (for the x-ratelimit-* headers).
+
+    ``reason`` when refused: ``requests``, ``tokens``, ``concurrency``, or ``too_large``
+    (the reservation exceeds ``tpm`` itself: waiting cannot help, so no ``retry_after``).
+    """
+
+    allowed: bool
+    requests_level: float
+    tokens_level: float
+    reason: str | None = None
+    retry_after: float | None = None
+
+    def headers(self, limits: Limits) -> dict[str, str]:
+        """OpenAI's ``x-ratelimit-*`` headers for the limits that are set."""
+        out: dict[str, str] = {}
+        rpm, tpm = limits.rpm, limits.tpm
+        if rpm is not None:
+            level = self.requests_level
+            out["x-ratelimit-limit-requests"] = str(rpm)
+            out["x-ratelimit-remaining-requests"] = str(int(level)) if level > 0 else "0"
+            out["x-ratelimit-reset-requests"] = format_reset((rpm - level) * MINUTE / rpm)
+        if tpm is not None:
+            level = self.tokens_level
+            out["x-ratelimit-limit-tokens"] = str(tpm)
+            out["x-ratelimit-remaining-tokens"] = str(int(level)) if level > 0 else "0"
+            out["x-ratelimit-reset-tokens"] = format_reset((tpm - level) * MINUTE / tpm)
+        return out
+
+
+def format_reset(seconds: float) -> str:
+    """Time until a bucket is full again, as OpenAI writes it: ``20ms``, ``1.5s``, ``6m0s``."""
+    ms = int(seconds * 1000 + 0.5)
+    if ms <= 0:
+        return "0s"
+    if ms < 1000:
+        return f"{ms}ms"
+    minutes, ms = divmod(ms, 60_000)
+    whole, frac = divmod(ms, 1000)
+    text = f"{whole}.{frac:03d}".rstrip("0").rstrip(".") if frac else str(whole)
+    return f"{minutes}m{text}s" if minutes else f"{text}s"
+
+
+@dataclass(slots=True)
+class Reservation:
+    """What one admitted request holds until :meth:`LimitStore.release` (exactly once)."""
+
+    store: LimitStore  # the store that admitted it (a degraded Redis store's fallback, maybe)
+    key: str
+    limits: Limits
+    tokens: int
+    lease: str = ""  # the concurrency slot's id in a shared store
+
+
+class LimitStore(ABC):
+    """Where the counters live. ``acquire``/``peek`` are awaited on the request path; ``release``
+    never blocks the response (a networked store finishes it in the background)."""
+
+    @abstractmethod
+    async def acquire(self, key: str, limits: Limits, tokens: int) -> tuple[Verdict, Reservation | None]:
+        """Admit a request reserving ``tokens``, or refuse it; a reservation only when admitted."""
+
+    @abstractmethod
+    def release(self, reservation: Reservation, used: int | None) -> None:
+        """End a request: free its concurrency slot and settle its tokens (``used`` None = the
+        upstream reported no usage: keep what was reserved)."""
+
+    @abstractmethod
+    async def peek(self, key: str, limits: Limits) -> Verdict:
+        """The current levels, taking nothing (headers of answers that reserved nothing)."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections; called once at shutdown."""
+
+
+_lease_ids = itertools.count(1)
+_LEASE_PREFIX = os.urandom(6).hex()
+
+
+def new_lease() -> str:
+    return f"{_LEASE_PREFIX}-{next(_lease_ids)}"
