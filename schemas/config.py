@@ -576,8 +576,9 @@ class AuthConfig(_Strict):
     redis_timeout: Annotated[float, Field(gt=0, le=60)] = 0.25
     # Seconds between attempts to get back to Redis during an outage.
     redis_retry_interval: Annotated[float, Field(gt=0, le=3600)] = 5.0
-    # Seconds a concurrency slot held in Redis lives if its replica dies before releasing it.
-    concurrency_lease: Annotated[float, Field(gt=0, le=86400)] = 900.0
+    # Seconds a concurrency slot held in Redis lives if its replica dies before releasing it; the
+    # replica renews its slots every third of this while their requests run.
+    concurrency_lease: Annotated[float, Field(gt=0, le=86400)] = 30.0
 
     @field_validator("metrics_key")
     @classmethod
