@@ -87,7 +87,7 @@ def _add_routes(app: web.Application, config: GatewayConfig, guard: RequestGuard
     app.router.add_get("/ready", ready)  # readiness, separate from liveness: gateway.http.probes
     metrics_digest = guard.keyring.metrics_digest if guard.keyring is not None else None
     app.router.add_get("/metrics", protect(handlers.metrics, metrics_digest) if metrics_digest else handlers.metrics)
-    app.router.add_get("/openapi.json", openapi_handler(config))
+    app.router.add_get("/openapi.json", openapi_handler(config, guard.keyring))
     if guard.store is not None:
         app.on_response_prepare.append(guard.on_prepare)
         app.on_cleanup.append(_close_guard)

@@ -2,12 +2,16 @@
 
 On the signal:
 
-1. ``/health`` answers 503 ``draining`` at once, and for ``server.drain_delay`` seconds
-   the gateway keeps accepting, so a load balancer sees it leave before connections are
-   refused;
-2. it stops listening and closes idle keep-alive connections (busy ones close after
-   their current request);
-3. in-flight completions and streams get up to ``server.drain_timeout`` seconds to finish;
+1. ``/health`` answers 503 ``draining`` at once, and every answer from then on carries
+   ``Connection: close``, so a client that has just sent its next request on a keep-alive
+   connection gets it answered and then reconnects elsewhere; for ``server.drain_delay``
+   seconds the gateway keeps accepting, so a load balancer sees it leave before connections
+   are refused;
+2. it stops listening; a keep-alive connection is closed under its client only once it has
+   been idle for a short grace (``_IDLE_GRACE``, at most the drain timeout) since its last
+   answer: closing an idle connection at once loses a request already on the wire;
+3. in-flight completions and streams get up to ``server.drain_timeout`` seconds to finish
+   (the drain ends sooner once no connection is left);
 4. those still running are cancelled: a stream ends with an SSE error event
    (``gateway_shutting_down``) and ``data: [DONE]``, a request still waiting gets a 503,
    never a bare cut;
@@ -25,11 +29,18 @@ import signal
 
 from aiohttp import web
 
-from gateway.state import STATE
+from gateway.http.protocol import FrontDoorRunner
+from gateway.state import STATE, InFlight
 
 __all__ = ["serve"]
 
 log = logging.getLogger("gateway")
+
+# Seconds a keep-alive connection may sit idle during a drain before it is closed under its client:
+# a busy client sends its next request within milliseconds of an answer and gets "Connection:
+# close" on it; one idle longer is treated as gone.
+_IDLE_GRACE = 2.0
+_TICK = 0.05
 
 
 async def serve(
@@ -44,7 +55,7 @@ async def serve(
     """Serve the gateway ``app`` until SIGTERM or SIGINT, then drain as the module docstring says."""
     state = app[STATE]
     in_flight = state.in_flight
-    runner = web.AppRunner(
+    runner = FrontDoorRunner(  # malformed HTTP answered in our envelope; Connection: close while draining
         app, handle_signals=False, handler_cancellation=True, access_log=access_log, shutdown_timeout=1.0
     )
     await runner.setup()
@@ -58,21 +69,36 @@ async def serve(
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         state.draining = True  # /health answers 503 from now on
+        runner.start_draining()  # every answer closes its connection
+        drain_deadline = loop.time() + drain_delay + drain_timeout
         log.info(
             "shutting down: %d request(s) in flight; draining for up to %.0fs (after a %.0fs delay)",
             len(in_flight),
             drain_timeout,
             drain_delay,
         )
+        grace = min(_IDLE_GRACE, drain_timeout)
         if drain_delay > 0:
-            await asyncio.sleep(drain_delay)
+            await _settle(runner, in_flight, loop.time() + drain_delay, grace, until_quiet=False)
         await site.stop()  # no new connections
-        if runner.server is not None:
-            runner.server.pre_shutdown()  # idle keep-alive connections close now, busy ones after their request
-        if not await in_flight.wait_idle(drain_timeout):
+        if not await _settle(runner, in_flight, drain_deadline, grace, until_quiet=True):
             log.warning("drain timeout: ending %d request(s) still in flight", len(in_flight))
             await in_flight.cancel_all()
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
         await runner.cleanup()  # on_shutdown, then cleanup_ctx: probes, upstream clients
+
+
+async def _settle(
+    runner: FrontDoorRunner, in_flight: InFlight, until: float, grace: float, *, until_quiet: bool
+) -> bool:
+    """Close connections idle for ``grace`` until the loop time ``until`` (or, with ``until_quiet``,
+    until nothing is in flight and no connection is open). True when nothing is in flight at the end."""
+    loop = asyncio.get_running_loop()
+    while loop.time() < until:
+        runner.close_idle(grace)
+        if until_quiet and not len(in_flight) and not runner.open_connections():
+            return True
+        await asyncio.sleep(min(_TICK, max(0.0, until - loop.time())))
+    return not len(in_flight)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import re
 from typing import Annotated, Literal
 
 from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
@@ -138,6 +139,47 @@ class _BackendBase(_Strict):
         return value
 
 
+# A header name is an RFC 9110 token; a value may hold visible characters, spaces and tabs only
+# (CR/LF would split the request, NUL is refused by every HTTP stack at send time).
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_HEADER_VALUE_BAD = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+# Set by the HTTP client or by the gateway on every upstream request: a configured copy would be
+# sent as a duplicate (or contradict the framing).
+_MANAGED_HEADERS = frozenset(
+    {
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "upgrade",
+        "te",
+        "trailer",
+        "expect",
+        "content-type",
+        "x-request-id",
+    }
+)
+
+
+def _check_headers(headers: dict[str, SecretStr]) -> dict[str, SecretStr]:
+    """Refuse header names that could not be sent once and as written; values are never echoed."""
+    seen: dict[str, str] = {}
+    for name, value in headers.items():
+        if not _HEADER_NAME.match(name):
+            raise ValueError(f"header name {name!r} is not a valid HTTP token (no spaces, colons or controls)")
+        lower = name.lower()
+        if lower in _MANAGED_HEADERS:
+            raise ValueError(f"header {name!r} is set by the gateway or its HTTP client and cannot be configured")
+        if lower in seen:
+            raise ValueError(f"header {name!r} is given twice (also as {seen[lower]!r}); names are case-insensitive")
+        seen[lower] = name
+        if _HEADER_VALUE_BAD.search(value.get_secret_value()):
+            raise ValueError(f"the value of header {name!r} contains a control character (CR, LF, NUL...)")
+    return headers
+
+
 class HTTPUpstreamConfig(_BackendBase):
     """What every backend reached over HTTP shares: where, credentials, timeouts, pool, client."""
 
@@ -159,6 +201,17 @@ class HTTPUpstreamConfig(_BackendBase):
         if value is not None and (value.query or value.fragment):
             raise ValueError("base_url must not carry a query string or fragment")
         return value
+
+    @field_validator("headers")
+    @classmethod
+    def _sendable_headers(cls, value: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        return _check_headers(value)
+
+    @model_validator(mode="after")
+    def _one_authorization(self) -> HTTPUpstreamConfig:
+        if self.api_key is not None and any(name.lower() == "authorization" for name in self.headers):
+            raise ValueError("give the upstream credential once, as api_key or as an Authorization header")
+        return self
 
 
 class _HTTPBackendBase(HTTPUpstreamConfig):
@@ -529,8 +582,9 @@ class AuthConfig(_Strict):
     redis_timeout: Annotated[float, Field(gt=0, le=60)] = 0.25
     # Seconds between attempts to get back to Redis during an outage.
     redis_retry_interval: Annotated[float, Field(gt=0, le=3600)] = 5.0
-    # Seconds a concurrency slot held in Redis lives if its replica dies before releasing it.
-    concurrency_lease: Annotated[float, Field(gt=0, le=86400)] = 900.0
+    # Seconds a concurrency slot held in Redis lives if its replica dies before releasing it; the
+    # replica renews its slots every third of this while their requests run.
+    concurrency_lease: Annotated[float, Field(gt=0, le=86400)] = 30.0
 
     @field_validator("metrics_key")
     @classmethod

@@ -25,6 +25,7 @@ from aiohttp import web
 
 from gateway.app import create_app
 from gateway.configfile import parse_config
+from gateway.http.protocol import FrontDoorRunner
 from tests.fakes import FakeUpstream
 
 OPENAI_MODEL = "gpt-test"
@@ -121,7 +122,7 @@ async def fake_upstream() -> AsyncIterator[FakeUpstream]:
 
 async def serve_app(app: web.Application) -> tuple[web.AppRunner, str]:
     """Serve ``app`` on a free loopback port like ``gateway serve`` does; the caller cleans up the runner."""
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = FrontDoorRunner(app, handler_cancellation=True, access_log=None)  # gateway serve's runner
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

@@ -12,8 +12,13 @@
   that long after the headers is answered 408 and the connection closed (after at most as
   long again, aiohttp's lingering read). The common case, a body that came with its
   headers, takes no timer at all.
-- The body size (``max_body_bytes``, 413) is aiohttp's ``client_max_size``; the prompt-array
-  bound is :class:`gateway.security.caps.Caps`.
+- The body size (``max_body_bytes``, 413) is aiohttp's ``client_max_size``, counted after
+  aiohttp has inflated a ``gzip``/``deflate`` body, so a decompression bomb stops at the same
+  limit; the prompt-array bound is :class:`gateway.security.caps.Caps`.
+- A body that does not decode per its ``Content-Encoding`` is a 400
+  (``invalid_content_encoding``), a coding other than identity, gzip and deflate a 415
+  (``unsupported_content_encoding``): aiohttp passes unknown codings through undecoded, which
+  would otherwise reach the JSON parser as garbage, or as JSON the client did not mean.
 - Secrets never leave in an error body: every secret of a loaded config (each ``SecretStr``
   in it, and the password of a Redis URL) is registered by :func:`register_secrets`, and
   :func:`redact` replaces them in an error body before it is sent (an upstream may echo our
@@ -27,13 +32,15 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
-from aiohttp import web
+from aiohttp import hdrs, web
+from aiohttp.http_exceptions import HttpProcessingError
 from pydantic import BaseModel, SecretStr
 
+from gateway.http.protocol import UNSUPPORTED_ENCODING, malformed_message
 from schemas.config import ServerConfig
 from schemas.errors import GatewayError
 
-__all__ = ["RequestTimeoutError", "handler_args", "read_body", "redact", "register_secrets"]
+__all__ = ["BodyEncodingError", "RequestTimeoutError", "handler_args", "read_body", "redact", "register_secrets"]
 
 _LINGERING = 10.0  # aiohttp's default
 _REDACTED = b"[redacted]"
@@ -46,6 +53,19 @@ class RequestTimeoutError(GatewayError):
     status = 408
     type = "invalid_request_error"
     code = "request_timeout"
+
+
+class BodyEncodingError(GatewayError):
+    """The body's ``Content-Encoding`` is unknown (415) or the body does not decode per it (400)."""
+
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_content_encoding"
+
+
+# What aiohttp inflates itself (br and zstd only with optional libraries: it refuses them at
+# the header otherwise, see gateway.http.protocol); "identity" is no coding at all.
+_DECODED = frozenset({"", "identity", "gzip", "deflate", "br", "zstd"})
 
 
 def handler_args(server: ServerConfig) -> dict[str, Any]:
@@ -62,12 +82,20 @@ def handler_args(server: ServerConfig) -> dict[str, Any]:
 
 
 async def read_body(request: web.Request, seconds: float) -> bytes:
-    """The whole body, or 408 when it takes longer than ``seconds`` to arrive."""
-    if request.content.is_eof():  # all of it is buffered already: no timer needed
-        return await request.read()
+    """The whole body (inflated), 408 when it takes longer than ``seconds`` to arrive, 400/415
+    when its ``Content-Encoding`` is unknown or wrong (the parser's message, which may quote the
+    body, is never passed on)."""
+    coding = request.headers.get(hdrs.CONTENT_ENCODING, "").strip().lower()
+    if coding not in _DECODED:
+        raise BodyEncodingError(UNSUPPORTED_ENCODING, status=415, code="unsupported_content_encoding")
     try:
+        if request.content.is_eof():  # all of it is buffered already: no timer needed
+            return await request.read()
         async with asyncio.timeout(seconds):
             return await request.read()
+    except (HttpProcessingError, web.RequestPayloadError) as exc:
+        status, message, code = malformed_message(exc, 400)
+        raise BodyEncodingError(message, status=status, code=code) from None
     except TimeoutError:
         # The connection is mid-body: answer, then close it rather than keep it alive.
         request.protocol.close()

@@ -3,8 +3,14 @@
 The request body is :class:`~schemas.completions.CompletionRequest`'s own JSON schema (the
 one that validates requests), the answers are the response models and
 :class:`~schemas.errors.ErrorEnvelope`. The document is built once per app from the config
-(the configured model names are the ``model`` examples; the security schemes appear when
-auth is on) and served as ready bytes. Schemathesis runs against it in the tests.
+(the security schemes appear when auth is on) and served as ready bytes. Schemathesis runs
+against it in the tests.
+
+The configured model names are the ``model`` examples only where the caller may see them, as
+``GET /v1/models`` decides: with auth off, all of them; with auth on, none for an anonymous
+caller (or one with an unknown key: the document itself needs no key) and, for a valid key,
+only the models that key may use. A model name can be a secret of its own (a customer's
+fine-tune), so the document never lists one the caller could not list otherwise.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from aiohttp.typedefs import Handler
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from gateway.security.auth import AuthenticationError, KeyRing, presented_key
 from schemas.completions import CompletionRequest, CompletionResponse
 from schemas.config import GatewayConfig
 from schemas.errors import ErrorEnvelope
@@ -71,6 +78,7 @@ _REASONS = {
     404: "Unknown model",
     408: "The request body arrived too slowly",
     413: "The request body is too large",
+    415: "The request's Content-Encoding is not supported",
     429: "Rate limited (per key), the gateway at capacity, or the upstream's 429",
     500: "A gateway bug (details only in its log)",
     502: "The upstream failed or refused our credentials",
@@ -92,7 +100,11 @@ _RATE_HEADERS = {
 _REQUEST_ID = {"x-request-id": {"description": "The request's id (also sent upstream)", "schema": {"type": "string"}}}
 
 
-def build_openapi(config: GatewayConfig) -> dict[str, Any]:
+_EXAMPLE_MODEL = "your-model"  # the request example's model when the caller may see none
+
+
+def build_openapi(config: GatewayConfig, visible: list[str] | None = None) -> dict[str, Any]:
+    """The document; ``visible`` are the model names the caller may see (default: every configured one)."""
     _, schemas = models_json_schema(
         [
             (CompletionRequest, "validation"),
@@ -104,9 +116,9 @@ def build_openapi(config: GatewayConfig) -> dict[str, Any]:
         ref_template=_REF,
     )
     components: dict[str, Any] = {"schemas": schemas["$defs"]}
-    names = [model.name for model in config.models]
-    request_schema = components["schemas"]["CompletionRequest"]
-    request_schema["properties"]["model"]["examples"] = names
+    names = [model.name for model in config.models] if visible is None else visible
+    if names:
+        components["schemas"]["CompletionRequest"]["properties"]["model"]["examples"] = names
 
     auth = config.auth
     api_security: list[dict[str, list[str]]] = []
@@ -129,7 +141,11 @@ def build_openapi(config: GatewayConfig) -> dict[str, Any]:
             "content": {
                 "application/json": {
                     "schema": _ref("CompletionRequest"),
-                    "example": {"model": names[0], "prompt": "Say this is a test", "max_tokens": 8},
+                    "example": {
+                        "model": names[0] if names else _EXAMPLE_MODEL,
+                        "prompt": "Say this is a test",
+                        "max_tokens": 8,
+                    },
                 }
             },
         },
@@ -142,7 +158,7 @@ def build_openapi(config: GatewayConfig) -> dict[str, Any]:
                     "text/event-stream": {"schema": {"type": "string"}},
                 },
             },
-            **_errors(400, *((401, 403) if auth is not None else ()), 404, 408, 413, 429, 500, 502, 503, 504),
+            **_errors(400, *((401, 403) if auth is not None else ()), 404, 408, 413, 415, 429, 500, 502, 503, 504),
         },
     }
     models: dict[str, Any] = {
@@ -209,10 +225,31 @@ def build_openapi(config: GatewayConfig) -> dict[str, Any]:
     }
 
 
-def openapi_handler(config: GatewayConfig) -> Handler:
-    body = orjson.dumps(build_openapi(config))
+def openapi_handler(config: GatewayConfig, keyring: KeyRing | None = None) -> Handler:
+    """The route's handler; ``keyring`` when auth is on (the model names then follow the key)."""
+    if keyring is None:
+        body = orjson.dumps(build_openapi(config))
 
-    async def openapi(request: web.Request) -> web.Response:
+        async def openapi(request: web.Request) -> web.Response:
+            return web.Response(body=body, content_type="application/json")
+
+        return openapi
+
+    anonymous = orjson.dumps(build_openapi(config, visible=[]))
+    configured = [model.name for model in config.models]
+    per_key: dict[str, bytes] = {}  # built on a key's first request; bounded by the configured keys
+
+    async def openapi_with_auth(request: web.Request) -> web.Response:
+        body = anonymous
+        if presented_key(request.headers) is not None:
+            try:
+                key = keyring.identify(request.headers)
+            except AuthenticationError:
+                pass  # an unknown key sees what an anonymous caller sees
+            else:
+                body = per_key.get(key.name) or per_key.setdefault(
+                    key.name, orjson.dumps(build_openapi(config, [n for n in configured if n in key.models]))
+                )
         return web.Response(body=body, content_type="application/json")
 
-    return openapi
+    return openapi_with_auth

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 _FORK = """
 import json, os
-from gateway.security.ratelimit import _lease
+from gateway.security.ratelimit.base import new_lease as _lease
 from gateway.http.request_id import new_request_id
 
 def ids():

@@ -95,6 +95,7 @@ async def test_concurrency_shared_and_leases_expire(redis_server: RedisServer) -
         lost = await eventually_acquired(two, limits)  # the release runs in the background
         assert lost is not None  # and never released, as if its replica died
         assert (await one.acquire("k", limits, 0))[0].reason == "concurrency"
+        await two.close()  # the replica dies: its renewals stop
         # The lease's expiry is Redis's own clock: wait for it, refused attempts hold nothing.
         assert await eventually_acquired(one, limits) is not None  # the dead replica's lease expired
     finally:
