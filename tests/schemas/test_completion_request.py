@@ -462,3 +462,20 @@ def test_prompt_logprobs_not_with_stream() -> None:
 def test_structured_outputs_json_keeps_its_wire_name() -> None:
     request = make("json", structured_outputs={"json": {"type": "object"}, "disable_fallback": True})
     assert request.upstream_fields()["structured_outputs"] == {"json": {"type": "object"}, "disable_fallback": True}
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b'{"model": "m", "prompt": "x", "max_tokens": 18446744073709551616}', "max_tokens"),
+        (b'{"model": "m", "prompt": [18446744073709551616]}', "prompt"),
+        (b'{"model": "m", "prompt": "x", "guided_json": {"maximum": 18446744073709551616}}', "guided_json"),
+    ],
+)
+def test_huge_integers_are_a_400_naming_the_field_at_the_door(body: bytes, param: str) -> None:
+    from gateway.http.validation import parse_completion_request
+    from schemas.errors import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError) as caught:
+        parse_completion_request(body)
+    assert caught.value.status == 400 and caught.value.param == param
