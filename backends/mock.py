@@ -44,6 +44,7 @@ import orjson
 
 from backends.base import Backend, CompletionResult, CompletionStream, TokenUsage, UpstreamCall
 from backends.capabilities import Capabilities, Level
+from backends.native.common import first_stop
 from schemas.completions import DEFAULT_MAX_TOKENS, VLLM_EXTRA_FIELDS, CompletionRequest, Prompt
 from schemas.config import MockBackendConfig
 from schemas.errors import InvalidRequestError
@@ -52,7 +53,7 @@ __all__ = ["MOCK_CAPABILITIES", "MOCK_CONTEXT_LENGTH", "MockBackend", "MockStrea
 
 MOCK_CAPABILITIES = Capabilities.of(
     Level.NATIVE, **dict.fromkeys(VLLM_EXTRA_FIELDS, Level.UNSUPPORTED), suffix=Level.UNSUPPORTED
-)
+).with_limits({"logprobs": 5})  # OpenAI's bound, which the mock imitates
 MOCK_CONTEXT_LENGTH = 8192  # simulated max_model_len: bounds the work one request can ask for
 FINGERPRINT = "mock-simulator"
 
@@ -139,16 +140,6 @@ def _prompt_len(prompt: str | list[int]) -> int:
     return max(1, len(prompt.split())) if isinstance(prompt, str) else len(prompt)
 
 
-def _first_stop(text: str, stops: list[str]) -> tuple[int, int] | None:
-    """``(start, end)`` of the stop match that completes first in ``text``, if any."""
-    best: tuple[int, int] | None = None
-    for stop in stops:
-        start = text.find(stop)
-        if start >= 0 and (best is None or start + len(stop) < best[1]):
-            best = (start, start + len(stop))
-    return best
-
-
 def _echo(prompt: str | list[int], k: int) -> tuple[list[str], list[float | None], list[dict[str, float] | None]]:
     """The echoed prompt's tokens; the first has no logprob, as in OpenAI's and vLLM's answers."""
     tokens = _prompt_tokens(prompt)
@@ -177,7 +168,7 @@ def _generate(prompt: str | list[int], candidate: int, req: CompletionRequest) -
         tops.append(_top(sub, word, logprob, k))
     generated, finish = len(tokens), "length"
     text = "".join(tokens)
-    match = _first_stop(text, [req.stop] if isinstance(req.stop, str) else (req.stop or []))
+    match = first_stop(text, [req.stop] if isinstance(req.stop, str) else (req.stop or []))
     if match is not None:
         start, end = match
         ends = list(accumulate(len(t) for t in tokens))

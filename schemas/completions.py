@@ -12,15 +12,26 @@ gateway never forwards a ``null`` upstream (see :meth:`CompletionRequest.upstrea
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 
 from schemas.errors import FieldRuleError
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
     "INT64_MAX",
+    "NESTED_FIELDS",
     "NEUTRAL_VALUES",
     "VLLM_EXTRA_FIELDS",
     "Choice",
@@ -30,15 +41,52 @@ __all__ = [
     "Logprobs",
     "Prompt",
     "StreamOptions",
+    "StructuredOutputs",
     "Usage",
 ]
 
 DEFAULT_MAX_TOKENS = 16
 INT64_MAX = 2**63 - 1
+INT64_MIN = -(2**63)
 MAX_STOP_SEQUENCES = 4
-MAX_LOGPROBS = 5
+# The widest integer the upstream serialiser (orjson) writes: beyond it a request would fail
+# on its way out (a 500), so arbitrary JSON values are bounded to it at the door.
+_JSON_INT_MIN, _JSON_INT_MAX = INT64_MIN, 2**64 - 1
 
-TokenId = Annotated[StrictInt, Field(ge=0)]
+# Every integer field is bounded (int64): Python ints are unbounded, the wire and the
+# upstreams are not. Per-backend bounds (e.g. logprobs) are in the capability tables.
+Int64 = Annotated[StrictInt, Field(ge=INT64_MIN, le=INT64_MAX)]
+Count = Annotated[StrictInt, Field(ge=0, le=INT64_MAX)]
+TokenId = Count
+
+
+def _json_safe(value: Any) -> Any:
+    """Refuse what cannot be re-serialised faithfully: integers orjson cannot write, and
+    non-finite floats (JSON has none; orjson would write ``null``, changing the meaning).
+
+    Depth needs no check here: pydantic's JSON parser refuses deep nesting (limit 200)
+    before orjson's own (254) could be reached.
+    """
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, bool) or item is None or isinstance(item, str):
+            continue
+        if isinstance(item, int):
+            if not _JSON_INT_MIN <= item <= _JSON_INT_MAX:
+                raise ValueError(f"integer {item} is out of range (-2^63 to 2^64-1)")
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise ValueError("numbers must be finite (no NaN or Infinity)")
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return value
+
+
+# A JSON object whose numbers survive re-serialisation (a JSON Schema, for instance).
+JsonObject = Annotated[dict[str, Any], AfterValidator(_json_safe)]
 # The four prompt forms: text, a batch of texts, token ids, a batch of token-id lists.
 Prompt = (
     str
@@ -57,6 +105,38 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool | None = None
 
 
+class StructuredOutputs(BaseModel):
+    """vLLM's ``structured_outputs`` (``StructuredOutputsParams``, >= 0.11; the only form from 0.12)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    # ``json`` on the wire (a BaseModel attribute name in Python).
+    json_: str | JsonObject | None = Field(None, alias="json")
+    regex: Annotated[str, Field(min_length=1)] | None = None
+    choice: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = None
+    grammar: Annotated[str, Field(min_length=1)] | None = None
+    json_object: StrictBool | None = None
+    disable_fallback: StrictBool | None = None
+    disable_any_whitespace: StrictBool | None = None
+    disable_additional_properties: StrictBool | None = None
+    whitespace_pattern: str | None = None
+    structural_tag: str | None = None
+
+    def constraints(self) -> list[str]:
+        """The constraint kinds set (vLLM allows one: json, regex, choice, grammar or json_object)."""
+        return [
+            wire
+            for wire, value in (
+                ("json", self.json_),
+                ("regex", self.regex),
+                ("choice", self.choice),
+                ("grammar", self.grammar),
+                ("json_object", self.json_object or None),
+            )
+            if value is not None
+        ]
+
+
 class CompletionRequest(BaseModel):
     """``POST /v1/completions``: OpenAI's fields, then vLLM's sampling extras."""
 
@@ -66,16 +146,19 @@ class CompletionRequest(BaseModel):
 
     # --- OpenAI ---------------------------------------------------------------
     model: Annotated[str, Field(min_length=1)]
+    # Required but nullable (OpenAI): ``null`` is the default, "the start of a document",
+    # carried as ``""``; backends that cannot generate from no text refuse it by name.
     prompt: Prompt
     best_of: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
     echo: StrictBool | None = None
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
-    logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
-    max_tokens: Annotated[StrictInt, Field(ge=0)] | None = None
+    # OpenAI's maximum is 5, vLLM's is the server's --max-logprobs: the capability table decides.
+    logprobs: Count | None = None
+    max_tokens: Count | None = None
     n: Annotated[StrictInt, Field(ge=1, le=128)] | None = None
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
-    seed: Annotated[StrictInt, Field(ge=-(2**63), le=INT64_MAX)] | None = None
+    seed: Int64 | None = None
     stop: StopSequence | Annotated[list[StopSequence], Field(min_length=1, max_length=MAX_STOP_SEQUENCES)] | None = None
     stream: StrictBool | None = None
     stream_options: StreamOptions | None = None
@@ -85,33 +168,50 @@ class CompletionRequest(BaseModel):
     user: str | None = None
 
     # --- vLLM sampling extras (seed API) ---------------------------------------
-    top_k: Annotated[StrictInt, Field(ge=-1)] | None = None
+    top_k: Annotated[StrictInt, Field(ge=-1, le=INT64_MAX)] | None = None
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     use_beam_search: StrictBool | None = None
     length_penalty: float | None = None
     repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None
-    early_stopping: StrictBool | None = None
+    # vLLM (and Hugging Face) accept True, False or "never"; the capability table decides.
+    early_stopping: StrictBool | Literal["never"] | None = None
     stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: StrictBool | None = None
     ignore_eos: StrictBool | None = None
-    min_tokens: Annotated[StrictInt, Field(ge=0)] | None = None
+    min_tokens: Count | None = None
     skip_special_tokens: StrictBool | None = None
     spaces_between_special_tokens: StrictBool | None = None
     add_special_tokens: StrictBool | None = None
-    guided_json: str | dict[str, Any] | None = None
+    truncate_prompt_tokens: Annotated[StrictInt, Field(ge=-1, le=INT64_MAX)] | None = None
+    truncation_side: Literal["left", "right"] | None = None
+    allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None
+    # -1: every token of the vocabulary (>= 0.11); bounded per backend like logprobs.
+    prompt_logprobs: Annotated[StrictInt, Field(ge=-1, le=INT64_MAX)] | None = None
+    return_tokens_as_token_ids: StrictBool | None = None
+    return_token_ids: StrictBool | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: str | JsonObject | None = None
     guided_regex: Annotated[str, Field(min_length=1)] | None = None
     guided_choice: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = None
     guided_grammar: Annotated[str, Field(min_length=1)] | None = None
     guided_decoding_backend: Annotated[str, Field(min_length=1)] | None = None
     guided_whitespace_pattern: str | None = None
 
+    # --- single-field rules ------------------------------------------------------
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def null_prompt_is_the_default(cls, value: Any) -> Any:
+        # OpenAI: "prompt" is required and nullable; null generates from the start of a document.
+        return "" if value is None else value
+
     # --- cross-field rules ------------------------------------------------------
     @model_validator(mode="after")
     def check_logit_bias_keys(self) -> CompletionRequest:
         if self.logit_bias:
             for key in self.logit_bias:
-                # str.isdigit() alone accepts superscripts and non-ASCII digits.
-                if not (key.isascii() and key.isdigit()):
+                # str.isdigit() alone accepts superscripts and non-ASCII digits; the length
+                # bound keeps int(key) inside int64 for the upstreams that take numbers.
+                if not (key.isascii() and key.isdigit() and len(key) <= 19 and int(key) <= INT64_MAX):
                     raise FieldRuleError(
                         "logit_bias",
                         f"logit_bias keys must be token ids (non-negative integers as strings); got {key!r}",
@@ -147,6 +247,33 @@ class CompletionRequest(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def check_structured_outputs(self) -> CompletionRequest:
+        structured = self.structured_outputs
+        if structured is None:
+            return self
+        kinds = structured.constraints()
+        if len(kinds) > 1:
+            raise FieldRuleError(
+                "structured_outputs", f"only one structured-output constraint may be set; got {', '.join(kinds)}"
+            )
+        guides = [
+            name
+            for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+            if getattr(self, name) is not None
+        ]
+        if guides:
+            raise FieldRuleError(
+                "structured_outputs", f"structured_outputs and {guides[0]} are two forms of one constraint; send one"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def check_prompt_logprobs(self) -> CompletionRequest:
+        if self.prompt_logprobs is not None and self.stream:
+            raise FieldRuleError("prompt_logprobs", "prompt_logprobs is not available with stream")
+        return self
+
+    @model_validator(mode="after")
     def check_guided_count(self) -> CompletionRequest:
         set_guides = [
             name
@@ -179,7 +306,7 @@ class CompletionRequest(BaseModel):
         This is what an OpenAI-shaped upstream receives (after the adapter maps
         ``model``); unset and ``null`` fields fall back to the upstream's defaults.
         """
-        return self.model_dump(exclude_none=True, exclude_unset=True)
+        return self.model_dump(exclude_none=True, exclude_unset=True, by_alias=True)
 
     @property
     def effective_n(self) -> int:
@@ -203,6 +330,9 @@ NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
     "length_penalty": (1.0,),
     "repetition_penalty": (1.0,),
     "early_stopping": (False,),
+    "stream_options.continuous_usage_stats": (False,),
+    "return_tokens_as_token_ids": (False,),
+    "return_token_ids": (False,),
     "stop_token_ids": ([],),
     "include_stop_str_in_output": (False,),
     "ignore_eos": (False,),
@@ -219,6 +349,10 @@ NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
     "n": (1,),
 }
 
+# Fields inside an object field that a backend may honour or not on their own; capability
+# tables name them ``parent.child`` (and so do the errors refusing them).
+NESTED_FIELDS: tuple[str, ...] = ("stream_options.continuous_usage_stats",)
+
 VLLM_EXTRA_FIELDS: frozenset[str] = frozenset(
     {
         "top_k",
@@ -234,6 +368,14 @@ VLLM_EXTRA_FIELDS: frozenset[str] = frozenset(
         "skip_special_tokens",
         "spaces_between_special_tokens",
         "add_special_tokens",
+        "truncate_prompt_tokens",
+        "truncation_side",
+        "allowed_token_ids",
+        "prompt_logprobs",
+        "return_tokens_as_token_ids",
+        "return_token_ids",
+        "structured_outputs",
+        "stream_options.continuous_usage_stats",
         "guided_json",
         "guided_regex",
         "guided_choice",

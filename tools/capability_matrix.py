@@ -5,6 +5,9 @@ between ``<!-- capability-matrix -->`` markers in place. ``tests/backends/native
 README's block is exactly what this renders, so the README cannot drift from the tables
 the router enforces.
 
+A cell ``native ≤ 20`` means the backend honours the field up to that value (its own
+bound, e.g. vLLM's ``--max-logprobs`` default) and refuses more by name.
+
 vLLM's table depends on the server's version (``backends.vllm.versions``): two columns show
 an unknown version (the table that cannot fail open) and the newest version boundary.
 ``vllm-pool`` workers are vLLM servers and share those tables.
@@ -19,7 +22,6 @@ from pathlib import Path
 
 from backends.capabilities import ALL_FIELDS, Capabilities
 from backends.mock import MOCK_CAPABILITIES
-from backends.native.common import NativeCapabilities
 from backends.native.llamacpp import LLAMACPP_CAPABILITIES
 from backends.native.ollama import OLLAMA_CAPABILITIES
 from backends.native.tgi import TGI_CAPABILITIES
@@ -55,11 +57,14 @@ def render() -> str:
         cells = []
         for kind, _, table in cols:
             cell = table.level(name).value
-            if isinstance(table, NativeCapabilities):
-                for rule in table.rules:
-                    if rule.field == name:
-                        cell = cell + "*" if not cell.endswith("*") else cell
-                        notes.setdefault((name, rule.why), []).append(kind)
+            limit = table.limits.get(name)
+            if limit is not None:
+                cell += f" ≤ {limit}"
+            for rule in table.rules:
+                if rule.field == name:
+                    cell = cell + "*" if not cell.endswith("*") else cell
+                    if kind not in notes.setdefault((name, rule.why), []):
+                        notes[(name, rule.why)].append(kind)
             cells.append(cell)
         lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
     lines += ["", "\\* refused (400 `unsupported_parameter`) for some values:", ""]

@@ -135,12 +135,9 @@ class NativeBackend(Backend):
     # --- the protocol ---------------------------------------------------------------------------
     def _check(self, request: CompletionRequest) -> None:
         """The router's capability check again, for callers that did not route (and as a guard)."""
-        field = self.capabilities.first_violation(request)
-        if field is not None:
-            why = self.capabilities.reason(field) or f"backend type {self.kind} does not support it"
-            raise UnsupportedParameterError(
-                f"'{field}' is not supported by backend '{self.name}': {why}", param=field, backend=self.name
-            )
+        error = self.capabilities.refusal(request, self.name, self.kind)
+        if error is not None:
+            raise error
 
     async def complete(self, call: UpstreamCall) -> CompletionResult:
         self._check(call.request)
@@ -161,7 +158,7 @@ class NativeBackend(Backend):
             self.complete_path, self.payload(request, call.upstream_model, stream=False), call
         )
         gen = self.generation(obj, header)
-        choice = build_choice(request, gen, echo, strips_stop=self.strips_stop)
+        choice = build_choice(request, gen, echo, strips_stop=self.strips_stop, backend=self.name)
         usage = gen.usage if request.max_tokens != 0 else TokenUsage(gen.usage.prompt_tokens, 0)
         return PartResult(choice, usage)
 
@@ -182,7 +179,7 @@ class NativeBackend(Backend):
         resp = await self.post(
             self.stream_path, self.payload(request, call.upstream_model, stream=True), call, stream=True
         )
-        tracker = ChoiceTracker(request, echo, strips_stop=self.strips_stop)
+        tracker = ChoiceTracker(request, echo, strips_stop=self.strips_stop, backend=self.name)
         return NativeChoiceStream(self, resp, tracker)
 
     async def health(self) -> bool:

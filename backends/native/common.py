@@ -18,19 +18,19 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
 
 from backends.base import TokenUsage
-from backends.capabilities import Capabilities, Level
+from backends.capabilities import EMPTY_PROMPT, Capabilities, Level, Rule, empty_prompt
+from backends.errors import UpstreamProtocolError
 from schemas.completions import DEFAULT_MAX_TOKENS, CompletionRequest
 from schemas.errors import InvalidRequestError
 
 __all__ = [
-    "CONTINUOUS_USAGE_RULE",
     "ECHO_LOGPROBS_RULE",
     "TOKEN_PROMPT_RULE",
     "ChoiceTracker",
@@ -42,7 +42,9 @@ __all__ = [
     "TokenLogprob",
     "build_choice",
     "completion_head",
+    "empty_prompt_rule",
     "explicit_sampling",
+    "first_stop",
     "fit_tokens",
     "guided_json_schema",
     "logprob_tokens",
@@ -56,49 +58,21 @@ __all__ = [
 # --- capabilities with value rules ------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Rule:
-    """A refusal that depends on a field's value: ``applies(request)`` -> refuse ``field``."""
-
-    field: str
-    why: str
-    applies: Callable[[CompletionRequest], bool]
-
-
 @dataclass(frozen=True)
 class NativeCapabilities(Capabilities):
-    """A capability table plus :class:`Rule`s, checked by the router like any table.
-
-    ``first_violation`` costs the base check plus one predicate per rule; only native
-    backends carry rules, so the ``openai``/``vllm`` tables pay nothing for them.
-    """
-
-    rules: tuple[Rule, ...] = ()
+    """A native API's table: only what its translator maps, plus value :class:`Rule`s."""
 
     @classmethod
-    def build(cls, levels: Mapping[str, Level], rules: Iterable[Rule] = ()) -> NativeCapabilities:
+    def build(
+        cls, levels: Mapping[str, Level], rules: Iterable[Rule] = (), limits: Mapping[str, int] | None = None
+    ) -> NativeCapabilities:
         """Unlisted fields are unsupported: a native API does only what its translator maps."""
         base = Capabilities.of(Level.UNSUPPORTED, **levels)
-        return cls(base.levels, base.unsupported, rules=tuple(rules))
+        table = cls(base.levels, base.unsupported).with_rules(rules).with_limits(limits or {})
+        return table.with_reasons({"stream_options.continuous_usage_stats": _NO_CONTINUOUS_USAGE})
 
-    def first_violation(self, request: CompletionRequest) -> str | None:
-        found = super().first_violation(request)
-        if found is not None:
-            return found
-        for rule in self.rules:
-            if rule.applies(request):
-                return rule.field
-        return None
 
-    def with_overrides(self, overrides: Mapping[str, str]) -> Capabilities:
-        # An operator who overrides a field takes over its value rules too.
-        table = super().with_overrides(overrides)
-        rules = tuple(r for r in self.rules if r.field not in overrides)
-        return NativeCapabilities(table.levels, table.unsupported, table.reasons, rules)
-
-    def reason(self, field: str) -> str | None:
-        whys = [rule.why for rule in self.rules if rule.field == field]
-        return "; ".join(whys) if whys else super().reason(field)
+_NO_CONTINUOUS_USAGE = "the native API reports token counts only at the end of a stream"
 
 
 def _token_prompt(request: CompletionRequest) -> bool:
@@ -109,15 +83,17 @@ def _token_prompt(request: CompletionRequest) -> bool:
 TOKEN_PROMPT_RULE = Rule(
     "prompt", "token-id prompts: the native API takes text only and cannot detokenise for the gateway", _token_prompt
 )
+
+
+def empty_prompt_rule(why: str) -> Rule:
+    """Refuse ``prompt: ""`` (or null) by name where the server cannot generate from no text."""
+    return Rule("prompt", f"{EMPTY_PROMPT}: {why}", empty_prompt)
+
+
 ECHO_LOGPROBS_RULE = Rule(
     "echo",
     "echo with logprobs: the native API returns no token logprobs for the prompt",
     lambda r: bool(r.echo) and r.logprobs is not None,
-)
-CONTINUOUS_USAGE_RULE = Rule(
-    "stream_options",
-    "stream_options.continuous_usage_stats: the native API reports token counts only at the end of a stream",
-    lambda r: bool(r.stream_options and r.stream_options.continuous_usage_stats),
 )
 
 
@@ -234,7 +210,7 @@ def logprob_tokens(entries: Any) -> list[TokenLogprob] | None:
 # --- stop sequences ---------------------------------------------------------------------------
 
 
-def _first_stop(text: str, stops: Sequence[str]) -> tuple[int, int] | None:
+def first_stop(text: str, stops: Sequence[str]) -> tuple[int, int] | None:
     """``(start, end)`` of the stop match that completes first in ``text``, if any."""
     best: tuple[int, int] | None = None
     for stop in stops:
@@ -286,7 +262,7 @@ class StopCutter:
         held = self._held + text
         if tokens is not None:
             self._tokens.extend(tokens)
-        match = _first_stop(held, self._stops)
+        match = first_stop(held, self._stops)
         if match is not None:
             self.stopped = True
             cut = match[1] if self.keep else match[0]
@@ -366,9 +342,10 @@ class ChoiceTracker:
     choice's text (echoed prompt included); choices carry ``logprobs: null`` unless asked.
     """
 
-    __slots__ = ("_cutter", "_drop", "_echo", "_include_stop", "_k", "_offset", "_want_logprobs")
+    __slots__ = ("_backend", "_cutter", "_drop", "_echo", "_include_stop", "_k", "_offset", "_want_logprobs")
 
-    def __init__(self, request: CompletionRequest, echo_text: str, *, strips_stop: bool) -> None:
+    def __init__(self, request: CompletionRequest, echo_text: str, *, strips_stop: bool, backend: str = "") -> None:
+        self._backend = backend
         stops = stops_of(request)
         self._include_stop = bool(request.include_stop_str_in_output)
         self._cutter = StopCutter(stops, self._include_stop) if stops and not strips_stop else None
@@ -382,6 +359,16 @@ class ChoiceTracker:
         prefix, self._echo = self._echo, ""
         start = self._offset + len(prefix)  # where this piece's generated text begins
         self._offset = start + len(text)
+        if self._want_logprobs and tokens is None and text:
+            # An upstream that ignores the field (an Ollama without logprobs) would give an empty
+            # success; the reference says the sampled token's logprob is always returned.
+            raise UpstreamProtocolError(
+                f"backend '{self._backend}' answered without the logprobs the request asked for "
+                "(the server does not support them)",
+                param="logprobs",
+                backend=self._backend,
+                reason="no_logprobs",
+            )
         logprobs = legacy_logprobs(tokens or [], start, self._k) if self._want_logprobs else None
         return {"text": prefix + text, "logprobs": logprobs, "finish_reason": finish}
 
@@ -419,11 +406,16 @@ class ChoiceTracker:
         return self._drop
 
 
-def build_choice(request: CompletionRequest, gen: Generation, echo_text: str, *, strips_stop: bool) -> dict[str, Any]:
-    """A whole non-streaming choice (without ``index``) from one :class:`Generation`."""
-    tracker = ChoiceTracker(request, echo_text, strips_stop=strips_stop)
-    tokens = gen.tokens if gen.tokens is not None or request.logprobs is None else []
-    return tracker.last(gen.text, tokens, gen.finish, gen.stop_word)
+def build_choice(
+    request: CompletionRequest, gen: Generation, echo_text: str, *, strips_stop: bool, backend: str = ""
+) -> dict[str, Any]:
+    """A whole non-streaming choice (without ``index``) from one :class:`Generation`.
+
+    Raises ``UpstreamProtocolError`` (``param: logprobs``) when logprobs were asked for and
+    the upstream generated text without them.
+    """
+    tracker = ChoiceTracker(request, echo_text, strips_stop=strips_stop, backend=backend)
+    return tracker.last(gen.text, gen.tokens, gen.finish, gen.stop_word)
 
 
 # --- JSON -----------------------------------------------------------------------------------------

@@ -30,7 +30,6 @@ from backends.emulation.fanout import FANOUT_RULES
 from backends.errors import UpstreamProtocolError
 from backends.native.base import NativeBackend, error_message, stream_error
 from backends.native.common import (
-    CONTINUOUS_USAGE_RULE,
     ECHO_LOGPROBS_RULE,
     Event,
     Generation,
@@ -58,7 +57,8 @@ LLAMACPP_CAPABILITIES = NativeCapabilities.build(
         "min_p": T, "repetition_penalty": T, "include_stop_str_in_output": E, "ignore_eos": T,
         "guided_json": T, "guided_choice": T, "guided_grammar": T,
     },
-    rules=(ECHO_LOGPROBS_RULE, CONTINUOUS_USAGE_RULE, *FANOUT_RULES),
+    rules=(ECHO_LOGPROBS_RULE, *FANOUT_RULES),
+    limits={"logprobs": 5},
 )  # fmt: skip
 
 _FINISH = {"eos": "stop", "word": "stop", "limit": "length", "none": "length"}

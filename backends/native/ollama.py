@@ -27,13 +27,13 @@ from backends.emulation.fanout import FANOUT_RULES
 from backends.errors import UpstreamProtocolError
 from backends.native.base import NativeBackend, error_message, stream_error
 from backends.native.common import (
-    CONTINUOUS_USAGE_RULE,
     ECHO_LOGPROBS_RULE,
     TOKEN_PROMPT_RULE,
     Event,
     Generation,
     NativeCapabilities,
     TokenLogprob,
+    empty_prompt_rule,
     explicit_sampling,
     fit_tokens,
     guided_json_schema,
@@ -48,6 +48,7 @@ from schemas.config import OllamaBackendConfig
 __all__ = ["OLLAMA_CAPABILITIES", "OllamaBackend"]
 
 T, E = Level.TRANSLATED, Level.EMULATED
+_EMPTY_PROMPT_RULE = empty_prompt_rule('Ollama reads it as "load the model" and generates nothing (done_reason "load")')
 OLLAMA_CAPABILITIES = NativeCapabilities.build(
     {
         "model": T, "prompt": T, "best_of": E, "echo": E, "frequency_penalty": T, "logprobs": T,
@@ -55,7 +56,8 @@ OLLAMA_CAPABILITIES = NativeCapabilities.build(
         "stream_options": E, "suffix": T, "temperature": T, "top_p": T, "user": T, "top_k": T,
         "min_p": T, "repetition_penalty": T, "guided_json": T,
     },
-    rules=(TOKEN_PROMPT_RULE, ECHO_LOGPROBS_RULE, CONTINUOUS_USAGE_RULE, *FANOUT_RULES),
+    rules=(TOKEN_PROMPT_RULE, _EMPTY_PROMPT_RULE, ECHO_LOGPROBS_RULE, *FANOUT_RULES),
+    limits={"logprobs": 20},
 )  # fmt: skip
 
 _FINISH = {"stop": "stop", "length": "length"}

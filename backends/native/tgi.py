@@ -35,13 +35,13 @@ from backends.emulation.fanout import FANOUT_RULES
 from backends.errors import UpstreamProtocolError, UpstreamStatusError, error_from_upstream_body
 from backends.native.base import NativeBackend, error_message, stream_error
 from backends.native.common import (
-    CONTINUOUS_USAGE_RULE,
     ECHO_LOGPROBS_RULE,
     TOKEN_PROMPT_RULE,
     Event,
     Generation,
     NativeCapabilities,
     TokenLogprob,
+    empty_prompt_rule,
     guided_json_schema,
     stops_of,
     upstream_max_tokens,
@@ -52,6 +52,7 @@ from schemas.config import TGIBackendConfig
 __all__ = ["TGI_CAPABILITIES", "TGIBackend", "choice_regex"]
 
 T, E = Level.TRANSLATED, Level.EMULATED
+_EMPTY_PROMPT_RULE = empty_prompt_rule('TGI refuses empty `inputs` (422 "`inputs` cannot be empty")')
 TGI_CAPABILITIES = NativeCapabilities.build(
     {
         "model": T, "prompt": T, "best_of": E, "echo": E, "frequency_penalty": T, "logprobs": T,
@@ -59,7 +60,8 @@ TGI_CAPABILITIES = NativeCapabilities.build(
         "temperature": T, "top_p": T, "user": T, "top_k": T, "repetition_penalty": T,
         "include_stop_str_in_output": E, "guided_json": T, "guided_regex": T, "guided_choice": T,
     },
-    rules=(TOKEN_PROMPT_RULE, ECHO_LOGPROBS_RULE, CONTINUOUS_USAGE_RULE, *FANOUT_RULES),
+    rules=(TOKEN_PROMPT_RULE, _EMPTY_PROMPT_RULE, ECHO_LOGPROBS_RULE, *FANOUT_RULES),
+    limits={"logprobs": 5},
 )  # fmt: skip
 
 _FINISH = {"length": "length", "eos_token": "stop", "stop_sequence": "stop"}

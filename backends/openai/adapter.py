@@ -22,7 +22,10 @@ from schemas.config import OpenAIBackendConfig, VLLMBackendConfig
 
 __all__ = ["OPENAI_CAPABILITIES", "OpenAIBackend"]
 
-OPENAI_CAPABILITIES = Capabilities.of(Level.NATIVE, **dict.fromkeys(VLLM_EXTRA_FIELDS, Level.UNSUPPORTED))
+# OpenAI's own bound: logprobs 0..5 (other backend types have theirs in their tables).
+OPENAI_CAPABILITIES = Capabilities.of(Level.NATIVE, **dict.fromkeys(VLLM_EXTRA_FIELDS, Level.UNSUPPORTED)).with_limits(
+    {"logprobs": 5}
+)
 
 _JSON = "application/json"
 
@@ -50,8 +53,7 @@ class OpenAIBackend(Backend):
         """The upstream JSON body for this call (before serialisation)."""
         fields = call.request.upstream_fields()
         # Only neutral values of unsupported fields can get here (the capability check ran).
-        for name in self.capabilities.unsupported.intersection(fields):
-            del fields[name]
+        self.capabilities.strip_unsupported(fields)
         fields["model"] = call.upstream_model
         if fields.get("stream") and self._stream_usage:
             options = fields.get("stream_options") or {}

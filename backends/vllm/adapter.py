@@ -65,7 +65,7 @@ _RETRY_INTERVAL = 1.0  # seconds between two detection attempts while the server
 # such streams re-confirm a version older than this (seconds) first. Non-streamed answers are
 # checked after the fact instead (their system_fingerprint names the version) and resent.
 _CONFIRM_AGE = 1.0
-_GUIDES = tuple(GUIDED_TO_STRUCTURED)
+_GUIDES = (*GUIDED_TO_STRUCTURED, "structured_outputs")
 
 
 class VLLMBackend(OpenAIBackend):
@@ -202,17 +202,14 @@ class VLLMBackend(OpenAIBackend):
         return obj
 
     def _result(self, obj: dict[str, Any], call: UpstreamCall) -> CompletionResult:
-        out = normalise_body(obj, call.public_model, self.name)
+        out = normalise_body(obj, call.public_model, self.name, call.request)
         return CompletionResult(orjson.dumps(out), usage_of(out["usage"]))
 
     def _check(self, request: CompletionRequest) -> None:
         """The router's capability check again, against the table of *now* (the version may have changed)."""
-        field = self.capabilities.first_violation(request)
-        if field is not None:
-            why = self.capabilities.reason(field) or f"vLLM {self.dialect.features.label} does not support it"
-            raise UnsupportedParameterError(
-                f"'{field}' is not supported by backend '{self.name}': {why}", param=field, backend=self.name
-            )
+        error = self.capabilities.refusal(request, self.name, self.kind)
+        if error is not None:
+            raise error
 
     # --- protocol ----------------------------------------------------------------------
     async def complete(self, call: UpstreamCall) -> CompletionResult:

@@ -37,14 +37,15 @@ from backends.emulation.best_of import is_greedy
 from backends.errors import UpstreamProtocolError, UpstreamStatusError, parse_retry_after
 from backends.vllm.versions import VLLMFeatures, VLLMVersion, capabilities_for, parse_version
 from schemas.completions import CompletionRequest
-from schemas.errors import UnsupportedParameterError
 
 __all__ = [
     "GUIDED_TO_STRUCTURED",
+    "STRUCTURED_TO_GUIDED",
     "VERSION_DEPENDENT_FIELDS",
     "Plan",
     "UpstreamGenerationError",
     "VLLMDialect",
+    "asked_choice_fields",
     "fingerprint_version",
     "map_finish_reason",
     "normalise_body",
@@ -62,8 +63,9 @@ GUIDED_TO_STRUCTURED: dict[str, str] = {
 # Fields whose handling depends on the version; a request setting none of them is sent as
 # the client wrote it (the zero-translation fast path).
 VERSION_DEPENDENT_FIELDS: frozenset[str] = frozenset(
-    {*GUIDED_TO_STRUCTURED, "guided_decoding_backend", "best_of", "n", "early_stopping"}
+    {*GUIDED_TO_STRUCTURED, "guided_decoding_backend", "best_of", "n", "early_stopping", "structured_outputs"}
 )
+STRUCTURED_TO_GUIDED: dict[str, str] = {wire: name for name, wire in GUIDED_TO_STRUCTURED.items()}
 
 
 class Plan(Enum):
@@ -95,16 +97,6 @@ class VLLMDialect:
         return capabilities_for(self.features)
 
     # --- request ----------------------------------------------------------------------
-    def check(self, request: CompletionRequest, backend: str) -> None:
-        """Refuse a field this version cannot honour (the router's check, repeated at send time)."""
-        capabilities = self.capabilities
-        field = capabilities.first_violation(request)
-        if field is not None:
-            why = capabilities.reason(field) or f"vLLM {self.features.label} does not support it"
-            raise UnsupportedParameterError(
-                f"'{field}' is not supported by backend '{backend}': {why}", param=field, backend=backend
-            )
-
     def plan(self, request: CompletionRequest) -> tuple[Plan, int]:
         """The plan and its fan-out factor (candidates per prompt, or copies per prompt)."""
         n = request.n or 1
@@ -129,8 +121,15 @@ class VLLMDialect:
             }
             if structured:
                 fields["structured_outputs"] = structured
-            # Only ever its neutral value here (check() refused anything else).
+            # Only ever its neutral value here (the capability check refused anything else).
             fields.pop("guided_decoding_backend", None)
+        elif "structured_outputs" in fields:
+            # Before 0.11 the same constraints are top-level guided_* fields; the capability
+            # table refused the options that have no guided_* form, so this is faithful.
+            for wire, value in fields.pop("structured_outputs").items():
+                name = STRUCTURED_TO_GUIDED.get(wire)
+                if name is not None:
+                    fields[name] = value
         if not features.native_best_of:
             fields.pop("best_of", None)
         match plan:
@@ -173,25 +172,43 @@ def map_finish_reason(value: Any, backend: str) -> str:
     return "stop"
 
 
-def normalise_body(obj: dict[str, Any], public_model: str, backend: str) -> dict[str, Any]:
+def asked_choice_fields(request: CompletionRequest | None) -> tuple[str, ...]:
+    """vLLM's extra per-choice fields the client asked for (kept), in vLLM's order."""
+    if request is None:
+        return ()
+    kept: tuple[str, ...] = ()
+    if request.prompt_logprobs is not None:
+        kept += ("prompt_logprobs",)
+    if request.return_token_ids:
+        kept += ("prompt_token_ids", "token_ids")
+    return kept
+
+
+def normalise_body(
+    obj: dict[str, Any], public_model: str, backend: str, request: CompletionRequest | None = None
+) -> dict[str, Any]:
     """A vLLM ``text_completion`` body in OpenAI's shape, with the client's model name.
 
+    vLLM's extra per-choice fields are dropped unless ``request`` asked for them
+    (``prompt_logprobs``, ``return_token_ids``: see :func:`asked_choice_fields`).
     Cost on the plain path: one small dict per choice, which also makes the
     serialised answer shorter (vLLM adds five null fields per choice).
     """
+    extras = asked_choice_fields(request)
     choices = []
     for choice in obj["choices"]:
         finish = choice.get("finish_reason")
         if finish not in _OPENAI_FINISH:
             finish = map_finish_reason(finish, backend)
-        choices.append(
-            {
-                "text": choice.get("text", ""),
-                "index": choice.get("index", 0),
-                "logprobs": choice.get("logprobs"),
-                "finish_reason": finish,
-            }
-        )
+        out_choice = {
+            "text": choice.get("text", ""),
+            "index": choice.get("index", 0),
+            "logprobs": choice.get("logprobs"),
+            "finish_reason": finish,
+        }
+        for name in extras:
+            out_choice[name] = choice.get(name)
+        choices.append(out_choice)
     out: dict[str, Any] = {
         "id": obj.get("id"),
         "object": "text_completion",

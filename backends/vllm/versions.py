@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
-from backends.capabilities import Capabilities, Level
+from backends.capabilities import EMPTY_PROMPT, Capabilities, Level, Rule, empty_prompt
 
-__all__ = ["BOUNDARIES", "VLLMFeatures", "VLLMVersion", "capabilities_for", "parse_version"]
+__all__ = ["BOUNDARIES", "VLLM_MAX_LOGPROBS", "VLLMFeatures", "VLLMVersion", "capabilities_for", "parse_version"]
 
 
 class VLLMVersion(NamedTuple):
@@ -69,7 +69,14 @@ BOUNDARIES: dict[str, VLLMVersion] = {
     "no_greedy_n": VLLMVersion(0, 12, 0),
     # Beam search moved to its own parameters (BeamSearchParams) without early_stopping.
     "no_early_stopping": VLLMVersion(0, 6, 3),
+    # ``return_token_ids`` (token_ids / prompt_token_ids in the answer).
+    "return_token_ids": VLLMVersion(0, 11, 0),
+    # ``truncation_side``: first seen in the 0.32.0 wheel (not in 0.12.0).
+    "truncation_side": VLLMVersion(0, 32, 0),
 }
+
+# vLLM's ModelConfig default for --max-logprobs (it bounds logprobs and prompt_logprobs).
+VLLM_MAX_LOGPROBS = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,12 +91,14 @@ class VLLMFeatures:
     whitespace_pattern: bool  # guided_whitespace_pattern applied (V0 engine, < 0.8)
     per_request_backend: bool  # guided_decoding_backend has somewhere to go (< 0.11)
     early_stopping: bool  # beam search honours early_stopping (< 0.6.3)
+    return_token_ids: bool = False  # token ids in the answer when asked (>= 0.11)
+    truncation_side: bool = False  # truncation_side honoured (>= 0.32)
 
     @classmethod
     def of(cls, version: VLLMVersion | None) -> VLLMFeatures:
         if version is None:
             # Nothing that could come back unconstrained or silently different.
-            return cls(None, False, False, False, False, False, False, False)
+            return cls(None, False, False, False, False, False, False, False, False, False)
         return cls(
             version=version,
             structured_outputs=version >= BOUNDARIES["structured_outputs"],
@@ -99,6 +108,8 @@ class VLLMFeatures:
             whitespace_pattern=version < BOUNDARIES["v1_engine"],
             per_request_backend=version < BOUNDARIES["structured_outputs"],
             early_stopping=version < BOUNDARIES["no_early_stopping"],
+            return_token_ids=version >= BOUNDARIES["return_token_ids"],
+            truncation_side=version >= BOUNDARIES["truncation_side"],
         )
 
     @property
@@ -112,17 +123,18 @@ class VLLMFeatures:
 
 
 _GUIDES = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+_UNKNOWN = "the vLLM server's version is unknown (GET /version failed and the backend has no `version:` pin), so "
 
 
 def refusal_reasons(features: VLLMFeatures) -> dict[str, str]:
     """Why each field this version cannot honour is refused (field -> reason)."""
     v = features.label
-    reasons: dict[str, str] = {}
+    reasons: dict[str, str] = _answer_reasons(features)
     if not features.structured_output:
-        for name in (*_GUIDES, "guided_decoding_backend", "guided_whitespace_pattern"):
+        for name in (*_GUIDES, "guided_decoding_backend", "guided_whitespace_pattern", "structured_outputs"):
             reasons[name] = (
-                "the vLLM server's version is unknown (GET /version failed and the backend has no `version:` pin), "
-                "so the gateway cannot send a structured-output constraint in a form it is sure the server applies"
+                _UNKNOWN
+                + "the gateway cannot send a structured-output constraint in a form it is sure the server applies"
             )
         return reasons | _beam_reasons(features)
     if not features.per_request_backend:
@@ -137,6 +149,27 @@ def refusal_reasons(features: VLLMFeatures) -> dict[str, str]:
     return reasons | _beam_reasons(features)
 
 
+def _answer_reasons(features: VLLMFeatures) -> dict[str, str]:
+    """Fields a version would ignore (from 0.10.1 unknown fields are dropped with HTTP 200)."""
+    v = features.label
+    reasons: dict[str, str] = {}
+    if features.version is None:
+        reasons["return_tokens_as_token_ids"] = _UNKNOWN + "the gateway cannot tell whether it would be ignored"
+    if not features.return_token_ids:
+        reasons["return_token_ids"] = (
+            _UNKNOWN + "the gateway cannot tell whether it would be ignored"
+            if features.version is None
+            else f"vLLM {v} has no return_token_ids (added in 0.11)"
+        )
+    if not features.truncation_side:
+        reasons["truncation_side"] = (
+            _UNKNOWN + "the gateway cannot tell whether it would be ignored"
+            if features.version is None
+            else f"vLLM {v} has no truncation_side (first in 0.32)"
+        )
+    return reasons
+
+
 def _beam_reasons(features: VLLMFeatures) -> dict[str, str]:
     if features.early_stopping:
         return {}
@@ -144,6 +177,47 @@ def _beam_reasons(features: VLLMFeatures) -> dict[str, str]:
         "early_stopping": f"vLLM {features.label} beam search has no early_stopping "
         "(removed in 0.6.3; newer servers ignore the field)"
     }
+
+
+# StructuredOutputsParams options with no top-level guided_* field before 0.11.
+_STRUCTURED_ONLY = (
+    "json_object",
+    "disable_fallback",
+    "disable_any_whitespace",
+    "disable_additional_properties",
+    "structural_tag",
+)
+
+
+def _structured_rules(features: VLLMFeatures) -> tuple[Rule, ...]:
+    """What a ``structured_outputs`` a version accepts cannot carry (by value, so a Rule)."""
+    rules: list[Rule] = []
+    if features.structured_output and not features.structured_outputs:
+        rules.append(
+            Rule(
+                "structured_outputs",
+                f"vLLM {features.label} takes only json, regex, choice, grammar and whitespace_pattern "
+                f"(as guided_*); {', '.join(_STRUCTURED_ONLY)} need vLLM >= 0.11",
+                lambda r: (
+                    r.structured_outputs is not None
+                    and any(getattr(r.structured_outputs, name) not in (None, False) for name in _STRUCTURED_ONLY)
+                ),
+            )
+        )
+    if features.structured_output and not features.whitespace_pattern:
+        rules.append(
+            Rule(
+                "structured_outputs",
+                f"vLLM {features.label} (V1 engine) applies no per-request whitespace_pattern to JSON constraints",
+                lambda r: r.structured_outputs is not None and r.structured_outputs.whitespace_pattern is not None,
+            )
+        )
+    return tuple(rules)
+
+
+_EMPTY_PROMPT_RULE = Rule(
+    "prompt", f'{EMPTY_PROMPT}: vLLM refuses it ("prompt ... must be provided and non-empty")', empty_prompt
+)
 
 
 @lru_cache(maxsize=32)
@@ -154,8 +228,13 @@ def capabilities_for(features: VLLMFeatures) -> Capabilities:
     if features.structured_output and features.structured_outputs:
         for name in _GUIDES:
             levels[name] = Level.TRANSLATED
+    elif features.structured_output:
+        levels["structured_outputs"] = Level.TRANSLATED  # sent as guided_* (< 0.11)
     if not features.native_best_of:
         levels["best_of"] = Level.EMULATED
     if not features.greedy_n:
         levels["n"] = Level.EMULATED  # n > 1 with temperature 0: replicated greedy choice
-    return Capabilities.of(Level.NATIVE, **levels).with_reasons(reasons)
+    limits = {"logprobs": VLLM_MAX_LOGPROBS, "prompt_logprobs": VLLM_MAX_LOGPROBS}
+    rules = (_EMPTY_PROMPT_RULE, *_structured_rules(features))
+    table = Capabilities.of(Level.NATIVE, **levels).with_rules(rules).with_limits(limits)
+    return table.with_reasons(reasons)

@@ -31,7 +31,7 @@ from gateway.flow.health import CircuitBreaker
 from gateway.flow.retry import RetryPolicy
 from schemas.completions import CompletionRequest
 from schemas.config import GatewayConfig, ModelConfig
-from schemas.errors import NotFoundError, UnsupportedParameterError
+from schemas.errors import NotFoundError
 
 __all__ = [
     "BackendGuard",
@@ -172,23 +172,14 @@ class Router:
         routes = entry.routes
         if len(routes) == 1:  # the common case, without allocations beyond the list
             route = routes[0]
-            violation = route.backend.capabilities.first_violation(request)
-            if violation is not None:
-                raise _unsupported(route, violation)
+            error = route.backend.capabilities.refusal(request, route.backend.name, route.backend.kind)
+            if error is not None:
+                raise error
             return [route]
         eligible = [r for r in routes if r.backend.capabilities.first_violation(request) is None]
         if not eligible:
-            first = routes[0]
-            raise _unsupported(first, first.backend.capabilities.first_violation(request) or "")
+            first = routes[0].backend
+            error = first.capabilities.refusal(request, first.name, first.kind)
+            assert error is not None  # not eligible: it refuses something
+            raise error
         return entry.strategy.order(eligible) if len(eligible) > 1 else eligible
-
-
-def _unsupported(route: Route, field: str) -> UnsupportedParameterError:
-    message = (
-        f"'{field}' is not supported by backend '{route.backend.name}' (type {route.backend.kind}) "
-        f"that serves this model"
-    )
-    reason = route.backend.capabilities.reason(field)
-    if reason:
-        message = f"{message}: {reason}"
-    return UnsupportedParameterError(message, param=field, backend=route.backend.name)

@@ -152,7 +152,8 @@ async def test_neutral_vllm_extra_accepted_on_openai_backend(
     [
         ({"temperature": 3}, "temperature"),
         ({"n": 0}, "n"),
-        ({"logprobs": 6}, "logprobs"),
+        ({"logprobs": 21}, "logprobs"),  # above every backend's bound (OpenAI 5, vLLM --max-logprobs 20)
+        ({"logprobs": -1}, "logprobs"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"top_p": 1.5}, "top_p"),
         ({"max_tokens": -1}, "max_tokens"),

@@ -10,6 +10,7 @@ import json
 import math
 from typing import Any
 
+import orjson
 import pytest
 from pydantic import ValidationError
 
@@ -67,9 +68,12 @@ CASES: list[tuple[str, Any, bool]] = [
     ("logit_bias", {"a": 1}, False), ("logit_bias", {"1.5": 1}, False), ("logit_bias", {"": 1}, False),
     ("logit_bias", {" 1": 1}, False), ("logit_bias", {"²": 1}, False), ("logit_bias", {"1": "5"}, False),
     ("logit_bias", {"1": True}, False), ("logit_bias", [[1, 5]], False),
-    ("logprobs", 0, True), ("logprobs", 5, True), ("logprobs", -1, False), ("logprobs", 6, False),
+    # Above 5 is the capability table's call (OpenAI: 5, vLLM: --max-logprobs), not the schema's.
+    ("logprobs", 0, True), ("logprobs", 5, True), ("logprobs", 20, True), ("logprobs", -1, False),
+    ("logprobs", 2**63, False),
     ("logprobs", "1", False), ("logprobs", 1.0, False), ("logprobs", True, False),
     ("max_tokens", 0, True), ("max_tokens", 1, True), ("max_tokens", 1_000_000, True), ("max_tokens", -1, False),
+    ("max_tokens", 2**63, False), ("max_tokens", 2**64, False), ("max_tokens", 10**30, False),
     ("max_tokens", "16", False), ("max_tokens", 16.0, False), ("max_tokens", 1.5, False), ("max_tokens", True, False),
     ("n", 1, True), ("n", 128, True), ("n", 0, False), ("n", 129, False), ("n", "1", False), ("n", 1.5, False),
     ("n", True, False),
@@ -91,6 +95,7 @@ CASES: list[tuple[str, Any, bool]] = [
     ("user", "user-1", True), ("user", "", True), ("user", 1, False),
     # --- vLLM extras ---
     ("top_k", -1, True), ("top_k", 0, True), ("top_k", 50, True), ("top_k", -2, False), ("top_k", 1.0, False),
+    ("top_k", 2**64, False),
     ("top_k", "5", False), ("top_k", True, False),
     *_unit_interval("min_p"),
     ("length_penalty", -1.5, True), ("length_penalty", 0, True), ("length_penalty", 2.0, True),
@@ -101,11 +106,35 @@ CASES: list[tuple[str, Any, bool]] = [
     ("repetition_penalty", math.inf, False), ("repetition_penalty", "1.1", False),
     ("stop_token_ids", [], True), ("stop_token_ids", [0, 2, 50256], True), ("stop_token_ids", [-1], False),
     ("stop_token_ids", [1.0], False), ("stop_token_ids", ["1"], False), ("stop_token_ids", [True], False),
-    ("stop_token_ids", 1, False),
+    ("stop_token_ids", 1, False), ("stop_token_ids", [2**64], False),
     ("min_tokens", 0, True), ("min_tokens", DEFAULT_MAX_TOKENS, True), ("min_tokens", DEFAULT_MAX_TOKENS + 1, False),
-    ("min_tokens", -1, False), ("min_tokens", "1", False), ("min_tokens", 1.0, False),
+    ("min_tokens", -1, False), ("min_tokens", 2**64, False), ("min_tokens", "1", False), ("min_tokens", 1.0, False),
     ("guided_json", '{"type": "object"}', True), ("guided_json", {"type": "object"}, True),
     ("guided_json", 1, False), ("guided_json", ["a"], False),
+    ("guided_json", {"maximum": 2**64 - 1, "minimum": -(2**63)}, True),
+    ("guided_json", {"maximum": 2**64}, False), ("guided_json", {"a": [{"b": -(2**63) - 1}]}, False),
+    ("guided_json", {"maximum": math.inf}, False),
+    ("logit_bias", {str(2**63 - 1): 1}, True), ("logit_bias", {str(2**64): 1}, False),
+    ("logit_bias", {"1" * 5000: 1}, False),
+    ("early_stopping", "never", True), ("early_stopping", "always", False),
+    # --- current vLLM's fields ---
+    ("truncate_prompt_tokens", -1, True), ("truncate_prompt_tokens", 128, True),
+    ("truncate_prompt_tokens", -2, False), ("truncate_prompt_tokens", 2**64, False),
+    ("truncate_prompt_tokens", "1", False),
+    ("truncation_side", "left", True), ("truncation_side", "right", True), ("truncation_side", "middle", False),
+    ("allowed_token_ids", [0, 5], True), ("allowed_token_ids", [], False), ("allowed_token_ids", [-1], False),
+    ("allowed_token_ids", [2**64], False),
+    ("prompt_logprobs", 0, True), ("prompt_logprobs", -1, True), ("prompt_logprobs", 20, True),
+    ("prompt_logprobs", -2, False), ("prompt_logprobs", 2**64, False), ("prompt_logprobs", True, False),
+    ("return_tokens_as_token_ids", True, True), ("return_tokens_as_token_ids", 1, False),
+    ("return_token_ids", True, True), ("return_token_ids", "yes", False),
+    ("structured_outputs", {"json": {"type": "object"}}, True), ("structured_outputs", {"regex": "[a-z]+"}, True),
+    ("structured_outputs", {"choice": ["a", "b"]}, True), ("structured_outputs", {"grammar": 'root ::= "a"'}, True),
+    ("structured_outputs", {"json_object": True, "disable_any_whitespace": True}, True),
+    ("structured_outputs", {"json": {"a": 2**64}}, False),
+    ("structured_outputs", {"regex": "a", "choice": ["a"]}, False),
+    ("structured_outputs", {"jsn": {}}, False), ("structured_outputs", {"choice": []}, False),
+    ("structured_outputs", "json", False),
     ("guided_regex", "[a-z]+", True), ("guided_regex", "", False), ("guided_regex", 1, False),
     ("guided_choice", ["yes", "no"], True), ("guided_choice", ["only"], True), ("guided_choice", [], False),
     ("guided_choice", [""], False), ("guided_choice", "yes", False), ("guided_choice", [1], False),
@@ -216,7 +245,6 @@ INVALID_PROMPTS = [
     ("float-token", [1.0]),
     ("bool-token", [True]),
     ("text-batch-nested", [["a"]]),
-    ("null", None),
     ("int", 5),
     ("object", {"text": "a"}),
     ("null-item", ["a", None]),
@@ -251,7 +279,7 @@ def test_required_fields(missing: str) -> None:
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize(
-    "name", ["foo", "Temperature", "messages", "max_completion_tokens", "prompt_logprobs", "response_format"]
+    "name", ["foo", "Temperature", "messages", "max_completion_tokens", "prompt_embeds", "response_format"]
 )
 def test_unknown_field_refused_by_name(name: str, mode: str) -> None:
     with pytest.raises(ValidationError) as info:
@@ -381,3 +409,73 @@ def test_request_is_frozen() -> None:
     request = make()
     with pytest.raises(ValidationError):
         request.temperature = 0.5  # type: ignore[misc]
+
+
+# --- issue 13: bounds, null prompt, early_stopping, current vLLM fields ---------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_null_prompt_is_the_start_of_a_document(mode: str) -> None:
+    # OpenAI: prompt is required and nullable; null means the default, not an invalid value.
+    request = make(mode, prompt=None)
+    assert request.prompt == ""
+    assert request.upstream_fields()["prompt"] == ""
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_tokens", 2**64),
+        ("prompt", [2**64]),
+        ("prompt", [[1, 2**64]]),
+        ("top_k", 2**70),
+        ("min_tokens", 2**64),
+        ("stop_token_ids", [2**64]),
+        ("guided_json", {"properties": {"n": {"maximum": 2**64}}}),
+        ("structured_outputs", {"json": {"maximum": 2**64}}),
+        ("logit_bias", {str(2**64): 1}),
+    ],
+)
+def test_huge_integers_are_refused_by_name(field: str, value: Any, mode: str) -> None:
+    found = refuse(mode, **{field: value})
+    assert found and all(param == field for _, param in found), found
+
+
+def test_every_accepted_request_reserialises() -> None:
+    # The class behind the 500s: whatever validates must also go out through orjson.
+    for field, value, ok in CASES:
+        if ok:
+            request = make("json", **{**CONTEXT.get(field, {}), field: value})
+            orjson.dumps(request.upstream_fields())
+
+
+def test_structured_outputs_and_guided_are_one_constraint() -> None:
+    rule = rule_error(structured_outputs={"regex": "a"}, guided_regex="b")
+    assert rule.param == "structured_outputs"
+
+
+def test_prompt_logprobs_not_with_stream() -> None:
+    assert rule_error(prompt_logprobs=1, stream=True).param == "prompt_logprobs"
+
+
+def test_structured_outputs_json_keeps_its_wire_name() -> None:
+    request = make("json", structured_outputs={"json": {"type": "object"}, "disable_fallback": True})
+    assert request.upstream_fields()["structured_outputs"] == {"json": {"type": "object"}, "disable_fallback": True}
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b'{"model": "m", "prompt": "x", "max_tokens": 18446744073709551616}', "max_tokens"),
+        (b'{"model": "m", "prompt": [18446744073709551616]}', "prompt"),
+        (b'{"model": "m", "prompt": "x", "guided_json": {"maximum": 18446744073709551616}}', "guided_json"),
+    ],
+)
+def test_huge_integers_are_a_400_naming_the_field_at_the_door(body: bytes, param: str) -> None:
+    from gateway.http.validation import parse_completion_request
+    from schemas.errors import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError) as caught:
+        parse_completion_request(body)
+    assert caught.value.status == 400 and caught.value.param == param

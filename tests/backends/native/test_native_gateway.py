@@ -382,6 +382,17 @@ CASES: dict[str, Case] = {
     ),
     "guided_decoding_backend": Case({"guided_json": SCHEMA, "guided_decoding_backend": "xgrammar"}),
     "guided_whitespace_pattern": Case({"guided_json": SCHEMA, "guided_whitespace_pattern": " "}),
+    # Current vLLM's fields (issue 13 item 27): no native API has them, all refuse them by name.
+    "truncate_prompt_tokens": Case({"truncate_prompt_tokens": 8}),
+    "truncation_side": Case({"truncation_side": "left"}),
+    "allowed_token_ids": Case({"allowed_token_ids": [1, 2]}),
+    "prompt_logprobs": Case({"prompt_logprobs": 1}),
+    "return_tokens_as_token_ids": Case({"return_tokens_as_token_ids": True}),
+    "return_token_ids": Case({"return_token_ids": True}),
+    "structured_outputs": Case({"structured_outputs": {"regex": "[0-9]+"}}),
+    "stream_options.continuous_usage_stats": Case(
+        {"stream": True, "stream_options": {"continuous_usage_stats": True}}, stream=True
+    ),
 }
 
 
@@ -487,7 +498,7 @@ async def test_every_field_through_the_gateway(
         assert f"'{kind}-a'" in body["message"]
         assert upstreams.sent[kind] == []
         # The neutral value of an unsupported field is no violation, and is not sent.
-        for neutral in NEUTRAL_VALUES.get(name, ())[:1]:
+        for neutral in NEUTRAL_VALUES.get(name, ())[:1] if "." not in name else ():
             extras = {**vllm_extras, name: neutral} if name in vllm_extras else vllm_extras
             kwargs = {**request, name: neutral} if name in request else request
             await client.completions.create(**kwargs, extra_body=extras)
@@ -548,7 +559,20 @@ REFUSED_BY_VALUE = [
     ("tgi", {"echo": True, "logprobs": 1}, "echo"),
     ("ollama", {"echo": True, "logprobs": 0}, "echo"),
     ("llamacpp", {"echo": True, "logprobs": 1}, "echo"),
-    ("llamacpp", {"stream": True, "stream_options": {"continuous_usage_stats": True}}, "stream_options"),
+    (
+        "llamacpp",
+        {"stream": True, "stream_options": {"continuous_usage_stats": True}},
+        "stream_options.continuous_usage_stats",
+    ),
+    # Issue 13 items 13/14/18: an empty (or null) prompt, refused by name where the server cannot serve it.
+    ("ollama", {"prompt": ""}, "prompt"),
+    ("ollama", {"prompt": None}, "prompt"),
+    ("ollama", {"prompt": ["a", ""]}, "prompt"),
+    ("tgi", {"prompt": ""}, "prompt"),
+    ("tgi", {"prompt": None, "stream": True}, "prompt"),
+    # Per-backend bounds (item 27): TGI's --max-top-n-tokens default, Ollama's top_logprobs maximum.
+    ("tgi", {"logprobs": 6}, "logprobs"),
+    ("ollama", {"logprobs": 21}, "logprobs"),
     ("tgi", {"prompt": ["a"] * 40, "stream": True}, "prompt"),
     ("ollama", {"n": 128, "prompt": ["a", "b", "c"]}, "n"),
 ]
@@ -559,6 +583,8 @@ async def test_refused_by_value(
     client: openai.AsyncOpenAI, upstreams: Upstreams, kind: str, fields: dict[str, Any], param: str
 ) -> None:
     request = {"model": model_of(kind), "prompt": PROMPT, **fields}
+    if "logprobs" in fields:  # a bound of the backend: not an OpenAI field to leave out
+        request["extra_body"] = {"logprobs": request.pop("logprobs")}
     with pytest.raises(openai.BadRequestError) as caught:
         created = await client.completions.create(**request)
         if fields.get("stream"):

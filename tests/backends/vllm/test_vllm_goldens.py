@@ -26,7 +26,7 @@ import respx
 from backends.base import UpstreamCall
 from backends.errors import UpstreamError, UpstreamStatusError
 from backends.vllm.adapter import VLLMBackend
-from backends.vllm.dialect import UpstreamGenerationError
+from backends.vllm.dialect import UpstreamGenerationError, asked_choice_fields
 from schemas.completions import CompletionRequest
 from schemas.config import VLLMBackendConfig
 
@@ -119,8 +119,11 @@ async def check_complete(backend: VLLMBackend, call: UpstreamCall, golden: dict[
     result = await backend.complete(call)
     body = orjson.loads(result.body)
     assert set(body) <= OPENAI_TOP and body["model"] == PUBLIC and body["object"] == "text_completion"
-    for choice in body["choices"]:
-        assert set(choice) == OPENAI_CHOICE
+    asked = set(asked_choice_fields(call.request))  # vLLM's extras kept only when asked for
+    for i, choice in enumerate(body["choices"]):
+        assert set(choice) == OPENAI_CHOICE | asked
+        for name in asked:
+            assert choice[name] == choices[i][name]
         assert choice["finish_reason"] in ("stop", "length", "content_filter")
     request = call.request
     n = request.n or 1
@@ -154,7 +157,7 @@ def check_error(error: UpstreamStatusError, golden: dict[str, Any]) -> None:
         assert envelope["message"] == inner["message"]  # passed on, whatever the shape
         expected_param = inner.get("param")
         if expected_param == "structured_outputs":  # named as the client wrote it
-            expected_param = next(k for k in golden["client"] if k.startswith("guided_"))
+            expected_param = next((k for k in golden["client"] if k.startswith("guided_")), expected_param)
         assert envelope["param"] == expected_param
     elif golden["status"] == 401:
         assert error.status == 502 and envelope["code"] == "upstream_auth_failed"

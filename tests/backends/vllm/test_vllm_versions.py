@@ -224,3 +224,122 @@ async def test_plain_requests_do_not_reconfirm(mock: respx.MockRouter) -> None:
         await backend.complete(call(max_tokens=2))
     assert version.call_count == 1
     await backend.close()
+
+
+# --- issue 13: current vLLM's fields, per-backend bounds, one refusal constructor ---------------
+
+
+def _req(**fields: Any) -> CompletionRequest:
+    return CompletionRequest.model_validate({"model": "p", "prompt": "x", **fields})
+
+
+def _refused(version: VLLMVersion | None, **fields: Any) -> str | None:
+    return capabilities_for(VLLMFeatures.of(version)).first_violation(_req(**fields))
+
+
+V0_10, V0_12, V0_32 = VLLMVersion(0, 10, 1), VLLMVersion(0, 12, 0), VLLMVersion(0, 32, 0)
+
+
+@pytest.mark.parametrize(
+    ("version", "fields", "refused"),
+    [
+        # logprobs: vLLM's --max-logprobs default (20), not OpenAI's 5
+        (V0_32, {"logprobs": 20}, None),
+        (V0_32, {"logprobs": 21}, "logprobs"),
+        (V0_32, {"prompt_logprobs": 20}, None),
+        (V0_32, {"prompt_logprobs": -1}, "prompt_logprobs"),
+        # current fields, with their version boundaries
+        (V0_32, {"structured_outputs": {"json_object": True}}, None),
+        (V0_10, {"structured_outputs": {"regex": "a"}}, None),  # translated to guided_regex
+        (V0_10, {"structured_outputs": {"json_object": True}}, "structured_outputs"),
+        (None, {"structured_outputs": {"regex": "a"}}, "structured_outputs"),
+        (V0_32, {"structured_outputs": {"json": {}, "whitespace_pattern": " "}}, "structured_outputs"),
+        (V0_32, {"return_token_ids": True}, None),
+        (V0_10, {"return_token_ids": True}, "return_token_ids"),
+        (None, {"return_token_ids": True}, "return_token_ids"),
+        (V0_32, {"truncation_side": "left", "truncate_prompt_tokens": 4}, None),
+        (V0_12, {"truncation_side": "left"}, "truncation_side"),
+        (V0_10, {"truncate_prompt_tokens": 4, "allowed_token_ids": [1]}, None),
+        (V0_32, {"return_tokens_as_token_ids": True}, None),
+        (None, {"return_tokens_as_token_ids": True}, "return_tokens_as_token_ids"),
+        # early_stopping "never" is a value the capability check decides on (vLLM ignores it)
+        (V0_32, {"early_stopping": "never"}, "early_stopping"),
+        (VLLMVersion(0, 5, 0), {"early_stopping": "never"}, None),
+        # an empty or null prompt: vLLM refuses "must be provided and non-empty"
+        (V0_32, {"prompt": ""}, "prompt"),
+        (V0_32, {"prompt": None}, "prompt"),
+        (V0_32, {"prompt": [[1]]}, None),
+        # the nested vLLM extra is native here
+        (V0_32, {"stream": True, "stream_options": {"continuous_usage_stats": True}}, None),
+    ],
+)
+def test_current_vllm_fields(version: VLLMVersion | None, fields: dict[str, Any], refused: str | None) -> None:
+    assert _refused(version, **fields) == refused
+
+
+def test_openai_type_refuses_vllm_only_nested_field_and_keeps_openai_bounds() -> None:
+    from backends.openai.adapter import OPENAI_CAPABILITIES
+
+    request = _req(stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True})
+    error = OPENAI_CAPABILITIES.refusal(request, "up", "openai")
+    assert error is not None and error.param == "stream_options.continuous_usage_stats"
+    assert (
+        OPENAI_CAPABILITIES.first_violation(_req(stream=True, stream_options={"continuous_usage_stats": False})) is None
+    )
+    assert OPENAI_CAPABILITIES.first_violation(_req(logprobs=5)) is None
+    assert OPENAI_CAPABILITIES.first_violation(_req(logprobs=6)) == "logprobs"
+    for name in ("structured_outputs", "prompt_logprobs", "return_token_ids", "truncation_side"):
+        assert OPENAI_CAPABILITIES.level(name) is Level.UNSUPPORTED
+
+
+def test_openai_payload_drops_neutral_nested_extra() -> None:
+    from backends.openai.adapter import OpenAIBackend
+    from schemas.config import OpenAIBackendConfig
+
+    config = OpenAIBackendConfig.model_validate({"type": "openai", "name": "o", "base_url": "http://o/v1"})
+    backend = OpenAIBackend(config)
+    fields = backend.payload(
+        UpstreamCall(
+            _req(stream=True, stream_options={"include_usage": True, "continuous_usage_stats": False}), "m", "p", "r"
+        )
+    )
+    assert fields["stream_options"] == {"include_usage": True}
+
+
+async def test_structured_outputs_goes_as_guided_before_0_11(mock: respx.MockRouter) -> None:
+    mock.get(VERSION_URL).mock(return_value=httpx.Response(200, json={"version": "0.10.1"}))
+    route = mock.post(URL + "/completions").mock(return_value=answer("vllm-0.10.1"))
+    backend = make()
+    await backend.start()
+    await backend.complete(call(structured_outputs={"choice": ["a", "b"]}))
+    sent = orjson.loads(route.calls[0].request.content)
+    assert sent["guided_choice"] == ["a", "b"] and "structured_outputs" not in sent
+    await backend.close()
+
+
+async def test_refusal_at_send_time_names_the_field(mock: respx.MockRouter) -> None:
+    mock.get(VERSION_URL).mock(return_value=httpx.Response(200, json={"version": "0.12.0"}))
+    route = mock.post(URL + "/completions").mock(return_value=answer())
+    backend = make()
+    await backend.start()
+    from schemas.errors import UnsupportedParameterError
+
+    with pytest.raises(UnsupportedParameterError) as caught:
+        await backend.complete(call(structured_outputs={"regex": "a"}, best_of=2, truncation_side="left"))
+    assert caught.value.param == "truncation_side" and "vLLM 0.12.0" in caught.value.message
+    assert not route.called
+    await backend.close()
+
+
+async def test_vllm_extras_are_dropped_from_answers_unless_asked(mock: respx.MockRouter) -> None:
+    mock.get(VERSION_URL).mock(return_value=httpx.Response(200, json={"version": "0.32.0"}))
+    body = orjson.loads(answer().content)
+    body["choices"][0] |= {"token_ids": [5], "prompt_token_ids": [1], "prompt_logprobs": None}
+    mock.post(URL + "/completions").mock(return_value=httpx.Response(200, json=body))
+    backend = make()
+    await backend.start()
+    plain = orjson.loads((await backend.complete(call())).body)["choices"][0]
+    asked = orjson.loads((await backend.complete(call(return_token_ids=True))).body)["choices"][0]
+    assert "token_ids" not in plain and "prompt_token_ids" not in plain
+    assert asked["token_ids"] == [5] and asked["prompt_token_ids"] == [1] and "prompt_logprobs" not in asked
+    await backend.close()
