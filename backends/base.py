@@ -39,6 +39,14 @@ class TokenUsage:
     prompt_tokens: int
     completion_tokens: int
 
+    def as_json(self) -> dict[str, int]:
+        """OpenAI's ``usage`` object."""
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        }
+
 
 @dataclass(slots=True)
 class CompletionResult:

@@ -216,11 +216,6 @@ def _simulate(req: CompletionRequest) -> tuple[list[_Choice], TokenUsage]:
     return choices, TokenUsage(prompt_tokens, completion_tokens)
 
 
-def _usage_json(usage: TokenUsage) -> dict[str, int]:
-    total = usage.prompt_tokens + usage.completion_tokens
-    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens, "total_tokens": total}
-
-
 def _head(call: UpstreamCall) -> dict[str, Any]:
     return {
         "id": f"cmpl-mock-{uuid.uuid4().hex}",
@@ -288,7 +283,7 @@ class MockBackend(Backend):
                 for c in choices
             ],
             "system_fingerprint": FINGERPRINT,
-            "usage": _usage_json(usage),
+            "usage": usage.as_json(),
         }
         return CompletionResult(body=orjson.dumps(body), usage=usage)
 
@@ -322,7 +317,7 @@ class MockBackend(Backend):
                 )
             )
         if req.stream_options is not None and req.stream_options.include_usage:
-            steps[-1] += _sse({**head, "choices": [], "system_fingerprint": FINGERPRINT, "usage": _usage_json(usage)})
+            steps[-1] += _sse({**head, "choices": [], "system_fingerprint": FINGERPRINT, "usage": usage.as_json()})
         return MockStream(steps, usage, self.config.first_token_delay_ms / 1000, self.config.token_delay_ms / 1000)
 
 

@@ -30,11 +30,6 @@ CONTRACTS: list[dict[str, str]] = tomllib.loads((ROOT / "pyproject.toml").read_t
 
 # contract id -> (why it is broken today, the imports import-linter names as breaking it).
 KNOWN_BREAKS: dict[str, tuple[str, frozenset[str]]] = {
-    "acyclic": (
-        "backends.emulation.fanout -> backends.native.common (Rule, usage_json) while backends.native imports "
-        "backends.emulation",
-        frozenset({"backends.emulation -> backends.native"}),
-    ),
 }
 
 

@@ -35,8 +35,8 @@ from typing import Any, TypeVar, cast
 import orjson
 
 from backends.base import CompletionStream, TokenUsage
+from backends.capabilities import Rule
 from backends.emulation.best_of import is_greedy, pick_best_of
-from backends.native.common import Rule, usage_json
 from schemas.completions import INT64_MAX, CompletionRequest
 
 __all__ = [
@@ -317,7 +317,7 @@ class FanoutStream(CompletionStream):
         self.finished = True
         self.usage = _usage(self._parts, [s.usage for s in self._streams])
         if self._include_usage:
-            out.append(_sse({**self._head, "choices": [], "system_fingerprint": None, "usage": usage_json(self.usage)}))
+            out.append(_sse({**self._head, "choices": [], "system_fingerprint": None, "usage": self.usage.as_json()}))
 
     async def __anext__(self) -> bytes:
         if self.finished or self._closed:

@@ -33,7 +33,7 @@ from backends.capabilities import Capabilities
 from backends.emulation import fanout
 from backends.emulation.fanout import ChoiceStream, FanoutStream, Part, PartResult
 from backends.errors import UpstreamError, UpstreamProtocolError, UpstreamStatusError, error_from_upstream_body
-from backends.native.common import ChoiceTracker, Event, Generation, build_choice, completion_head, usage_json
+from backends.native.common import ChoiceTracker, Event, Generation, build_choice, completion_head
 from backends.transport import make_transport
 from backends.transport.base import HTTPTransport, UpstreamResponse, get_ok
 from schemas.completions import CompletionRequest
@@ -147,7 +147,7 @@ class NativeBackend(Backend):
             **completion_head(call.public_model),
             "choices": choices,
             "system_fingerprint": None,
-            "usage": usage_json(usage),
+            "usage": usage.as_json(),
         }
         return CompletionResult(orjson.dumps(body), usage)
 

@@ -51,7 +51,6 @@ __all__ = [
     "native_seed",
     "stops_of",
     "upstream_max_tokens",
-    "usage_json",
 ]
 
 
@@ -428,12 +427,4 @@ def completion_head(public_model: str) -> dict[str, Any]:
         "object": "text_completion",
         "created": int(time.time()),
         "model": public_model,
-    }
-
-
-def usage_json(usage: TokenUsage) -> dict[str, int]:
-    return {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
     }
