@@ -168,7 +168,7 @@ class VLLMEndpointsBackend(Backend):
             await asyncio.sleep(self.config.routing.metrics_interval)
 
     def _suspect(self, endpoint: Endpoint, exc: UpstreamError) -> None:
-        if exc.reason == "connect" and endpoint.available:
+        if exc.reason in ("connect", "closed") and endpoint.available:
             endpoint.available = False
             log.warning("backend %s: cannot connect to %s; skipped until a probe passes", self.name, endpoint.url)
 
