@@ -339,7 +339,7 @@ async def test_reused_connection_dead_at_the_write_is_resent_fresh(client: FastH
     assert await resp.read() == b"ok"
     resp.release()
     first_answered.set()
-    time.sleep(0.2)  # the reset arrives while the loop does not run: the pool still holds the connection
+    time.sleep(0.2)  # noqa: ASYNC251  # on purpose: the reset arrives while the loop cannot see it
     resp = await client.send("POST", url, body=b"{}", headers=JSON, stream=False)
     assert await resp.read() == b"ok"
     resp.release()
