@@ -77,13 +77,16 @@ def _find_done(block: bytes) -> int:
     return -1
 
 
-def _only_data(block: bytes) -> bool:
-    """Whether a block of whole events holds one-line ``data:`` events and nothing else.
+def _data_events(block: bytes) -> int:
+    """How many events a block of whole events holds if they are all one-line ``data:`` events, else 0.
 
     Every LF is then one of a ``\\n\\ndata:`` between events or of the final ``\\n\\n``:
     no ``id:``/``event:``/``retry:`` field, comment, bare or multi-line ``data`` line.
     """
-    return block.startswith(b"data:") and block.count(b"\n") == 2 * block.count(b"\n\ndata:") + 2
+    if not block.startswith(b"data:"):
+        return 0
+    events = block.count(b"\n\ndata:") + 1
+    return events if block.count(b"\n") == 2 * events else 0
 
 
 def _special_at(block: bytes) -> int:
@@ -197,10 +200,9 @@ class OpenAIStreamRelay(CompletionStream):
         """Ordinary events: swap the upstream model id for the public name, bytes only."""
         # Self-check: data events only, one "model" key per event, all spelled as expected;
         # anything else (other SSE fields, garbage, a renamed model) is parsed.
-        if not _only_data(block):
-            return self._process_slow(block)
+        events = _data_events(block)
         models = block.count(b'"model"')
-        if models != block.count(b"\n\n"):
+        if not events or models != events:
             return self._process_slow(block)
         if not models:
             return block

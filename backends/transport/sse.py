@@ -37,6 +37,11 @@ class EventBuffer:
         self._cr = False  # the last read ended in a CR whose LF may be next
 
     def feed(self, chunk: bytes) -> bytes:
+        if not self._parts and chunk.endswith(self._sep) and not self._cr and b"\r" not in chunk:
+            # The common read: whole events, nothing held (no copy, one scan for CR).
+            if len(chunk) > self._max and _longest(chunk, self._sep) > self._max:
+                self._too_large()
+            return chunk
         if self._cr:
             chunk = b"\r" + chunk
             self._cr = False
