@@ -3,31 +3,50 @@
 Tree (all :class:`schemas.errors.GatewayError`)::
 
     UpstreamError                 502, base; ``retryable`` says whether another try may help
-    ├── UpstreamConnectError      502, retryable: no connection (refused, reset before any byte, DNS)
+    ├── UpstreamConnectError      502, retryable: no connection (refused, DNS, dead before the request was sent)
+    │   └── UpstreamClosedError   502, retryable: the request was sent, the connection closed unanswered
     ├── UpstreamTimeoutError      504, retryable before the first byte
     ├── UpstreamStatusError       the upstream answered non-2xx; status and retryability from the code
     └── UpstreamProtocolError     502: garbage JSON, a stream cut before [DONE], an error event mid-stream
+        └── UpstreamTooLargeError 502: a body or one stream event over the backend's ``limits``, or encoded
+
+Also here, because every upstream message passes through it: the one parser of upstream
+error bodies and events (:func:`error_fields`), which redacts the process's registered
+secrets *before* it cuts a message (:func:`register_secret`, :func:`redact`), and the one
+rule of what is worth another try (:func:`retryable`), shared by the service's retry policy
+and the pool's move to another worker.
 
 Foreign exceptions (aiohttp, httpx, asyncio) are translated into these in
-``backends.transport.base``; nothing above the adapters sees them.
+the ``backends.transport`` clients; nothing above the adapters sees them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from schemas.completions import CompletionRequest
 from schemas.errors import GatewayError
 
 __all__ = [
+    "RETRYABLE_BEFORE_FIRST_BYTE",
+    "ErrorFields",
+    "UpstreamClosedError",
     "UpstreamConnectError",
     "UpstreamError",
     "UpstreamProtocolError",
     "UpstreamStatusError",
     "UpstreamTimeoutError",
+    "UpstreamTooLargeError",
+    "error_fields",
     "error_from_upstream_body",
     "parse_retry_after",
+    "redact",
+    "register_secret",
+    "retryable",
 ]
 
 
@@ -53,6 +72,20 @@ class UpstreamConnectError(UpstreamError):
         super().__init__(message, **kwargs)
 
 
+class UpstreamClosedError(UpstreamConnectError):
+    """The request was written, then the connection closed without a response byte.
+
+    The upstream may have read and run it, so the transport never sends it again; whether
+    another try is worth a possible duplicate is the retry policy's call (``retryable``).
+    """
+
+    code = "upstream_closed"
+
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        kwargs.setdefault("reason", "closed")
+        super().__init__(message, **kwargs)
+
+
 class UpstreamTimeoutError(UpstreamError):
     status = 504
     code = "upstream_timeout"
@@ -68,6 +101,16 @@ class UpstreamProtocolError(UpstreamError):
 
     def __init__(self, message: str, **kwargs: Any) -> None:
         kwargs.setdefault("reason", "protocol")
+        super().__init__(message, **kwargs)
+
+
+class UpstreamTooLargeError(UpstreamProtocolError):
+    """Over a ``limits`` cap of the backend, or in a ``Content-Encoding`` the gateway did not ask for."""
+
+    code = "upstream_response_too_large"
+
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        kwargs.setdefault("reason", "too_large")
         super().__init__(message, **kwargs)
 
 
@@ -126,29 +169,108 @@ def _classify(status: int, message: str) -> tuple[int, str, str | None, bool, st
     return 502, "upstream_error", "upstream_error", False, f"the upstream answered {status}"
 
 
-def _message_of(body: bytes) -> str:
-    """The human message of an upstream error body, whatever its shape.
+# --- what is worth another try ----------------------------------------------------------
 
-    Shapes: OpenAI/vLLM>=0.10.1 ``{"error": {"message": ...}}``; vLLM<0.10.1 flat
-    ``{"object": "error", "message": ...}``; TGI/Ollama ``{"error": "..."}``;
-    vLLM's 401 ``{"error": "Unauthorized"}``; anything else: the text itself, trimmed.
+# Stream failures that are safe to retry while nothing has reached the client: the upstream
+# accepted the request but cut or went silent before its first event.
+RETRYABLE_BEFORE_FIRST_BYTE = frozenset({"stream_cut", "stream_idle"})
+
+
+def retryable(exc: BaseException) -> bool:
+    """Whether another try (this backend, another worker or another route) may succeed where ``exc`` failed."""
+    return isinstance(exc, UpstreamError) and (exc.retryable or exc.reason in RETRYABLE_BEFORE_FIRST_BYTE)
+
+
+# --- upstream messages: parsed once, redacted, then cut ---------------------------------
+
+_MAX_TEXT = 500  # a non-JSON body (an HTML error page, a traceback): its start is enough
+_MAX_MESSAGE = 4096  # a structured message (validation errors can be long)
+_REDACTED = "[redacted]"
+_MIN_SECRET = 6  # shorter values would redact ordinary words
+_secrets: set[str] = set()  # every secret of every config loaded in this process
+_secret_bytes: set[bytes] = set()  # the same, as sent and as escaped inside a JSON string
+
+
+def register_secret(value: str) -> None:
+    """Remember a secret so no upstream message or error body carries it (process-wide)."""
+    if len(value) >= _MIN_SECRET and value not in _secrets:
+        _secrets.add(value)
+        _secret_bytes.add(value.encode())
+        _secret_bytes.add(orjson.dumps(value)[1:-1])
+
+
+def redact(body: bytes) -> bytes:
+    """``body`` with every registered secret replaced by ``[redacted]``."""
+    for secret in _secret_bytes:
+        if secret in body:
+            body = body.replace(secret, _REDACTED.encode())
+    return body
+
+
+def _clip(text: str, limit: int) -> str:
+    """``text`` redacted, *then* cut to ``limit`` characters, and no secret's start left at the cut.
+
+    Redacting first is what keeps a secret that straddles the cut from leaking minus its
+    tail; the prefix check covers a secret that only begins before the cut.
     """
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        text = body.decode("utf-8", "replace").strip()
-        return text[:500] if text else "(empty body)"
+    for secret in _secrets:
+        if secret in text:
+            text = text.replace(secret, _REDACTED)
+    if len(text) <= limit:
+        return text
+    text = text[:limit]
+    for secret in _secrets:
+        for k in range(min(len(secret) - 1, len(text)), 0, -1):
+            if text.endswith(secret[:k]):
+                text = text[:-k]
+                break
+    return text + "..."
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorFields:
+    """What an upstream error body or event says: its message (redacted, bounded), ``param`` and ``code``."""
+
+    message: str
+    param: str | None = None
+    code: str | None = None
+
+
+def error_fields(body: bytes | dict[str, Any]) -> ErrorFields:
+    """The one reader of upstream error bodies and error events, whatever their shape.
+
+    Shapes: OpenAI/vLLM>=0.10.1 ``{"error": {"message", "type", "param", "code"}}``; vLLM<0.10.1
+    flat ``{"object": "error", "message", "param", ...}``; TGI/Ollama ``{"error": "..."}``;
+    vLLM's 401 ``{"error": "Unauthorized"}``; FastAPI ``{"detail": "..."}``; anything else:
+    the text itself. vLLM's integer ``code`` (its HTTP status) is not a code in OpenAI's sense.
+    """
+    data: Any = body
+    if isinstance(body, bytes):
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            text = body.decode("utf-8", "replace").strip()
+            return ErrorFields(_clip(text, _MAX_TEXT) if text else "(empty body)")
     if isinstance(data, dict):
-        error = data.get("error")
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return str(error["message"])
-        if isinstance(error, str):
-            return error
-        if isinstance(data.get("message"), str):
-            return str(data["message"])
-        if isinstance(data.get("detail"), str):
-            return str(data["detail"])
-    return str(data)[:500]
+        inner = data.get("error")
+        source = inner if isinstance(inner, dict) else data
+        param, code = source.get("param"), source.get("code")
+        fields: dict[str, Any] = {
+            "param": param if isinstance(param, str) else None,
+            "code": code if isinstance(code, str) and code else None,
+        }
+        if isinstance(inner, dict):
+            message = inner.get("message")
+            return ErrorFields(_clip(str(message or inner), _MAX_MESSAGE), **fields)
+        if isinstance(inner, str):
+            return ErrorFields(_clip(inner, _MAX_MESSAGE))
+        for key in ("message", "detail"):
+            if isinstance(data.get(key), str):
+                return ErrorFields(_clip(data[key], _MAX_MESSAGE), **(fields if key == "message" else {}))
+    return ErrorFields(_clip(str(data), _MAX_TEXT))
+
+
+_REQUEST_FIELDS = frozenset(CompletionRequest.model_fields)
 
 
 def parse_retry_after(value: str | None) -> float | None:
@@ -161,5 +283,25 @@ def parse_retry_after(value: str | None) -> float | None:
     return seconds if seconds >= 0 else None
 
 
-def error_from_upstream_body(status: int, body: bytes, retry_after: str | None, backend: str) -> UpstreamStatusError:
-    return UpstreamStatusError(status, _message_of(body), retry_after=parse_retry_after(retry_after), backend=backend)
+def error_from_upstream_body(
+    status: int, body: bytes, retry_after: str | None, backend: str, *, rename: Callable[[str], str] | None = None
+) -> UpstreamStatusError:
+    """Our error for an upstream's non-2xx answer (the one place that turns a status and body into it).
+
+    On a client error (``invalid_request_error``) the upstream's ``param`` is kept when it
+    names one of our request fields (after ``rename``, the family's own spelling), and its
+    ``code`` when it is a string (``context_length_exceeded``); otherwise both are null,
+    never a server-sounding code.
+    """
+    fields = error_fields(body)
+    error = UpstreamStatusError(status, fields.message, retry_after=parse_retry_after(retry_after), backend=backend)
+    if error.type == "invalid_request_error":
+        param = fields.param
+        if param is not None and rename is not None:
+            param = rename(param)
+        error.param = param if param in _REQUEST_FIELDS else None
+        if fields.code is not None:
+            error.code = fields.code
+        elif error.code == UpstreamStatusError.code:
+            error.code = None  # type: ignore[assignment]  # OpenAI's code on a client error: a string or null
+    return error

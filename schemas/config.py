@@ -44,6 +44,7 @@ __all__ = [
     "ServerConfig",
     "TGIBackendConfig",
     "TimeoutConfig",
+    "UpstreamLimitsConfig",
     "VLLMBackendConfig",
     "VLLMPoolBackendConfig",
 ]
@@ -66,6 +67,15 @@ class TimeoutConfig(_Strict):
     total: Annotated[float, Field(gt=0)] = 600.0
     # Longest silence allowed between two stream chunks.
     stream_idle: Annotated[float, Field(gt=0)] = 120.0
+
+
+class UpstreamLimitsConfig(_Strict):
+    """Caps on what an upstream may send back, in bytes (over them: 502, or an error event mid-stream)."""
+
+    # A whole non-streamed body (and an error body's first 64 KiB is all that is read).
+    max_response_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024 * 1024
+    # One stream event (SSE or NDJSON): what the gateway holds waiting for its end.
+    max_event_bytes: Annotated[int, Field(ge=1024)] = 8 * 1024 * 1024
 
 
 class RetryConfig(_Strict):
@@ -194,6 +204,7 @@ class HTTPUpstreamConfig(_BackendBase):
     # keep-alive client, the default: about half aiohttp's CPU per request in the benchmark),
     # aiohttp, or httpx (any httpx transport, e.g. respx in tests).
     transport: Literal["httptools", "aiohttp", "httpx"] = "httptools"
+    limits: UpstreamLimitsConfig = Field(default_factory=UpstreamLimitsConfig)
 
     @field_validator("base_url")
     @classmethod
@@ -372,6 +383,7 @@ class VLLMPoolBackendConfig(_BackendBase):
     timeout: TimeoutConfig = Field(default_factory=TimeoutConfig)
     max_connections: Annotated[int, Field(ge=1, le=100_000)] = 1024
     transport: Literal["httptools", "aiohttp", "httpx"] = "httptools"
+    limits: UpstreamLimitsConfig = Field(default_factory=UpstreamLimitsConfig)
     stream_usage: bool = True
 
     @property

@@ -233,7 +233,10 @@ class Behaviour:
     ``stall_mid`` (stream ``events`` chunks then sleep ``delay``), ``garbage``
     (200 with a non-JSON body), ``error_event`` (stream ``events`` chunks then an
     error event and [DONE]), ``garbage_event`` (stream ``events`` chunks then an event
-    that is not JSON, then [DONE]). ``delay`` on ``ok`` paces stream chunks.
+    that is not JSON, then [DONE]), ``raw`` (200 ``text/event-stream`` whose body is
+    ``body``, bytes written as they are, in ``events``-byte writes when set), ``endless``
+    (200 chunked body that never ends: ``body`` bytes written until the client hangs up).
+    ``delay`` on ``ok`` paces stream chunks.
     ``hold`` waits until the test calls :meth:`release`, then answers normally: a request
     kept in flight for exactly as long as a test needs, with no timing window.
     """
@@ -408,9 +411,24 @@ class FakeUpstream:
             )
         if behaviour.kind == "garbage":
             return web.Response(body=b"<html>oops</html>", content_type="text/html")
+        if behaviour.kind in ("raw", "endless"):
+            return await self._raw(request, behaviour)
         if not body.get("stream"):
             return web.Response(body=self._dumps(self.completion(body)), content_type="application/json")
         return await self._stream(request, body, behaviour)
+
+    async def _raw(self, request: web.Request, behaviour: Behaviour) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", **behaviour.headers})
+        await resp.prepare(request)
+        data: bytes = behaviour.body
+        if behaviour.kind == "endless":
+            while True:  # until the gateway hangs up (CancelledError)
+                await resp.write(data)
+        step = behaviour.events or len(data) or 1
+        for at in range(0, len(data), step):
+            await resp.write(data[at : at + step])
+        await resp.write_eof()
+        return resp
 
     async def _stream(self, request: web.Request, body: dict[str, Any], behaviour: Behaviour) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})

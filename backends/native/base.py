@@ -32,10 +32,17 @@ from backends.base import Backend, CompletionResult, CompletionStream, TokenUsag
 from backends.capabilities import Capabilities
 from backends.emulation import fanout
 from backends.emulation.fanout import ChoiceStream, FanoutStream, Part, PartResult
-from backends.errors import UpstreamError, UpstreamProtocolError, UpstreamStatusError, error_from_upstream_body
+from backends.errors import (
+    UpstreamError,
+    UpstreamProtocolError,
+    UpstreamStatusError,
+    error_fields,
+    error_from_upstream_body,
+)
 from backends.native.common import ChoiceTracker, Event, Generation, build_choice, completion_head
 from backends.transport import make_transport
-from backends.transport.base import HTTPTransport, UpstreamResponse, get_ok
+from backends.transport.base import HTTPTransport, UpstreamResponse, get_ok, send_ok
+from backends.transport.sse import EventBuffer, sse_data
 from schemas.completions import CompletionRequest
 from schemas.config import LlamaCppBackendConfig, OllamaBackendConfig, TGIBackendConfig
 from schemas.errors import UnsupportedParameterError
@@ -49,11 +56,8 @@ _DRAIN_SECONDS = 1.0
 
 
 def error_message(obj: dict[str, Any]) -> str:
-    """The message of a native error object: ``{"error": "..."}`` or ``{"error": {"message": ...}}``."""
-    error = obj.get("error")
-    if isinstance(error, dict):
-        return str(error.get("message") or error)
-    return str(error)
+    """The message of a native error event (``backends.errors.error_fields``: redacted, bounded)."""
+    return error_fields(obj).message
 
 
 class NativeBackend(Backend):
@@ -108,18 +112,14 @@ class NativeBackend(Backend):
         """POST ``payload``; returns the 200 response (the caller releases it), raises otherwise."""
         headers = self._headers.copy()
         headers["X-Request-Id"] = call.request_id
-        resp = await self._transport.send(
-            "POST", self.base_url + path, body=orjson.dumps(payload), headers=headers, stream=stream
+        return await send_ok(
+            self._transport,
+            self.base_url + path,
+            orjson.dumps(payload),
+            headers,
+            stream=stream,
+            status_error=self.status_error,
         )
-        if resp.status != 200:
-            try:
-                data = await resp.read()
-            except UpstreamError:
-                data = b""
-            finally:
-                resp.release()
-            raise self.status_error(resp.status, data, resp.header("Retry-After"))
-        return resp
 
     async def post_json(self, path: str, payload: dict[str, Any], call: UpstreamCall) -> tuple[Any, Header]:
         resp = await self.post(path, payload, call, stream=False)
@@ -208,16 +208,6 @@ class _Finished(ChoiceStream):
         self._choice = None
 
 
-def _frames_sse(block: bytes) -> list[bytes]:
-    """The ``data`` of each whole SSE event in ``block`` (comments, keep-alives and [DONE] skipped)."""
-    out: list[bytes] = []
-    for event in block.split(b"\n\n"):
-        data = b"\n".join(line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:"))
-        if data and data != b"[DONE]":
-            out.append(data)
-    return out
-
-
 class NativeChoiceStream(ChoiceStream):
     """One native stream as choice deltas (see :class:`backends.emulation.fanout.ChoiceStream`)."""
 
@@ -226,8 +216,8 @@ class NativeChoiceStream(ChoiceStream):
         self._resp = resp
         self._chunks: AsyncIterator[bytes] = resp.iter_chunks()
         self._tracker = tracker
-        self._sep = b"\n\n" if backend.framing == "sse" else b"\n"
-        self._buf = b""
+        self._sse = backend.framing == "sse"
+        self._events = EventBuffer(b"\n\n" if self._sse else b"\n", backend.config.limits.max_event_bytes, backend.name)
         self._pending: UpstreamError | None = None
         self._released = False
 
@@ -251,18 +241,17 @@ class NativeChoiceStream(ChoiceStream):
             except BaseException:
                 self._release()
                 raise
-            buf = self._buf + chunk if self._buf else chunk
-            if b"\r" in buf:
-                buf = buf.replace(b"\r\n", b"\n")
-            cut = buf.rfind(self._sep)
-            if cut < 0:
-                self._buf = buf
+            try:
+                block = self._events.feed(chunk)
+            except UpstreamError:
+                self._release()
+                raise
+            if not block:
                 continue
-            self._buf = buf[cut + len(self._sep) :]
-            block = buf[:cut]
-            frames = (
-                _frames_sse(block) if self._sep == b"\n\n" else [line for line in block.split(b"\n") if line.strip()]
-            )
+            if self._sse:
+                frames = [data for data in sse_data(block) if data != b"[DONE]"]
+            else:
+                frames = [line for line in block.split(b"\n") if line.strip()]
             out = self._decode(frames)
             if out:
                 return out

@@ -16,11 +16,11 @@ from backends.base import Backend, CompletionResult, CompletionStream, UpstreamC
 from backends.capabilities import Capabilities, Level
 from backends.errors import UpstreamError, error_from_upstream_body
 from backends.openai.relay import OpenAIStreamRelay, relay_completion_body
-from backends.transport import HTTPTransport, get_ok, make_transport
+from backends.transport import HTTPTransport, get_ok, make_transport, send_ok
 from schemas.completions import VLLM_EXTRA_FIELDS
 from schemas.config import OpenAIBackendConfig, VLLMBackendConfig
 
-__all__ = ["OPENAI_CAPABILITIES", "OpenAIBackend"]
+__all__ = ["OPENAI_CAPABILITIES", "OpenAIBackend", "client_usage"]
 
 # OpenAI's own bound: logprobs 0..5 (other backend types have theirs in their tables).
 OPENAI_CAPABILITIES = Capabilities.of(Level.NATIVE, **dict.fromkeys(VLLM_EXTRA_FIELDS, Level.UNSUPPORTED)).with_limits(
@@ -28,6 +28,16 @@ OPENAI_CAPABILITIES = Capabilities.of(Level.NATIVE, **dict.fromkeys(VLLM_EXTRA_F
 )
 
 _JSON = "application/json"
+
+
+def client_usage(call: UpstreamCall) -> tuple[bool, bool]:
+    """(a usage chunk, usage in every chunk): what the client asked for, whatever the gateway asked upstream.
+
+    Per-chunk usage needs ``include_usage`` too, as on vLLM itself.
+    """
+    options = call.request.stream_options
+    wants_usage = bool(options and options.include_usage)
+    return wants_usage, wants_usage and bool(options and options.continuous_usage_stats)
 
 
 class OpenAIBackend(Backend):
@@ -47,6 +57,7 @@ class OpenAIBackend(Backend):
             headers["Authorization"] = f"Bearer {config.api_key.get_secret_value()}"
         self._headers = headers
         self._stream_usage = config.stream_usage
+        self._max_event = config.limits.max_event_bytes
 
     # --- request ----------------------------------------------------------------------
     def payload(self, call: UpstreamCall) -> dict[str, Any]:
@@ -58,8 +69,15 @@ class OpenAIBackend(Backend):
         if fields.get("stream") and self._stream_usage:
             options = fields.get("stream_options") or {}
             if not options.get("include_usage"):
+                # Usage for the gateway's own metrics: one final chunk, never per-chunk usage
+                # (continuous_usage_stats means nothing to vLLM without include_usage).
+                options = {k: v for k, v in options.items() if k != "continuous_usage_stats"}
                 fields["stream_options"] = {**options, "include_usage": True}
         return fields
+
+    def status_error(self, status: int, data: bytes, retry_after: str | None) -> UpstreamError:
+        """A non-200 answer as our error (``backends.errors``)."""
+        return error_from_upstream_body(status, data, retry_after, self.name)
 
     def _request_headers(self, call: UpstreamCall) -> dict[str, str]:
         headers = self._headers.copy()
@@ -69,13 +87,11 @@ class OpenAIBackend(Backend):
     # --- protocol ----------------------------------------------------------------------
     async def complete(self, call: UpstreamCall) -> CompletionResult:
         body = orjson.dumps(self.payload(call))
-        resp = await self._transport.send(
-            "POST", self._url, body=body, headers=self._request_headers(call), stream=False
+        resp = await send_ok(
+            self._transport, self._url, body, self._request_headers(call), stream=False, status_error=self.status_error
         )
         try:
             data = await resp.read()
-            if resp.status != 200:
-                raise error_from_upstream_body(resp.status, data, resp.header("Retry-After"), self.name)
         finally:
             resp.release()
         return self.translate_body(data, call)
@@ -85,24 +101,17 @@ class OpenAIBackend(Backend):
 
     async def stream(self, call: UpstreamCall) -> CompletionStream:
         body = orjson.dumps(self.payload(call))
-        resp = await self._transport.send(
-            "POST", self._url, body=body, headers=self._request_headers(call), stream=True
+        resp = await send_ok(
+            self._transport, self._url, body, self._request_headers(call), stream=True, status_error=self.status_error
         )
-        if resp.status != 200:
-            try:
-                data = await resp.read()
-            except UpstreamError:
-                data = b""
-            finally:
-                resp.release()
-            raise error_from_upstream_body(resp.status, data, resp.header("Retry-After"), self.name)
-        options = call.request.stream_options
+        wants_usage, wants_continuous = client_usage(call)
         return OpenAIStreamRelay(
             resp,
             call,
             self.name,
-            client_wants_usage=bool(options and options.include_usage),
-            client_wants_continuous_usage=bool(options and options.continuous_usage_stats),
+            client_wants_usage=wants_usage,
+            client_wants_continuous_usage=wants_continuous,
+            max_event=self._max_event,
         )
 
     async def health(self) -> bool:

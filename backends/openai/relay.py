@@ -2,15 +2,20 @@
 
 Non-streaming bodies are parsed once (orjson), get the client's model name, and
 are serialised once. Streams are relayed per network read, not per event: the
-complete events in each read are rewritten with two ``bytes`` scans and one
-``replace`` (``"model":"<upstream id>"`` -> ``"model":"<public name>"``), and only
-reads that carry something the gateway must act on (a usage object, an error
-event, an unexpected model shape) are parsed event by event. This is what keeps
-a 64-token stream at a small fraction of a Python proxy's budget.
+read is cut into whole events by the shared decoder (``backends.transport.sse``:
+linear in bytes, each event capped by ``limits.max_event_bytes``), and the
+complete events are rewritten with a few ``bytes`` scans and one ``replace``
+(``"model":"<upstream id>"`` -> ``"model":"<public name>"``); only reads that carry
+something the gateway must act on (a usage object, an error event, an unexpected
+model shape, a line that is not ``data:``) are parsed event by event. This is what
+keeps a 64-token stream at a small fraction of a Python proxy's budget.
+
+What reaches the client is ``data:`` events only (an upstream's ``id:``, ``event:``,
+``retry:``, comment and bare lines are not relayed), up to the *first* ``[DONE]``.
 
 Why the byte scans are safe: inside JSON strings quotes and newlines are
 escaped, so ``"model":``, ``"usage":{``, ``data: {"error"`` and
-``\\ndata: [DONE]`` can only occur as real structure, never inside generated text.
+``\\ndata: [DONE]``, ``\\n\\ndata:`` can only occur as real structure, never inside generated text.
 """
 
 from __future__ import annotations
@@ -21,14 +26,14 @@ from typing import Any
 import orjson
 
 from backends.base import CompletionResult, CompletionStream, TokenUsage, UpstreamCall
-from backends.errors import UpstreamProtocolError
+from backends.errors import UpstreamError, UpstreamProtocolError, error_fields
 from backends.transport.base import UpstreamResponse
+from backends.transport.sse import EventBuffer, sse_data
 
 __all__ = ["OpenAIStreamRelay", "relay_completion_body", "usage_of"]
 
-_DONE = b"data: [DONE]"
 _DRAIN_SECONDS = 1.0
-_DONE_NOSPACE = b"data:[DONE]"
+_MAX_EVENT = 8 * 1024 * 1024  # limits.max_event_bytes' default
 
 
 def usage_of(obj: Any) -> TokenUsage | None:
@@ -38,15 +43,6 @@ def usage_of(obj: Any) -> TokenUsage | None:
         if isinstance(prompt, int) and isinstance(completion, int):
             return TokenUsage(prompt, completion)
     return None
-
-
-def _error_message(obj: dict[str, Any]) -> str:
-    error = obj.get("error")
-    if isinstance(error, dict):
-        return str(error.get("message") or error)
-    if isinstance(error, str):
-        return error
-    return str(obj.get("message") or obj)
 
 
 def relay_completion_body(data: bytes, call: UpstreamCall, backend: str) -> CompletionResult:
@@ -62,15 +58,35 @@ def relay_completion_body(data: bytes, call: UpstreamCall, backend: str) -> Comp
 
 
 def _find_done(block: bytes) -> int:
-    """Index of the ``data: [DONE]`` event in a block of whole events, or -1.
+    """Where the first ``data: [DONE]`` event in a block of whole events starts, or -1.
 
-    Searched from the end: [DONE] is the last event, so this is short when present.
+    The first one: what an upstream sends after its [DONE] (a second [DONE] included) is
+    not the client's. ``[DONE]`` inside generated text is JSON-quoted, never a whole line.
     """
-    for marker in (_DONE, _DONE_NOSPACE):
-        at = block.rfind(marker)
-        if at == 0 or (at > 0 and block[at - 1] == 0x0A):
-            return at
+    at = block.find(b"[DONE]\n")
+    while at >= 0:
+        if at >= 6 and block[at - 6 : at] == b"data: ":
+            start = at - 6
+        elif at >= 5 and block[at - 5 : at] == b"data:":
+            start = at - 5
+        else:
+            start = -1
+        if start == 0 or (start > 0 and block[start - 1] == 0x0A):
+            return start
+        at = block.find(b"[DONE]\n", at + 6)
     return -1
+
+
+def _data_events(block: bytes) -> int:
+    """How many events a block of whole events holds if they are all one-line ``data:`` events, else 0.
+
+    Every LF is then one of a ``\\n\\ndata:`` between events or of the final ``\\n\\n``:
+    no ``id:``/``event:``/``retry:`` field, comment, bare or multi-line ``data`` line.
+    """
+    if not block.startswith(b"data:"):
+        return 0
+    events = block.count(b"\n\ndata:") + 1
+    return events if block.count(b"\n") == 2 * events else 0
 
 
 def _special_at(block: bytes) -> int:
@@ -101,11 +117,12 @@ class OpenAIStreamRelay(CompletionStream):
         *,
         client_wants_usage: bool,
         client_wants_continuous_usage: bool,
+        max_event: int = _MAX_EVENT,
     ) -> None:
         self._resp = resp
         self._chunks = resp.iter_chunks()
         self._backend = backend
-        self._buf = b""
+        self._events = EventBuffer(b"\n\n", max_event, backend)
         self.finished = False
         self._released = False
         self._public = call.public_model
@@ -134,15 +151,14 @@ class OpenAIStreamRelay(CompletionStream):
             except BaseException:
                 self._release()
                 raise
-            buf = self._buf + chunk if self._buf else chunk
-            if b"\r" in buf:
-                buf = buf.replace(b"\r\n", b"\n")
-            cut = buf.rfind(b"\n\n")
-            if cut < 0:
-                self._buf = buf
+            try:
+                block = self._events.feed(chunk)
+            except UpstreamError:
+                self._release()
+                raise
+            if not block:
                 continue
-            self._buf = buf[cut + 2 :]
-            out = self._process(buf[: cut + 2])
+            out = self._process(block)
             if self._pending is not None:
                 # Events that arrived before the upstream's failure still reach the
                 # client; the error is raised on the next call.
@@ -182,10 +198,11 @@ class OpenAIStreamRelay(CompletionStream):
 
     def _rename(self, block: bytes) -> bytes:
         """Ordinary events: swap the upstream model id for the public name, bytes only."""
-        # Self-check: one "model" key per data line, all spelled as expected; anything
-        # else (garbage, a renamed model, "data:" inside generated text) is parsed.
+        # Self-check: data events only, one "model" key per event, all spelled as expected;
+        # anything else (other SSE fields, garbage, a renamed model) is parsed.
+        events = _data_events(block)
         models = block.count(b'"model"')
-        if models != block.count(b"data:"):
+        if not events or models != events:
             return self._process_slow(block)
         if not models:
             return block
@@ -197,10 +214,7 @@ class OpenAIStreamRelay(CompletionStream):
 
     def _process_slow(self, block: bytes) -> bytes:
         out: list[bytes] = []
-        for event in block.split(b"\n\n"):
-            data = b"\n".join(line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:"))
-            if not data:
-                continue  # a comment or keep-alive
+        for data in sse_data(block):  # events without data (comments, keep-alives) are dropped
             try:
                 obj = orjson.loads(data)
             except orjson.JSONDecodeError:
@@ -214,7 +228,7 @@ class OpenAIStreamRelay(CompletionStream):
                 break
             if "error" in obj or obj.get("object") == "error":
                 self._pending = UpstreamProtocolError(
-                    f"the upstream failed mid-stream: {_error_message(obj)}",
+                    f"the upstream failed mid-stream: {error_fields(obj).message}",
                     backend=self._backend,
                     reason="stream_error",
                 )

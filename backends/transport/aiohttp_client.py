@@ -7,26 +7,34 @@ from collections.abc import AsyncIterator, Mapping
 import aiohttp
 
 from backends.errors import UpstreamConnectError, UpstreamProtocolError, UpstreamTimeoutError
-from backends.transport.base import UpstreamResponse
+from backends.transport.base import UpstreamResponse, refuse_encoding, too_large
 from schemas.config import TimeoutConfig
 
 __all__ = ["AiohttpTransport"]
 
 
 class _AiohttpResponse:
-    __slots__ = ("_backend", "_resp", "status")
+    __slots__ = ("_backend", "_max_body", "_resp", "status")
 
-    def __init__(self, resp: aiohttp.ClientResponse, backend: str) -> None:
+    def __init__(self, resp: aiohttp.ClientResponse, backend: str, max_body: int) -> None:
         self._resp = resp
         self._backend = backend
+        self._max_body = max_body
         self.status = resp.status
 
     def header(self, name: str) -> str | None:
         return self._resp.headers.get(name)
 
     async def read(self) -> bytes:
+        parts: list[bytes] = []
+        left = self._max_body
         try:
-            return await self._resp.read()
+            while chunk := await self._resp.content.readany():
+                left -= len(chunk)
+                if left < 0:
+                    raise too_large(self._max_body, self._backend)
+                parts.append(chunk)
+            return b"".join(parts)
         except TimeoutError:
             raise UpstreamTimeoutError("timed out reading the upstream response", backend=self._backend) from None
         except aiohttp.ClientError as exc:
@@ -62,8 +70,11 @@ class _AiohttpResponse:
 class AiohttpTransport:
     """aiohttp ``ClientSession`` with one keep-alive pool per backend."""
 
-    def __init__(self, backend: str, timeout: TimeoutConfig, max_connections: int) -> None:
+    def __init__(
+        self, backend: str, timeout: TimeoutConfig, max_connections: int, *, max_body: int = 64 * 1024 * 1024
+    ) -> None:
         self._backend = backend
+        self._max_body = max_body
         self._timeout = timeout
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
@@ -81,7 +92,10 @@ class AiohttpTransport:
                 limit=self._max_connections, limit_per_host=0, ttl_dns_cache=60, enable_cleanup_closed=True
             )
             self._session = aiohttp.ClientSession(
-                connector=connector, skip_auto_headers=("User-Agent",), trust_env=False
+                connector=connector,
+                skip_auto_headers=("User-Agent",),
+                trust_env=False,
+                auto_decompress=False,  # an encoding we did not ask for is refused, never inflated
             )
         return self._session
 
@@ -93,7 +107,7 @@ class AiohttpTransport:
                 method,
                 url,
                 data=body,
-                headers=headers,
+                headers={"Accept-Encoding": "identity", **headers},
                 timeout=self._stream_timeout if stream else self._plain_timeout,
                 allow_redirects=False,
             )
@@ -107,7 +121,11 @@ class AiohttpTransport:
             raise UpstreamProtocolError(
                 f"bad upstream response ({type(exc).__name__})", backend=self._backend
             ) from None
-        return _AiohttpResponse(resp, self._backend)
+        encoding = resp.headers.get("Content-Encoding")
+        if encoding and encoding.strip().lower() != "identity":
+            resp.close()
+            raise refuse_encoding(encoding, self._backend)
+        return _AiohttpResponse(resp, self._backend, self._max_body)
 
     async def close(self) -> None:
         if self._session is not None:

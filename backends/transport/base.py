@@ -8,7 +8,14 @@ Contract (:class:`HTTPTransport`):
   keep-alive pool, releasing a half-read one closes the connection, which is how
   an abandoned stream stops the upstream's work.
 - Every failure is raised as a ``backends.errors`` type; aiohttp/httpx/asyncio
-  exceptions never escape this module.
+  exceptions never escape the clients.
+- Bounded: every client asks for ``Accept-Encoding: identity`` and refuses any other
+  ``Content-Encoding`` (:func:`refuse_encoding`); ``read()`` fails once a body passes the
+  client's ``max_body`` (:func:`too_large`; ``limits.max_response_bytes``).
+
+:func:`send_ok` is the one place a non-2xx answer becomes an error: it reads at most
+the first 64 KiB of the error body, releases the response, and lets the backend family
+turn status and body into its :class:`~backends.errors.UpstreamStatusError`.
 
 Implementations: ``backends.transport.httptools_client.FastHTTPTransport`` (the default: httptools
 parsing on raw asyncio connections, about a third of aiohttp's client CPU per
@@ -19,12 +26,17 @@ created at start-up, pooled and kept alive.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Protocol
 
-from backends.errors import UpstreamError
+from backends.errors import UpstreamError, UpstreamTooLargeError
 
-__all__ = ["HTTPTransport", "UpstreamResponse", "get_ok"]
+__all__ = ["HTTPTransport", "StatusError", "UpstreamResponse", "get_ok", "refuse_encoding", "send_ok", "too_large"]
+
+_ERROR_BODY = 64 * 1024  # an error's message is at its start; the rest is not read
+
+# (status, body, Retry-After) -> the family's error for a non-2xx answer
+StatusError = Callable[[int, bytes, str | None], UpstreamError]
 
 
 class UpstreamResponse(Protocol):
@@ -58,3 +70,44 @@ async def get_ok(transport: HTTPTransport, url: str, headers: Mapping[str, str] 
     except UpstreamError:
         return None
     return data if resp.status == 200 else None
+
+
+async def send_ok(
+    transport: HTTPTransport,
+    url: str,
+    body: bytes,
+    headers: Mapping[str, str],
+    *,
+    stream: bool,
+    status_error: StatusError,
+) -> UpstreamResponse:
+    """``POST url``; the 200 response (the caller releases it), or ``status_error``'s error for another status."""
+    resp = await transport.send("POST", url, body=body, headers=headers, stream=stream)
+    if resp.status == 200:
+        return resp
+    data = b""
+    try:
+        async for chunk in resp.iter_chunks():
+            data += chunk
+            if len(data) >= _ERROR_BODY:
+                data = data[:_ERROR_BODY]
+                break
+    except UpstreamError:
+        pass  # the status says enough
+    finally:
+        resp.release()
+    raise status_error(resp.status, data, resp.header("Retry-After"))
+
+
+def too_large(limit: int, backend: str) -> UpstreamTooLargeError:
+    return UpstreamTooLargeError(
+        f"the upstream body is larger than {limit} bytes (limits.max_response_bytes)", backend=backend
+    )
+
+
+def refuse_encoding(encoding: str, backend: str) -> UpstreamTooLargeError:
+    return UpstreamTooLargeError(
+        f"the upstream answered in Content-Encoding {encoding[:32]!r}, which the gateway did not ask for",
+        backend=backend,
+        reason="encoded",
+    )

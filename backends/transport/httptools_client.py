@@ -7,17 +7,24 @@ one small response, one parser, one future and one timer handle per exchange.
 Contract (on top of the one in ``backends.transport.base``):
 - ``send`` returns once the status line and headers arrived. The request is one
   ``transport.write``: request line, ``Host``, ``Content-Length``, the caller's
-  headers (which must not repeat those three; CR/LF in them raises ``ValueError``),
-  then the body. No ``Accept-Encoding`` is sent; a gzip/deflate body is inflated
-  anyway (``Content-Encoding``/``Content-Length`` are then hidden from ``header``).
+  ``Accept-Encoding: identity``, the caller's headers (which must not repeat those; CR/LF
+  in them raises ``ValueError``), then the body. An answer in any ``Content-Encoding``
+  but identity is refused (``UpstreamTooLargeError``): inflating what we did not ask
+  for is how a small gzip bomb becomes hundreds of megabytes.
+- Size: a non-streamed body over ``max_body`` bytes fails with
+  ``UpstreamTooLargeError`` as soon as it crosses the cap (an endless chunked body
+  included); streams are bounded per event by their decoder (``backends.transport.sse``)
+  and in memory by the read pause below.
 - Keep-alive pool per (scheme, host, port), idle connections reused LIFO, at most
   ``max_connections`` in all; waiting for one is bounded by ``timeout.connect``
   (then :class:`UpstreamTimeoutError`). A connection goes back to the pool only from
   ``release()`` after its whole body arrived, on an HTTP/1.1 keep-alive response;
   otherwise it is closed, which is how an abandoned stream stops upstream work.
-  An idle connection the server closed is never reused; if a *reused* connection
-  dies before any response byte (the server closed it as we wrote), the request is
-  sent once more on a fresh connection.
+  An idle connection the server closed is never reused. A request is sent once more, on a
+  fresh connection, only when it provably never reached the upstream: its reused
+  connection was found closed before the write, or the write itself failed. Once the
+  request was handed to the socket it is never resent (the upstream may be running it):
+  a close without a response byte is then :class:`UpstreamClosedError`.
 - Timeouts: ``connect`` for getting a connection; non-stream: ``first_byte`` until
   the headers and ``total`` for the whole exchange including ``read()``; stream:
   ``first_byte`` until the headers, then ``stream_idle`` of upstream silence
@@ -25,7 +32,8 @@ Contract (on top of the one in ``backends.transport.base``):
   own slow consumer holds data, or reading is paused for it, does not count.
 - ``iter_chunks`` yields the de-chunked body as it arrives (all that is buffered,
   joined); reading pauses above 256 KiB unconsumed and resumes when drained.
-- Errors: no connection / closed before any response byte -> UpstreamConnectError;
+- Errors: no connection / dead before the request was written -> UpstreamConnectError;
+  closed after the write, before any response byte -> UpstreamClosedError;
   unparseable response -> UpstreamProtocolError; cut after the headers ->
   UpstreamProtocolError(reason="stream_cut"). No OSError/httptools error escapes.
 """
@@ -34,7 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from typing import NamedTuple, cast
@@ -42,8 +49,14 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from backends.errors import UpstreamConnectError, UpstreamError, UpstreamProtocolError, UpstreamTimeoutError
-from backends.transport.base import UpstreamResponse
+from backends.errors import (
+    UpstreamClosedError,
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamProtocolError,
+    UpstreamTimeoutError,
+)
+from backends.transport.base import UpstreamResponse, refuse_encoding, too_large
 from schemas.config import TimeoutConfig
 
 __all__ = ["FastHTTPTransport"]
@@ -61,6 +74,10 @@ class _Target(NamedTuple):
 
 class _Extra(Exception):
     """Bytes after the end of the response: the connection cannot be reused."""
+
+
+class _Unsent(UpstreamConnectError):
+    """The connection was dead before or while the request was written: safe to send again."""
 
 
 class _Conn(asyncio.Protocol):
@@ -96,9 +113,9 @@ class _Response:
     """One exchange; also the httptools parser's callback object and the chunk iterator."""
 
     __slots__ = (
-        "_all", "_backend", "_buffered", "_chunks", "_conn", "_deadline", "_dec", "_done", "_enc", "_eof_framed",
-        "_exc", "_fut", "_got", "_hdrs", "_hmap", "_idle", "_info", "_keep", "_last", "_loop", "_owner", "_parser",
-        "_paused", "_raw", "_stream", "_t0", "_timer", "status",
+        "_all", "_backend", "_buffered", "_chunks", "_conn", "_deadline", "_done", "_eof_framed", "_exc", "_fut",
+        "_got", "_hdrs", "_hmap", "_idle", "_info", "_keep", "_last", "_left", "_loop", "_owner", "_parser",
+        "_paused", "_raw", "_stream", "_t0", "_timer", "_written", "status",
     )  # fmt: skip
 
     def __init__(
@@ -115,12 +132,11 @@ class _Response:
         self._chunks: list[bytes] = []
         self._buffered = 0
         self._hdrs = self._done = self._got = self._all = self._paused = self._keep = self._eof_framed = False
-        self._info = False
+        self._info = self._written = False
+        self._left = owner._max_body  # body bytes a non-streamed response may still send
         self._exc: UpstreamError | None = None
         self._fut: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._enc: bytes | None = None
-        self._dec: zlib._Decompress | None = None
         tc = owner._timeout
         self._t0 = t0
         self._stream = stream
@@ -135,8 +151,6 @@ class _Response:
             hmap = self._hmap = {}
             for raw_name, raw_value in self._raw:
                 key, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1")
-                if self._enc is not None and key in ("content-encoding", "content-length"):
-                    continue
                 hmap[key] = f"{hmap[key]}, {value}" if key in hmap else value
         return hmap.get(name.lower())
 
@@ -216,10 +230,13 @@ class _Response:
         assert conn is not None
         conn.resp = self
         self._timer = self._loop.call_at(self._deadline, self._on_timer)
-        if conn.lost:
-            self._lost(None)
+        if conn.lost or conn.transport.is_closing():
+            self._fail(_Unsent("the upstream connection was closed before the request", backend=self._backend))
         else:
             conn.transport.write(data)
+            if conn.transport.is_closing():  # the write failed at once: nothing reached the upstream
+                self._fail(_Unsent("the upstream connection failed while sending", backend=self._backend))
+            self._written = True
         while not self._hdrs:
             if self._exc is not None:
                 raise self._exc
@@ -245,7 +262,10 @@ class _Response:
         why = f" ({type(exc).__name__})" if exc is not None else ""
         err: UpstreamError
         if not self._got:
-            err = UpstreamConnectError(f"the upstream hung up before answering{why}", backend=self._backend)
+            err = UpstreamClosedError(
+                f"the upstream closed the connection without answering; the request had been sent{why}",
+                backend=self._backend,
+            )
         elif not self._hdrs:
             err = UpstreamProtocolError(f"the upstream hung up mid-headers{why}", backend=self._backend)
         else:
@@ -284,16 +304,6 @@ class _Response:
         else:
             self._fail(UpstreamTimeoutError("timed out waiting for the upstream", backend=self._backend))
 
-    def _inflate(self, data: bytes) -> bytes:
-        dec = self._dec
-        if dec is None:  # gzip or zlib (auto-detected); "deflate" is sometimes sent raw, without the zlib 0x78
-            dec = self._dec = zlib.decompressobj(-15 if self._enc == b"deflate" and data[:1] != b"x" else 47)
-        try:
-            return dec.decompress(data)
-        except zlib.error:
-            self._fail(UpstreamProtocolError("undecodable compressed upstream body", backend=self._backend))
-            return b""
-
     # --- httptools callbacks ------------------------------------------------------------
     def on_message_begin(self) -> None:
         if self._done:
@@ -315,9 +325,9 @@ class _Response:
             lower = name.lower()
             if lower == b"content-length" or lower == b"transfer-encoding":
                 framed = True
-            elif lower == b"content-encoding":
-                enc = value.strip().lower()
-                self._enc = b"deflate" if enc == b"deflate" else b"gzip" if enc in (b"gzip", b"x-gzip") else None
+            elif lower == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
+                self._fail(refuse_encoding(value.decode("latin-1"), self._backend))
+                return
         self._eof_framed = not framed
         self._hdrs = True
         tc = self._owner._timeout
@@ -328,9 +338,12 @@ class _Response:
         self._wake()
 
     def on_body(self, body: bytes) -> None:
-        if self._enc is not None:
-            body = self._inflate(body)
-            if not body:
+        if self._exc is not None:
+            return
+        if not self._stream:
+            self._left -= len(body)
+            if self._left < 0:
+                self._fail(too_large(self._owner._max_body, self._backend))
                 return
         self._chunks.append(body)
         self._buffered += len(body)
@@ -347,11 +360,6 @@ class _Response:
         if self._info:
             self._info = False
             return
-        if self._dec is not None:
-            tail = self._dec.flush()
-            if tail:
-                self._chunks.append(tail)
-                self._buffered += len(tail)
         self._done = True
         self._stop_timer()
         self._wake()
@@ -365,9 +373,12 @@ def _expire(fut: asyncio.Future[bool]) -> None:
 class FastHTTPTransport:
     """HTTP/1.1 over raw asyncio protocols with a per-origin keep-alive pool (see the module docstring)."""
 
-    def __init__(self, backend: str, timeout: TimeoutConfig, max_connections: int) -> None:
+    def __init__(
+        self, backend: str, timeout: TimeoutConfig, max_connections: int, *, max_body: int = 64 * 1024 * 1024
+    ) -> None:
         self._backend = backend
         self._timeout = timeout
+        self._max_body = max_body
         self._max = max(1, max_connections)
         self._targets: dict[str, _Target] = {}
         self._idle: dict[_Key, list[_Conn]] = {}
@@ -384,7 +395,10 @@ class FastHTTPTransport:
         if extra.count("\n") != len(headers) or extra.count("\r") != len(headers):
             raise ValueError("CR or LF in an upstream request header")
         size = len(body) if body else 0
-        head = f"{method} {target.path} HTTP/1.1\r\nHost: {target.host}\r\nContent-Length: {size}\r\n{extra}\r\n"
+        head = (
+            f"{method} {target.path} HTTP/1.1\r\nHost: {target.host}\r\nContent-Length: {size}\r\n"
+            f"Accept-Encoding: identity\r\n{extra}\r\n"
+        )
         data = head.encode()
         if body:
             data += body
@@ -396,15 +410,15 @@ class FastHTTPTransport:
             try:
                 await resp._start(data)
                 return resp
-            except UpstreamConnectError:
+            except _Unsent as exc:
                 resp.release()
                 if not reused:
-                    raise
+                    raise UpstreamConnectError(exc.message, backend=self._backend) from None
             except BaseException:
                 resp.release()
                 raise
-            # A reused connection died before any response byte: the server closed it as we
-            # wrote, so it never handled the request. Once more, on a fresh connection.
+            # A reused connection was dead before or while we wrote: the upstream never got the
+            # request (the keep-alive race). Once more, on a fresh connection.
             reused = False
             conn, _ = await self._acquire(target.key, loop.time() + self._timeout.connect, fresh=True)
 

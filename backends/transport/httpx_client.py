@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Mapping
 import httpx
 
 from backends.errors import UpstreamConnectError, UpstreamProtocolError, UpstreamTimeoutError
-from backends.transport.base import UpstreamResponse
+from backends.transport.base import UpstreamResponse, refuse_encoding, too_large
 from schemas.config import TimeoutConfig
 
 __all__ = ["HttpxTransport"]
@@ -18,11 +18,12 @@ _closing: set[asyncio.Future[None]] = set()
 
 
 class _HttpxResponse:
-    __slots__ = ("_backend", "_resp", "status")
+    __slots__ = ("_backend", "_max_body", "_resp", "status")
 
-    def __init__(self, resp: httpx.Response, backend: str) -> None:
+    def __init__(self, resp: httpx.Response, backend: str, max_body: int) -> None:
         self._resp = resp
         self._backend = backend
+        self._max_body = max_body
         self.status = resp.status_code
 
     def header(self, name: str) -> str | None:
@@ -30,8 +31,15 @@ class _HttpxResponse:
         return value
 
     async def read(self) -> bytes:
+        parts: list[bytes] = []
+        left = self._max_body
         try:
-            return await self._resp.aread()
+            async for chunk in self._resp.aiter_raw():
+                left -= len(chunk)
+                if left < 0:
+                    raise too_large(self._max_body, self._backend)
+                parts.append(chunk)
+            return b"".join(parts)
         except httpx.TimeoutException:
             raise UpstreamTimeoutError("timed out reading the upstream response", backend=self._backend) from None
         except httpx.HTTPError as exc:
@@ -41,7 +49,7 @@ class _HttpxResponse:
 
     async def iter_chunks(self) -> AsyncIterator[bytes]:
         try:
-            async for chunk in self._resp.aiter_bytes():
+            async for chunk in self._resp.aiter_raw():
                 if chunk:
                     yield chunk
         except httpx.TimeoutException:
@@ -71,8 +79,11 @@ class HttpxTransport:
         timeout: TimeoutConfig,
         max_connections: int,
         transport: httpx.AsyncBaseTransport | None = None,
+        *,
+        max_body: int = 64 * 1024 * 1024,
     ) -> None:
         self._backend = backend
+        self._max_body = max_body
         self._timeout = timeout
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(timeout.total, connect=timeout.connect, read=timeout.first_byte),
@@ -92,7 +103,7 @@ class HttpxTransport:
             method,
             url,
             content=body,
-            headers=headers,
+            headers={"Accept-Encoding": "identity", **headers},
             timeout=self._stream_timeout if stream else httpx.USE_CLIENT_DEFAULT,
         )
         try:
@@ -107,7 +118,11 @@ class HttpxTransport:
             raise UpstreamProtocolError(
                 f"bad upstream response ({type(exc).__name__})", backend=self._backend
             ) from None
-        return _HttpxResponse(resp, self._backend)
+        encoding = resp.headers.get("Content-Encoding")
+        if encoding and encoding.strip().lower() != "identity":
+            await resp.aclose()
+            raise refuse_encoding(encoding, self._backend)
+        return _HttpxResponse(resp, self._backend, self._max_body)
 
     async def close(self) -> None:
         await self._client.aclose()

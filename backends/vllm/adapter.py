@@ -33,9 +33,9 @@ from backends.base import CompletionResult, CompletionStream, UpstreamCall
 from backends.capabilities import Capabilities
 from backends.emulation.best_of import ReplicatedStream, pick_best_of, replicate_choices, scale_usage
 from backends.errors import UpstreamConnectError, UpstreamError, UpstreamProtocolError
-from backends.openai.adapter import OpenAIBackend
+from backends.openai.adapter import OpenAIBackend, client_usage
 from backends.openai.relay import usage_of
-from backends.transport.base import HTTPTransport
+from backends.transport.base import HTTPTransport, send_ok
 from backends.vllm.dialect import (
     GUIDED_TO_STRUCTURED,
     VERSION_DEPENDENT_FIELDS,
@@ -158,6 +158,9 @@ class VLLMBackend(OpenAIBackend):
             if self._stale and asyncio.get_running_loop().time() - self._last_attempt >= _RETRY_INTERVAL:
                 await self.detect_version()
 
+    def _confirmed_recently(self) -> bool:
+        return asyncio.get_running_loop().time() - self._confirmed_at <= _CONFIRM_AGE
+
     def _saw(self, obj: dict[str, Any]) -> None:
         """Notice a changed ``system_fingerprint`` (``vllm-X.Y.Z-...``): the server may have been replaced."""
         fingerprint = obj.get("system_fingerprint")
@@ -170,26 +173,22 @@ class VLLMBackend(OpenAIBackend):
 
     # --- sending ----------------------------------------------------------------------
     async def _send(self, body: bytes, call: UpstreamCall, *, stream: bool) -> Any:
+        def status_error(status: int, data: bytes, retry_after: str | None) -> UpstreamError:
+            return vllm_error(status, data, retry_after, self.name, call.request)
+
         try:
-            resp = await self._transport.send(
-                "POST", self._url, body=body, headers=self._request_headers(call), stream=stream
+            resp = await send_ok(
+                self._transport, self._url, body, self._request_headers(call), stream=stream, status_error=status_error
             )
         except UpstreamConnectError:
             self._stale = True  # the next contact is a reconnect: re-read the version first
             raise
-        if resp.status != 200 or not stream:
-            try:
-                data = await resp.read()
-            except UpstreamError:
-                if resp.status == 200:
-                    raise
-                data = b""
-            finally:
-                resp.release()
-            if resp.status != 200:
-                raise vllm_error(resp.status, data, resp.header("Retry-After"), self.name, call.request)
-            return data
-        return resp
+        if stream:
+            return resp
+        try:
+            return await resp.read()
+        finally:
+            resp.release()
 
     def _parse(self, data: bytes) -> dict[str, Any]:
         try:
@@ -312,13 +311,14 @@ class VLLMBackend(OpenAIBackend):
         if translated:
             self.dialect.translate(fields, request, plan, factor)
         resp = await self._send(orjson.dumps(fields), call, stream=True)
-        options = request.stream_options
+        wants_usage, wants_continuous = client_usage(call)
         relay = VLLMStreamRelay(
             resp,
             call,
             self.name,
-            client_wants_usage=bool(options and options.include_usage),
-            client_wants_continuous_usage=bool(options and options.continuous_usage_stats),
+            client_wants_usage=wants_usage,
+            client_wants_continuous_usage=wants_continuous,
+            max_event=self._max_event,
         )
         if plan is Plan.REPLICATE:
             return ReplicatedStream(relay, request.n or 1, self.name)
@@ -326,9 +326,13 @@ class VLLMBackend(OpenAIBackend):
 
     async def _confirm_for_stream(self, guide: str) -> None:
         """A streamed constraint in the old (top-level guided_*) form needs a version read just now."""
-        if asyncio.get_running_loop().time() - self._confirmed_at > _CONFIRM_AGE:
+        if not self._confirmed_recently():
+            asked = asyncio.get_running_loop().time()
             async with self._lock:
-                await self.detect_version()
+                # Single flight: streams that queued behind a GET /version begun after they asked
+                # take its answer (whatever it was) instead of each sending their own.
+                if self._last_attempt < asked and not self._confirmed_recently():
+                    await self.detect_version()
         if self.version_source != "detected" and not self.dialect.features.structured_outputs:
             raise UnsupportedParameterError(
                 f"'{guide}' cannot be streamed by backend '{self.name}': its vLLM version ({self.version_source} "

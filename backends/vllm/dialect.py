@@ -30,11 +30,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-import orjson
-
 from backends.capabilities import Capabilities
 from backends.emulation.best_of import is_greedy
-from backends.errors import UpstreamProtocolError, UpstreamStatusError, parse_retry_after
+from backends.errors import UpstreamProtocolError, UpstreamStatusError, error_from_upstream_body
 from backends.vllm.versions import VLLMFeatures, VLLMVersion, capabilities_for, parse_version
 from schemas.completions import CompletionRequest
 
@@ -241,42 +239,16 @@ def fingerprint_version(obj: dict[str, Any]) -> VLLMVersion | None:
 _PARAM_NAMES = {"input_tokens": "prompt", "prompt_embeds": "prompt"}
 
 
-def _error_fields(body: bytes) -> tuple[str, Any]:
-    """(message, param) from every vLLM error shape; unknown shapes give their text."""
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        text = body.decode("utf-8", "replace").strip()
-        return (text[:500] if text else "(empty body)"), None
-    if isinstance(data, dict):
-        inner = data.get("error")
-        if isinstance(inner, dict):  # >= 0.10.1: {"error": {"message", "type", "param", "code"}}
-            return str(inner.get("message") or inner), inner.get("param")
-        if isinstance(inner, str):  # 401 {"error": "Unauthorized"}
-            return inner, None
-        if isinstance(data.get("message"), str):  # < 0.10.1: {"object": "error", "message", ...}
-            return str(data["message"]), data.get("param")
-        if isinstance(data.get("detail"), str):  # FastAPI
-            return str(data["detail"]), None
-    return str(data)[:500], None
-
-
 def vllm_error(
     status: int, body: bytes, retry_after: str | None, backend: str, request: CompletionRequest
 ) -> UpstreamStatusError:
-    """Our error for a vLLM error answer: status mapped by ``UpstreamStatusError``, ``param`` kept if ours."""
-    message, param = _error_fields(body)
-    ours: str | None = None
-    if isinstance(param, str):
+    """Our error for a vLLM error answer (``backends.errors``), with vLLM's names for fields made ours."""
+
+    def rename(param: str) -> str:
         name = _PARAM_NAMES.get(param, param)
         if name == "structured_outputs":
             # The constraint the client wrote, under the name it used.
             name = next((g for g in GUIDED_TO_STRUCTURED if getattr(request, g) is not None), name)
-        if name in CompletionRequest.model_fields:
-            ours = name
-    error = UpstreamStatusError(status, message, retry_after=parse_retry_after(retry_after), backend=backend)
-    if error.type == "invalid_request_error":  # about the request: say which field, as OpenAI does
-        error.param = ours
-        if error.code == UpstreamStatusError.code:
-            error.code = None  # type: ignore[assignment]  # vLLM's integer code is its HTTP status; OpenAI's is a string or null
-    return error
+        return name
+
+    return error_from_upstream_body(status, body, retry_after, backend, rename=rename)

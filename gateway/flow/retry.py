@@ -35,7 +35,8 @@ from tenacity.retry import retry_base, retry_if_exception
 from tenacity.stop import stop_after_attempt, stop_base, stop_before_delay
 from tenacity.wait import wait_base, wait_exponential_jitter
 
-from backends.errors import UpstreamError
+from backends.errors import RETRYABLE_BEFORE_FIRST_BYTE, UpstreamError
+from backends.errors import retryable as upstream_retryable
 from gateway.clock import Clock
 from gateway.flow.health import client_caused
 from schemas.config import RetryConfig
@@ -49,22 +50,15 @@ __all__ = [
     "wait_retry_after",
 ]
 
-# Stream failures that are safe to retry while nothing has reached the client: the upstream
-# accepted the request but cut or went silent before its first event.
-RETRYABLE_BEFORE_FIRST_BYTE = frozenset({"stream_cut", "stream_idle"})
-
 
 def retryable(exc: BaseException) -> bool:
     """Whether another try (of this backend or of another route) may succeed where ``exc`` failed.
 
-    Never when the request caused it (:func:`gateway.flow.health.client_caused`): any
-    backend would refuse it the same way.
+    The backends' rule (:func:`backends.errors.retryable`, also the one a pool uses to move a
+    call to another worker), and never when the request caused it
+    (:func:`gateway.flow.health.client_caused`): any backend would refuse it the same way.
     """
-    return (
-        isinstance(exc, UpstreamError)
-        and (exc.retryable or exc.reason in RETRYABLE_BEFORE_FIRST_BYTE)
-        and not client_caused(exc)
-    )
+    return upstream_retryable(exc) and isinstance(exc, UpstreamError) and not client_caused(exc)
 
 
 def _retry_after(state: RetryCallState) -> float | None:

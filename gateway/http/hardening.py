@@ -22,7 +22,9 @@
 - Secrets never leave in an error body: every secret of a loaded config (each ``SecretStr``
   in it, and the password of a Redis URL) is registered by :func:`register_secrets`, and
   :func:`redact` replaces them in an error body before it is sent (an upstream may echo our
-  credentials in an error message we pass on). Only error bodies pay for it.
+  credentials in an error message we pass on). Only error bodies pay for it. The registry and
+  ``redact`` live in ``backends.errors``, which must redact an upstream message *before* it
+  cuts it (a secret straddling the cut would otherwise leak minus its tail).
 """
 
 from __future__ import annotations
@@ -31,11 +33,11 @@ import asyncio
 from typing import Any
 from urllib.parse import urlsplit
 
-import orjson
 from aiohttp import hdrs, web
 from aiohttp.http_exceptions import HttpProcessingError
 from pydantic import BaseModel, SecretStr
 
+from backends.errors import redact, register_secret
 from gateway.http.protocol import UNSUPPORTED_ENCODING, malformed_message
 from schemas.config import ServerConfig
 from schemas.errors import GatewayError
@@ -43,10 +45,6 @@ from schemas.errors import GatewayError
 __all__ = ["BodyEncodingError", "RequestTimeoutError", "handler_args", "read_body", "redact", "register_secrets"]
 
 _LINGERING = 10.0  # aiohttp's default
-_REDACTED = b"[redacted]"
-_MIN_SECRET = 6  # shorter values would redact ordinary words
-# Secret byte strings of every config loaded in this process, as sent and as JSON-escaped.
-_secrets: set[bytes] = set()
 
 
 class RequestTimeoutError(GatewayError):
@@ -121,14 +119,4 @@ def _secret_values(node: Any) -> list[str]:
 def register_secrets(config: BaseModel) -> None:
     """Remember every secret in ``config`` for :func:`redact` (process-wide; never cleared)."""
     for value in _secret_values(config):
-        if len(value) >= _MIN_SECRET:
-            _secrets.add(value.encode())
-            _secrets.add(orjson.dumps(value)[1:-1])  # as it appears inside a JSON string
-
-
-def redact(body: bytes) -> bytes:
-    """``body`` with every registered secret replaced by ``[redacted]``."""
-    for secret in _secrets:
-        if secret in body:
-            body = body.replace(secret, _REDACTED)
-    return body
+        register_secret(value)

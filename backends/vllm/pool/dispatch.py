@@ -3,10 +3,15 @@
 Contract:
 - only ``available`` endpoints are picked (``Balancer.pick``); the chosen endpoint's
   ``in_flight`` counts the call until it finished, failed, or (streams) was closed;
-- a retryable failure (no connection, timeout, 429/5xx; for streams also a cut or a
-  stall before the first event) is retried on an endpoint not tried yet (a restarted
-  worker counts as new), at most ``routing.max_attempts`` tries in all; the owner is told
-  about each failure (``on_failure``) so it can take a dead worker out at once;
+- a failure that :func:`backends.errors.retryable` calls worth another try (the same rule
+  as the service's retry policy: no connection, timeout, 429/5xx, a stream cut or stall
+  before its first event) moves to an endpoint not tried yet (a restarted worker counts
+  as new), at most ``routing.max_attempts`` tries in all; the owner is told about each
+  failure (``on_failure``) so it can take a dead worker out at once. This is the one retry
+  inside a backend, kept because a pool is one route to the service: without it a worker
+  crash would reach clients while its siblings are healthy (the service's retries are off
+  by default and its failover moves between routes, not workers). The transport below
+  never resends a request that reached an upstream;
 - while no endpoint is available, a call waits up to ``routing.wait_for_ready`` seconds
   (woken by :meth:`Dispatcher.notify`), then fails with :class:`NoReadyWorkerError`
   (503, ``Retry-After``); it fails at once when nothing can become available
@@ -24,15 +29,13 @@ from collections.abc import Callable
 from typing import Any
 
 from backends.base import Backend, CompletionResult, CompletionStream, UpstreamCall
-from backends.errors import UpstreamError
+from backends.errors import UpstreamError, retryable
 from backends.vllm.pool.balancer import Balancer, Endpoint
 from backends.vllm.pool.prefix import prefix_keys
 from schemas.config import PoolRoutingConfig
 
-__all__ = ["Dispatcher", "NoReadyWorkerError"]
+__all__ = ["DispatchedBackend", "Dispatcher", "NoReadyWorkerError"]
 
-# Stream failures that are safe to retry while nothing has reached the client.
-_RETRYABLE_BEFORE_FIRST_EVENT = frozenset({"stream_cut", "stream_idle"})
 # Retry-After for a 503: soon while workers are starting, later when none can.
 _RETRY_AFTER_STARTING = 5.0
 _RETRY_AFTER_HOPELESS = 30.0
@@ -151,7 +154,7 @@ class Dispatcher:
                 return await adapter.complete(call)
             except UpstreamError as exc:
                 self._failed(ep, exc, tried)
-                if not exc.retryable:
+                if not retryable(exc):
                     raise
                 last = exc
             finally:
@@ -180,7 +183,7 @@ class Dispatcher:
                 return _PoolStream(first, inner, functools.partial(self._release, ep))
             except UpstreamError as exc:
                 self._failed(ep, exc, tried)
-                if not (exc.retryable or exc.reason in _RETRYABLE_BEFORE_FIRST_EVENT):
+                if not retryable(exc):
                     raise
                 last = exc
             finally:
@@ -188,6 +191,21 @@ class Dispatcher:
                     self._release(ep)
         assert last is not None
         raise last
+
+
+class DispatchedBackend(Backend):
+    """A backend whose calls a :class:`Dispatcher` spreads over endpoints (``vllm-pool``, multi-server ``vllm``)."""
+
+    dispatcher: Dispatcher
+
+    async def complete(self, call: UpstreamCall) -> CompletionResult:
+        return await self.dispatcher.complete(call)
+
+    async def stream(self, call: UpstreamCall) -> CompletionStream:
+        return await self.dispatcher.stream(call)
+
+    async def health(self) -> bool:
+        return any(ep.available for ep in self.dispatcher.endpoints)
 
 
 class _PoolStream(CompletionStream):

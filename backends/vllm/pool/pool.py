@@ -21,12 +21,12 @@ import time
 from pathlib import Path
 from typing import ClassVar
 
-from backends.base import Backend, CompletionResult, CompletionStream, UpstreamCall
+from backends.base import Backend
 from backends.capabilities import Capabilities
 from backends.transport import make_transport
 from backends.transport.base import HTTPTransport
 from backends.vllm.adapter import VLLM_CAPABILITIES, VLLMBackend
-from backends.vllm.pool.dispatch import Dispatcher
+from backends.vllm.pool.dispatch import DispatchedBackend, Dispatcher
 from backends.vllm.pool.status import PoolStatus, default_log_dir, write_status
 from backends.vllm.pool.supervisor import Supervisor
 from schemas.config import VLLMBackendConfig, VLLMPoolBackendConfig
@@ -42,7 +42,7 @@ def pool_log_dir(config: VLLMPoolBackendConfig) -> Path:
     return Path(config.log_dir) if config.log_dir else default_log_dir(config.name)
 
 
-class VLLMPoolBackend(Backend):
+class VLLMPoolBackend(DispatchedBackend):
     kind: ClassVar[str] = "vllm-pool"
     default_capabilities: ClassVar[Capabilities] = VLLM_CAPABILITIES
 
@@ -123,14 +123,6 @@ class VLLMPoolBackend(Backend):
             await self._transport.close()
         self._write_status()
 
-    async def complete(self, call: UpstreamCall) -> CompletionResult:
-        return await self.dispatcher.complete(call)
-
-    async def stream(self, call: UpstreamCall) -> CompletionStream:
-        return await self.dispatcher.stream(call)
-
-    async def health(self) -> bool:
-        return any(ep.available for ep in self.dispatcher.endpoints)
 
     # --- status ---------------------------------------------------------------------------
     def pool_status(self) -> PoolStatus:

@@ -23,7 +23,6 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import ClassVar
 
-from backends.base import Backend, CompletionResult, CompletionStream, UpstreamCall
 from backends.capabilities import Capabilities
 from backends.errors import UpstreamError
 from backends.transport import make_transport
@@ -31,7 +30,7 @@ from backends.transport.base import get_ok
 from backends.transport.httptools_client import FastHTTPTransport
 from backends.vllm.adapter import VLLM_CAPABILITIES, VLLMBackend
 from backends.vllm.pool.balancer import Endpoint
-from backends.vllm.pool.dispatch import Dispatcher
+from backends.vllm.pool.dispatch import DispatchedBackend, Dispatcher
 from backends.vllm.pool.scrape import parse_vllm_metrics
 from backends.vllm.pool.status import PoolStatus, WorkerStatus
 from schemas.config import TimeoutConfig, VLLMBackendConfig
@@ -58,7 +57,7 @@ class _Server:
         self.failures = 0
 
 
-class VLLMEndpointsBackend(Backend):
+class VLLMEndpointsBackend(DispatchedBackend):
     kind: ClassVar[str] = "vllm"
     default_capabilities: ClassVar[Capabilities] = VLLM_CAPABILITIES
 
@@ -168,7 +167,7 @@ class VLLMEndpointsBackend(Backend):
             await asyncio.sleep(self.config.routing.metrics_interval)
 
     def _suspect(self, endpoint: Endpoint, exc: UpstreamError) -> None:
-        if exc.reason == "connect" and endpoint.available:
+        if exc.reason in ("connect", "closed") and endpoint.available:
             endpoint.available = False
             log.warning("backend %s: cannot connect to %s; skipped until a probe passes", self.name, endpoint.url)
 
@@ -196,14 +195,6 @@ class VLLMEndpointsBackend(Backend):
         await self._transport.close()
         await self._control.close()
 
-    async def complete(self, call: UpstreamCall) -> CompletionResult:
-        return await self.dispatcher.complete(call)
-
-    async def stream(self, call: UpstreamCall) -> CompletionStream:
-        return await self.dispatcher.stream(call)
-
-    async def health(self) -> bool:
-        return any(ep.available for ep in self.dispatcher.endpoints)
 
     def pool_status(self) -> PoolStatus:
         workers = [

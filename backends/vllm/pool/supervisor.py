@@ -184,7 +184,7 @@ class Supervisor:
 
     def suspect(self, endpoint: Endpoint, exc: UpstreamError) -> None:
         """A request could not reach this worker: stop routing to it and probe it now."""
-        if exc.reason != "connect" or endpoint.index >= len(self.workers):
+        if exc.reason not in ("connect", "closed") or endpoint.index >= len(self.workers):
             return
         worker = self.workers[endpoint.index]
         if worker.state == "ready" and endpoint.generation == worker.endpoint.generation:

@@ -254,17 +254,25 @@ async def test_stream_relays_usage_when_the_client_asked(
     assert stream.usage == TokenUsage(3, 3)
 
 
-async def test_stream_keeps_other_stream_options(mock: respx.MockRouter) -> None:
+@pytest.mark.parametrize(
+    ("options", "sent"),
+    [
+        # The gateway's own usage request never turns on per-chunk usage (issue 13 item 26).
+        ({"include_usage": False, "continuous_usage_stats": True}, {"include_usage": True}),
+        ({"include_usage": True, "continuous_usage_stats": True}, {"include_usage": True, "continuous_usage_stats": True}),  # noqa: E501
+    ],
+)
+async def test_stream_options_the_client_asked_for_are_kept(
+    mock: respx.MockRouter, options: dict[str, bool], sent: dict[str, bool]
+) -> None:
     backend = await make("vllm")
     route = completions_route(mock, "vllm").mock(return_value=sse_response([sse(*CHUNKS)]))
     try:
-        stream = await backend.stream(
-            make_call(stream=True, stream_options={"include_usage": False, "continuous_usage_stats": True})
-        )
+        stream = await backend.stream(make_call(stream=True, stream_options=options))
         await collect(stream)
     finally:
         await backend.close()
-    assert sent_body(route)["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert sent_body(route)["stream_options"] == sent
 
 
 async def test_stream_usage_off_in_config_leaves_the_request_alone(kind: str, mock: respx.MockRouter) -> None:
