@@ -1,0 +1,73 @@
+"""The gateway's YAML config as pydantic models.
+
+Validated once at start-up: unknown keys, unknown backend types, duplicate names
+and routes to undefined backends are errors here, never at request time. Backend
+entries are a discriminated union on ``type``; secrets are ``SecretStr`` so they
+never show in ``repr``, logs or a config dump.
+"""
+
+from __future__ import annotations
+
+# One import path for the whole config; the sections live in their own modules.
+from schemas.config.auth import ApiKeyConfig, AuthConfig, CostCaps
+from schemas.config.backends import (
+    BACKEND_TYPES,
+    BackendConfig,
+    LlamaCppBackendConfig,
+    MockBackendConfig,
+    OllamaBackendConfig,
+    OpenAIBackendConfig,
+    TGIBackendConfig,
+    VLLMBackendConfig,
+)
+from schemas.config.common import (
+    CapabilityLevelName,
+    CircuitBreakerConfig,
+    HealthCheckConfig,
+    HTTPUpstreamConfig,
+    RetryConfig,
+    TimeoutConfig,
+    UpstreamLimitsConfig,
+)
+from schemas.config.gateway import GatewayConfig
+from schemas.config.models import ModelConfig, RouteConfig
+from schemas.config.pool import (
+    DNSDiscoveryConfig,
+    PoolProbeConfig,
+    PoolRestartConfig,
+    PoolRoutingConfig,
+    VLLMPoolBackendConfig,
+)
+from schemas.config.server import PRIORITIES, AdmissionConfig, ServerConfig
+
+__all__ = [
+    "BACKEND_TYPES",
+    "PRIORITIES",
+    "AdmissionConfig",
+    "ApiKeyConfig",
+    "AuthConfig",
+    "BackendConfig",
+    "CapabilityLevelName",
+    "CircuitBreakerConfig",
+    "CostCaps",
+    "DNSDiscoveryConfig",
+    "GatewayConfig",
+    "HTTPUpstreamConfig",
+    "HealthCheckConfig",
+    "LlamaCppBackendConfig",
+    "MockBackendConfig",
+    "ModelConfig",
+    "OllamaBackendConfig",
+    "OpenAIBackendConfig",
+    "PoolProbeConfig",
+    "PoolRestartConfig",
+    "PoolRoutingConfig",
+    "RetryConfig",
+    "RouteConfig",
+    "ServerConfig",
+    "TGIBackendConfig",
+    "TimeoutConfig",
+    "UpstreamLimitsConfig",
+    "VLLMBackendConfig",
+    "VLLMPoolBackendConfig",
+]

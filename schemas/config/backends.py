@@ -1,0 +1,105 @@
+"""Backend entries: a discriminated union on ``type``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import AnyHttpUrl, Field, field_validator, model_validator
+
+from schemas.config.common import HTTPUpstreamConfig, _BackendBase, _HTTPBackendBase
+from schemas.config.pool import DNSDiscoveryConfig, PoolProbeConfig, PoolRoutingConfig, VLLMPoolBackendConfig
+
+
+class OpenAIBackendConfig(_HTTPBackendBase):
+    """An OpenAI-compatible HTTP API (OpenAI, Together, Fireworks, ...)."""
+
+    type: Literal["openai"]
+
+
+class VLLMBackendConfig(_HTTPBackendBase):
+    """A remote vLLM OpenAI-compatible server, or a set of them.
+
+    Exactly one of ``base_url`` (one server), ``base_urls`` (several, spread by ``routing``)
+    or ``discovery`` (a DNS name re-resolved periodically) is given.
+    """
+
+    type: Literal["vllm"]
+    base_url: AnyHttpUrl | None = None  # type: ignore[assignment]  # optional here: see base_urls
+    # Pin the server's version when ``GET /version`` is unavailable.
+    version: Annotated[str, Field(pattern=r"^\d+\.\d+(\.\d+)?")] | None = None
+    base_urls: list[AnyHttpUrl] = Field(default_factory=list)
+    discovery: DNSDiscoveryConfig | None = None
+    # With base_urls/discovery only: spreading and probing the servers.
+    routing: PoolRoutingConfig = Field(default_factory=PoolRoutingConfig)
+    probe: PoolProbeConfig = Field(default_factory=PoolProbeConfig)
+
+    @field_validator("base_urls")
+    @classmethod
+    def _urls_plain(cls, value: list[AnyHttpUrl]) -> list[AnyHttpUrl]:
+        for i, url in enumerate(value):
+            if url.query or url.fragment:
+                raise ValueError(f"base_urls[{i}] must not carry a query string or fragment")
+        if len({str(url) for url in value}) != len(value):
+            raise ValueError("base_urls lists a URL twice")
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> VLLMBackendConfig:
+        given = [key for key in ("base_url", "base_urls", "discovery") if getattr(self, key)]
+        if len(given) != 1:
+            got = f" (got {', '.join(given)})" if given else ""
+            raise ValueError(f"give exactly one of base_url, base_urls, discovery{got}")
+        if self.base_url is not None and {"routing", "probe"} & self.model_fields_set:
+            raise ValueError("routing and probe apply only with base_urls or discovery")
+        return self
+
+
+
+
+class MockBackendConfig(_BackendBase):
+    """The built-in simulator: deterministic text, no model."""
+
+    type: Literal["mock"]
+    # Simulated generation speed (0 = as fast as possible).
+    token_delay_ms: Annotated[float, Field(ge=0, le=10_000)] = 0.0
+    first_token_delay_ms: Annotated[float, Field(ge=0, le=60_000)] = 0.0
+
+
+class _NativeBackendBase(HTTPUpstreamConfig):
+    """A server reached over its own (non-OpenAI) HTTP API; ``base_url`` is the server root.
+
+    ``api_key`` is sent as ``Authorization: Bearer``.
+    """
+
+
+class TGIBackendConfig(_NativeBackendBase):
+    """Hugging Face text-generation-inference, native ``/generate`` and ``/generate_stream``."""
+
+    type: Literal["tgi"]
+
+
+class OllamaBackendConfig(_NativeBackendBase):
+    """Ollama, native ``/api/generate``."""
+
+    type: Literal["ollama"]
+
+
+class LlamaCppBackendConfig(_NativeBackendBase):
+    """llama.cpp's ``llama-server``, native ``/completion``."""
+
+    type: Literal["llamacpp"]
+
+
+BackendConfig = Annotated[
+    OpenAIBackendConfig
+    | VLLMBackendConfig
+    | VLLMPoolBackendConfig
+    | MockBackendConfig
+    | TGIBackendConfig
+    | OllamaBackendConfig
+    | LlamaCppBackendConfig,
+    Field(discriminator="type"),
+]
+BACKEND_TYPES = ("openai", "vllm", "vllm-pool", "mock", "tgi", "ollama", "llamacpp")
+
+
