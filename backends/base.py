@@ -1,10 +1,16 @@
 """The backend protocol every adapter implements.
 
-A backend turns one validated :class:`~schemas.completions.CompletionRequest`
-(wrapped in an :class:`UpstreamCall`) into either a finished OpenAI
-``text_completion`` body (:meth:`Backend.complete`) or a stream of ready-to-send
-SSE events (:meth:`Backend.stream`). Adapters never see raw client JSON and
-raise only ``schemas.errors``/``backends.errors`` types.
+A backend turns one validated request, wrapped in a :class:`Call` with what the route
+decided, into either a finished OpenAI body or a stream of ready-to-send SSE events:
+
+- completions (``POST /v1/completions``): :meth:`Backend.complete` / :meth:`Backend.stream`
+  with an :data:`UpstreamCall` (a :class:`~schemas.completions.CompletionRequest`);
+- chat (``POST /v1/chat/completions``): :meth:`Backend.chat` / :meth:`Backend.chat_stream`
+  with a :data:`ChatCall` (a :class:`~schemas.chat.ChatCompletionRequest`), only on backends
+  whose :attr:`Backend.endpoints` include ``chat``; the router sends no other.
+
+Each backend family has one translator per endpoint behind these methods. Adapters never
+see raw client JSON and raise only ``schemas.errors``/``backends.errors`` types.
 
 Lifecycle: ``await start()`` once before serving (opens pools, may probe),
 ``await close()`` once at shutdown. Methods are called concurrently from one
@@ -16,22 +22,41 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
 
 from backends.capabilities import Capabilities
+from schemas.chat import ChatCompletionRequest
 from schemas.completions import CompletionRequest
+from schemas.endpoints import Endpoint
 
-__all__ = ["Backend", "CompletionResult", "CompletionStream", "TokenUsage", "UpstreamCall"]
+if TYPE_CHECKING:
+    from backends.chat_capabilities import ChatCapabilities
+
+__all__ = [
+    "Backend",
+    "Call",
+    "ChatCall",
+    "CompletionResult",
+    "CompletionStream",
+    "TokenUsage",
+    "UpstreamCall",
+]
+
+Req = TypeVar("Req", CompletionRequest, ChatCompletionRequest)
 
 
 @dataclass(slots=True, frozen=True)
-class UpstreamCall:
+class Call(Generic[Req]):
     """One attempt at one route: the request plus what the route decided."""
 
-    request: CompletionRequest
+    request: Req
     upstream_model: str  # the upstream's model id (route ``model``)
     public_model: str  # the name the client asked for; every answer carries it
     request_id: str
+
+
+UpstreamCall = Call[CompletionRequest]  # a completions attempt
+ChatCall = Call[ChatCompletionRequest]  # a chat attempt
 
 
 @dataclass(slots=True)
@@ -90,6 +115,10 @@ class Backend(ABC):
     """One configured backend entry."""
 
     kind: ClassVar[str]
+    # The endpoints this backend serves; a family that has a chat translator adds ``CHAT``
+    # and sets :attr:`chat_capabilities`.
+    endpoints: frozenset[Endpoint] = frozenset({Endpoint.COMPLETIONS})
+    chat_capabilities: ChatCapabilities | None = None
 
     def __init__(self, name: str, capabilities: Capabilities) -> None:
         self.name = name
@@ -108,6 +137,14 @@ class Backend(ABC):
     @abstractmethod
     async def stream(self, call: UpstreamCall) -> CompletionStream:
         """Start a streaming completion; returns once the upstream accepted it."""
+
+    async def chat(self, call: ChatCall) -> CompletionResult:
+        """A non-streaming chat completion (only where :attr:`endpoints` has ``chat``)."""
+        raise NotImplementedError(f"{type(self).__name__} serves no chat endpoint")
+
+    async def chat_stream(self, call: ChatCall) -> CompletionStream:
+        """Start a streaming chat completion; returns once the upstream accepted it."""
+        raise NotImplementedError(f"{type(self).__name__} serves no chat endpoint")
 
     async def health(self) -> bool:
         """Whether the upstream answers; used by probes (default: assume healthy)."""

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from schemas.config.common import Name, _Strict
+from schemas.endpoints import Endpoint
 
 
 class RouteConfig(_Strict):
@@ -20,5 +21,15 @@ class ModelConfig(_Strict):
     name: Annotated[str, Field(min_length=1, max_length=256)]
     routes: Annotated[list[RouteConfig], Field(min_length=1)]
     strategy: Literal["failover", "round_robin", "weighted", "least_outstanding"] = "failover"
+    # The APIs this model is served on (``completions``, ``chat``); absent: every endpoint its
+    # routes' backends can serve. A request to another endpoint gets 404 naming the ones it serves.
+    endpoints: Annotated[list[Endpoint], Field(min_length=1)] | None = None
+
+    @field_validator("endpoints")
+    @classmethod
+    def _distinct(cls, value: list[Endpoint] | None) -> list[Endpoint] | None:
+        if value is not None and len(set(value)) != len(value):
+            raise ValueError("each endpoint at most once")
+        return value
 
 

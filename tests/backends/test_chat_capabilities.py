@@ -20,10 +20,9 @@ from backends.chat_capabilities import (
     TGI_CHAT,
     VLLM_CHAT_EXTRAS,
     ChatCapabilities,
-    VLLMChatFeatures,
     request_forms,
-    vllm_chat_capabilities,
 )
+from backends.vllm.chat_capabilities import VLLMChatFeatures, vllm_chat_capabilities
 from backends.vllm.versions import VLLMVersion
 from schemas.chat import ChatCompletionRequest
 
