@@ -55,8 +55,19 @@ class Call(Generic[Req]):
     request_id: str
 
 
-UpstreamCall = Call[CompletionRequest]  # a completions attempt
-ChatCall = Call[ChatCompletionRequest]  # a chat attempt
+# Real subclasses, not aliases of ``Call[...]``: constructing through a generic alias makes
+# typing set ``__orig_class__`` on every instance, which a frozen slotted dataclass refuses
+# (TypeError on Python 3.11) and which would cost an exception per request anyway.
+class UpstreamCall(Call[CompletionRequest]):
+    """A completions attempt."""
+
+    __slots__ = ()
+
+
+class ChatCall(Call[ChatCompletionRequest]):
+    """A chat attempt."""
+
+    __slots__ = ()
 
 
 @dataclass(slots=True)
