@@ -33,7 +33,7 @@ from gateway.security.guard import RequestGuard
 from gateway.state import STATE, GatewayState, models_body
 from schemas.config import GatewayConfig
 
-__all__ = ["PROBER", "create_app"]
+__all__ = ["PROBER", "backend_guards", "build_state", "create_app"]
 
 PROBER: web.AppKey[HealthProber] = web.AppKey("gateway_prober", HealthProber)
 
@@ -46,22 +46,9 @@ def create_app(
     keys = [k.name for k in config.auth.keys] if config.auth is not None else []
     metrics = GatewayMetrics((m.name for m in config.models), built, keys=keys)
     clock = clock if clock is not None else Clock()
-    guards = _guards(config, metrics, clock)
-    started_at = time.time()
-    body = models_body(config.models, started_at)
-    # Auth, cost caps, rate limits, audit: see gateway.security.guard (nothing per request when off).
-    guard = RequestGuard.from_config(config, metrics, body)
-    state = GatewayState(
-        config=config,
-        backends=built,
-        router=Router(config, built, guards),
-        metrics=metrics,
-        service=CompletionService(metrics, clock),
-        admission=Admission(config.server.admission, metrics),
-        request_guard=guard,
-        models_body=body,
-        started_at=started_at,
-    )
+    guards = backend_guards(config, metrics, clock)
+    state = build_state(config, built, guards, metrics, clock, started_at=time.time())
+    guard = state.request_guard
     prober = HealthProber(
         (built[b.name], guards[b.name].breaker, b.health_check) for b in config.backends if b.health_check is not None
     )
@@ -77,6 +64,39 @@ def create_app(
     app.on_shutdown.append(_start_draining)
     _add_routes(app, config, guard)
     return app
+
+
+def build_state(
+    config: GatewayConfig,
+    built: dict[str, Backend],
+    guards: Mapping[str, BackendGuard],
+    metrics: GatewayMetrics,
+    clock: Clock,
+    *,
+    started_at: float,
+    request_guard: RequestGuard | None = None,
+    admission: Admission | None = None,
+) -> GatewayState:
+    """Everything a request reads, from ``config`` over ready-made backends and their guards.
+
+    ``create_app`` calls it once; ``gateway.reload`` again on SIGHUP, passing the running
+    request guard and admission when their config did not change (their counts carry over).
+    """
+    body = models_body(config.models, started_at)
+    # Auth, cost caps, rate limits, audit: see gateway.security.guard (nothing per request when off).
+    if request_guard is None:
+        request_guard = RequestGuard.from_config(config, metrics, body)
+    return GatewayState(
+        config=config,
+        backends=built,
+        router=Router(config, built, guards),
+        metrics=metrics,
+        service=CompletionService(metrics, clock),
+        admission=admission if admission is not None else Admission(config.server.admission, metrics),
+        request_guard=request_guard,
+        models_body=body,
+        started_at=started_at,
+    )
 
 
 def _add_routes(app: web.Application, config: GatewayConfig, guard: RequestGuard) -> None:
@@ -97,7 +117,7 @@ async def _close_guard(app: web.Application) -> None:
     await app[STATE].request_guard.close()
 
 
-def _guards(config: GatewayConfig, metrics: GatewayMetrics, clock: Clock) -> dict[str, BackendGuard]:
+def backend_guards(config: GatewayConfig, metrics: GatewayMetrics, clock: Clock) -> dict[str, BackendGuard]:
     """One breaker, limiter and retry policy per backend, shared by every route to it."""
     admission = config.server.admission
     return {
@@ -124,6 +144,7 @@ async def _backends_lifecycle(app: web.Application) -> AsyncIterator[None]:
             await backend.start()
             started.append(backend)
         yield
+        started = list(app[STATE].backends.values())  # a reload may have swapped them (gateway.reload)
     finally:
         for backend in started:
             await backend.close()

@@ -79,9 +79,8 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1
-    server = config.server.model_copy(
-        update={k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    )
+    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    server = config.server.model_copy(update=overrides)
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency, but not on every platform
@@ -90,9 +89,11 @@ def _serve(args: argparse.Namespace) -> int:
         loop_factory = uvloop.new_event_loop
 
     from gateway.app import create_app
+    from gateway.reload import enable_reload
     from gateway.shutdown import serve
 
     app = create_app(config.model_copy(update={"server": server}))
+    enable_reload(app, args.config, server_overrides=overrides)  # SIGHUP re-reads the config: gateway.reload
     log.info(
         "gateway serving %d model(s) over %d backend(s) on http://%s:%d",
         len(config.models),

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
 
 from backends.base import Backend
 from backends.capabilities import ALL_FIELDS
@@ -44,6 +45,7 @@ class GatewayMetrics:
         self._models = frozenset(models)
         self._backends = frozenset(backends)
         self._fields = frozenset(ALL_FIELDS)
+        self._collectors: list[Collector] = []  # the backends' own (watch_backends), replaced on reload
         r = self.registry
         self.requests = Counter(
             "gateway_requests",
@@ -290,8 +292,28 @@ class GatewayMetrics:
     # --- worker pools ------------------------------------------------------------------------
     def watch_backends(self, backends: Mapping[str, Backend]) -> None:
         """Export the configured backends' own series (e.g. pool workers), read at scrape time."""
-        for collector in metric_collectors({name: b for name, b in backends.items() if name in self._backends}):
+        for collector in self._collectors:
+            self.registry.unregister(collector)
+        self._collectors = list(metric_collectors({n: b for n, b in backends.items() if n in self._backends}))
+        for collector in self._collectors:
             self.registry.register(collector)
+
+    def extend(self, models: Iterable[str], backends: Mapping[str, Backend], keys: Iterable[str] = ()) -> None:
+        """A config reload (``gateway.reload``): its new names become label values. Removed
+        names stay known, so requests still finishing on the old config count under their own
+        names and those series keep their last values; the backends' own series follow ``backends``."""
+        models = frozenset(models) - self._models
+        self._models |= models
+        for model in models:
+            self.in_flight.labels(model)
+        added = frozenset(backends) - self._backends
+        self._backends |= added
+        self._scopes |= added
+        for backend in added:
+            self.queue_depth_gauge.labels(backend)
+            self.circuit.labels(backend)
+        self._keys |= frozenset(keys)
+        self.watch_backends(backends)
 
     # --- security and tenancy (gateway.security.guard) ------------------------------------------------
     def key_label(self, key: str | None) -> str:
