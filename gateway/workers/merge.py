@@ -36,8 +36,7 @@ _KEPT = frozenset({"counter", "histogram", "summary", "gaugehistogram"})
 def snapshot(registry: CollectorRegistry) -> Snapshot:
     """The registry's families now, in a form that survives a JSON round trip."""
     return [
-        [m.name, m.type, m.documentation, [[s.name, s.labels, s.value] for s in m.samples]]
-        for m in registry.collect()
+        [m.name, m.type, m.documentation, [[s.name, s.labels, s.value] for s in m.samples]] for m in registry.collect()
     ]
 
 

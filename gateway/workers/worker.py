@@ -65,9 +65,7 @@ def _die_with_parent() -> None:
 
 def worker_main(args: argparse.Namespace) -> int:
     index: int = args.index
-    logging.basicConfig(
-        level=args.log_level, format=f"%(asctime)s %(levelname)s %(name)s worker={index}: %(message)s"
-    )
+    logging.basicConfig(level=args.log_level, format=f"%(asctime)s %(levelname)s %(name)s worker={index}: %(message)s")
     logging.getLogger("gateway.audit").addFilter(_AuditWorker(index))
     _die_with_parent()
     # SIGHUP's default action would kill the worker: ignored until config reload claims it.
@@ -117,5 +115,3 @@ def worker_main(args: argparse.Namespace) -> int:
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         runner.run(run())
     return 0
-
-
