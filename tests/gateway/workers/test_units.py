@@ -147,3 +147,16 @@ def test_rotations_start_at_zero_unless_spread(monkeypatch: pytest.MonkeyPatch) 
     starts = {router.RoundRobin()._next for _ in range(20)}
     assert len(starts) > 1
     assert len({router.Weighted()._skip for _ in range(20)}) > 1
+
+
+# --- Kubernetes --------------------------------------------------------------------------------
+def test_k8s_sizes_workers_from_the_pods_cpu_request() -> None:
+    import yaml
+
+    root = Path(__file__).resolve().parents[3]
+    deployment = yaml.safe_load((root / "deploy/k8s/base/gateway-deployment.yaml").read_text())
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    field = env["GATEWAY_WORKERS"]["valueFrom"]["resourceFieldRef"]
+    assert field == {"containerName": container["name"], "resource": "requests.cpu", "divisor": "1"}
+    assert "cpu" in container["resources"]["requests"]  # else the Downward API gives the node's CPUs
