@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+import orjson
 
 from tests.conftest import free_port
 
@@ -25,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[3]
 CONNECTIONS = 32
 
 CONFIG = """
-server: {{host: 127.0.0.1, port: {port}, drain_timeout: 10, drain_delay: {delay}}}
+server: {{host: 127.0.0.1, port: {port}, drain_timeout: 10, drain_delay: {delay}{extra}}}
 backends:
   - {{name: sim, type: mock, token_delay_ms: 5}}
 models:
@@ -40,11 +41,11 @@ def _children(pid: int) -> list[int]:
 
 @asynccontextmanager
 async def gateway(
-    tmp_path: Path, workers: int, delay: float = 0.0
+    tmp_path: Path, workers: int, delay: float = 0.0, extra: str = ""
 ) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
     port = free_port()
     path = tmp_path / "gw.yaml"
-    path.write_text(CONFIG.format(port=port, delay=delay))
+    path.write_text(CONFIG.format(port=port, delay=delay, extra=extra))
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "gateway", "serve", "--config", str(path), "--workers", str(workers), cwd=ROOT,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
@@ -171,3 +172,22 @@ async def test_sigterm_with_two_workers_fails_no_request(tmp_path: Path) -> None
     assert rc == 0
     assert "Traceback" not in err
     assert "worker=0: shutting down" in err and "worker=1: shutting down" in err  # both drained at once
+
+
+async def test_logs_audit_and_access_lines_name_the_worker(tmp_path: Path) -> None:
+    async with gateway(tmp_path, 2, extra=", audit_log: true, access_log: true") as (proc, url):
+        async with aiohttp.ClientSession() as session:
+            for _ in range(8):  # fresh connections: both workers answer some
+                body = {"model": "m", "prompt": "x", "max_tokens": 2}
+                async with session.post(url + "/v1/completions", json=body, headers={"Connection": "close"}) as resp:
+                    assert resp.status == 200
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), timeout=30)
+        assert proc.stderr is not None
+        err = (await proc.stderr.read()).decode()
+    audit = [orjson.loads(line) for line in err.splitlines() if line.startswith('{"event":"completion"')]
+    assert len(audit) == 8
+    assert {a["worker"] for a in audit} <= {0, 1}
+    access = [line for line in err.splitlines() if "gateway.access" in line and "POST /v1/completions" in line]
+    assert len(access) == 8
+    assert all(re.search(r"gateway.access worker=[01]: ", line) for line in access), access[:2]
