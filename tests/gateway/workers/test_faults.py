@@ -174,13 +174,18 @@ async def test_sigterm_with_two_workers_fails_no_request(tmp_path: Path) -> None
     assert "worker=0: shutting down" in err and "worker=1: shutting down" in err  # both drained at once
 
 
-async def test_logs_audit_and_access_lines_name_the_worker(tmp_path: Path) -> None:
+async def test_logs_name_the_worker_and_sighup_restarts_nothing(tmp_path: Path) -> None:
     async with gateway(tmp_path, 2, extra=", audit_log: true, access_log: true") as (proc, url):
         async with aiohttp.ClientSession() as session:
             for _ in range(8):  # fresh connections: both workers answer some
                 body = {"model": "m", "prompt": "x", "max_tokens": 2}
                 async with session.post(url + "/v1/completions", json=body, headers={"Connection": "close"}) as resp:
                     assert resp.status == 200
+            workers = _children(proc.pid)
+            proc.send_signal(signal.SIGHUP)  # forwarded to the workers; restarts nothing
+            await asyncio.sleep(1.0)
+            assert _children(proc.pid) == workers
+            assert await _healthy(session, url, 2)
         proc.send_signal(signal.SIGTERM)
         await asyncio.wait_for(proc.wait(), timeout=30)
         assert proc.stderr is not None
