@@ -15,6 +15,10 @@ each proxy runs alone on core 0 (``taskset``; no pinning on a 1-core machine). S
 ``<venv>/bin/gateway serve --config <generated yaml> --port P`` with a ``type: openai`` backend
 named ``upstream`` serving model ``bench`` (``gateway-vllm``: the same with ``type: vllm``);
 --gateway-cmd replaces the command ({config}, {port}, {upstream_url} are substituted).
+``--workers 1,2`` adds ``gateway-w2`` (``gateway serve --workers 2``, pinned to --workers-cpus,
+by default both cores): its CPU per request sums the control process and every worker.
+
+  .venv/bin/python bench/run.py --targets gateway --workers 1,2 --scenarios ns_c64,st_c64
 
 Reported per cell: req/s (streams/s), latency p50/p90/p99, TTFT p50 (first ``data:`` event),
 errors, throughput ratios vs direct / thin / LiteLLM, added p50 vs direct, the proxy's CPU (% of
@@ -82,7 +86,11 @@ backends:
 def target_spec(name: str, args: argparse.Namespace, port: int, upstream_port: int, work: Path) -> dict[str, Any]:
     """argv, env, cwd and health path that start target ``name`` on ``port``."""
     upstream_url = f"http://127.0.0.1:{upstream_port}/v1"
-    spec: dict[str, Any] = {"name": name, "port": port, "health": "/health", "env": {}, "cwd": ROOT}
+    spec: dict[str, Any] = {"name": name, "port": port, "health": "/health", "env": {}, "cwd": ROOT,
+                            "cpus": args.proxy_cpus}
+    workers = 1
+    if re.fullmatch(r"gateway-w\d+", name):  # gateway serve --workers N
+        name, workers, spec["cpus"] = "gateway", int(name[len("gateway-w"):]), args.workers_cpus
     if name == "thin":
         spec["argv"] = [PY, str(HERE / "thin_proxy.py"), "--port", str(port), "--upstream", upstream_url[:-3]]
     elif name in ("gateway", "gateway-vllm"):
@@ -95,6 +103,7 @@ def target_spec(name: str, args: argparse.Namespace, port: int, upstream_port: i
         else:
             base = [str(exe)] if exe.exists() else [PY, "-m", "gateway"]
             spec["argv"] = [*base, "serve", "--config", str(config), "--port", str(port)]
+            spec["argv"] += ["--workers", str(workers)] if workers > 1 else []
     elif name == "litellm":
         config = work / f"litellm-{port}.yaml"
         config.write_text(f"model_list:\n  - model_name: bench\n    litellm_params:\n      model: openai/bench\n"
@@ -110,7 +119,7 @@ def target_spec(name: str, args: argparse.Namespace, port: int, upstream_port: i
 def launch(spec: dict[str, Any], args: argparse.Namespace, logs: Path) -> tuple[subprocess.Popen[bytes], float]:
     """Start a proxy pinned to the proxy core; (process, seconds from spawn to first 200 on health)."""
     t0 = time.perf_counter()
-    proc = start(pin(args.proxy_cpus) + spec["argv"], logs / f"{spec['name']}-{spec['port']}.log",
+    proc = start(pin(spec["cpus"]) + spec["argv"], logs / f"{spec['name']}-{spec['port']}.log",
                  spec["env"], spec["cwd"])
     try:
         up = wait_http(spec["port"], "GET", spec["health"], proc, args.ready_timeout, since=t0)
@@ -215,6 +224,8 @@ def main() -> None:
     ap.add_argument("--mem-duration", type=float, default=8.0)
     ap.add_argument("--token-delay-ms", type=float, default=50.0, help="per-chunk delay of the mem_streams upstream")
     ap.add_argument("--proxy-cpus", default="0" if two else "")
+    ap.add_argument("--workers", default="1", help="gateway worker counts, e.g. 1,2: adds gateway-wN targets")
+    ap.add_argument("--workers-cpus", default="0,1" if two else "", help="cores of gateway-wN (N > 1)")
     ap.add_argument("--client-cpus", default="1" if two else "")
     ap.add_argument("--upstream-cpus", default="1" if two else "")
     ap.add_argument("--client-procs", type=int, default=1)
@@ -233,6 +244,12 @@ def main() -> None:
     args.upstream_port = args.base_port + 1
     scens = [scenario(s) for s in args.scenarios.split(",") if s]
     targets = [t for t in args.targets.split(",") if t] + (["litellm"] if args.litellm_cmd else [])
+    counts = [int(n) for n in args.workers.split(",") if n]
+    if "gateway" in targets:  # gateway-wN right after gateway, so the two are measured close in time
+        at = targets.index("gateway") + 1
+        targets[at:at] = [f"gateway-w{n}" for n in counts if n > 1]
+        if 1 not in counts:
+            targets.remove("gateway")
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     args.out.mkdir(parents=True, exist_ok=True)
     work = logs = args.out / f"{stamp}-logs"

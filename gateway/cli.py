@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -15,7 +16,9 @@ from pydantic.json_schema import GenerateJsonSchema
 
 from gateway.configfile import ConfigError, load_config
 from gateway.pool_cli import add_pool_parser, pool_command
-from schemas.config import GatewayConfig
+from gateway.workers.cpus import available_cpus
+from gateway.workers.worker import add_worker_parser, worker_main
+from schemas.config import GatewayConfig, ServerConfig, worker_problems
 
 __all__ = ["main"]
 
@@ -30,18 +33,44 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="listen address (overrides server.host)")
     serve.add_argument("--port", type=int, help="listen port (overrides server.port)")
     serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    serve.add_argument(
+        "--workers",
+        type=_workers_arg,
+        default=os.environ.get("GATEWAY_WORKERS", "1"),
+        help="processes serving requests: a number, or 'auto' for the CPUs this process may use "
+        "(affinity and cgroup quota); default 1 (env GATEWAY_WORKERS)",
+    )
     check = sub.add_parser("check-config", help="validate a YAML config and print every problem")
     check.add_argument("path")
+    check.add_argument("--workers", type=_workers_arg, default="1", help="also check it for N worker processes")
+    add_worker_parser(sub)
     sub.add_parser("config-schema", help="print the JSON Schema of the YAML config (for editors)")
     add_pool_parser(sub)
     return parser
 
 
-def _check(path: str) -> int:
+def _workers_arg(text: str) -> int:
+    """``--workers``: a positive count or ``auto`` (argparse also applies this to the default)."""
+    if text == "auto":
+        return available_cpus()
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'auto', got {text!r}") from None
+    if not 1 <= count <= 1024:
+        raise argparse.ArgumentTypeError(f"expected 1..1024 workers, got {count}")
+    return count
+
+
+def _check(path: str, workers: int = 1) -> int:
     try:
         config = load_config(path)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
+        return 1
+    problems = worker_problems(config, workers)
+    if problems:
+        print(f"{path}: not servable with {workers} workers:", *problems, sep="\n  ", file=sys.stderr)
         return 1
     print(f"{path}: OK ({len(config.backends)} backends, {len(config.models)} models)")
     return 0
@@ -81,6 +110,12 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     server = config.server.model_copy(update=overrides)
+    problems = worker_problems(config, args.workers)
+    if problems:
+        print(f"{args.config}: not servable with {args.workers} workers:", *problems, sep="\n  ", file=sys.stderr)
+        return 1
+    if args.workers > 1:
+        return _serve_workers(args, server)
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency, but not on every platform
@@ -116,10 +151,26 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_workers(args: argparse.Namespace, server: ServerConfig) -> int:
+    """N workers on one socket under a control process (gateway.workers.control)."""
+    from gateway.workers.control import Control, bind
+
+    try:
+        sock = bind(server.host, server.port)
+    except OSError as exc:
+        print(f"cannot listen on {server.host}:{server.port}: {exc}", file=sys.stderr)
+        return 1
+    log.info("gateway control process: %d workers on http://%s:%d", args.workers, server.host, server.port)
+    control = Control(args.config, args.workers, sock, drain_timeout=server.drain_timeout, log_level=args.log_level)
+    return asyncio.run(control.run())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "check-config":
-        return _check(args.path)
+        return _check(args.path, args.workers)
+    if args.command == "worker":
+        return worker_main(args)
     if args.command == "config-schema":
         sys.stdout.write(config_schema())
         return 0

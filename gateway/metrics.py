@@ -10,7 +10,7 @@ dict lookup plus a few lock-protected adds.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
@@ -147,6 +147,9 @@ class GatewayMetrics:
             ("scope", "reason"),
             registry=r,
         )
+        # Set by a worker of ``gateway serve --workers N``: the whole gateway's exposition, merged by
+        # the control process (gateway.workers.merge); None: this process is the gateway.
+        self.gateway_view: Callable[[], Awaitable[bytes]] | None = None
         self._request_children: dict[tuple[str, str, str], Counter] = {}
         self._pair_children: dict[tuple[str, str], tuple[Histogram, Histogram, Counter, Counter]] = {}
         self._in_flight_children: dict[str, Gauge] = {}

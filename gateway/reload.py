@@ -30,7 +30,7 @@ import asyncio
 import dataclasses
 import logging
 import signal
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -132,11 +132,17 @@ class Reloader:
     """Reloads ``path`` into the running ``app``; one reload at a time."""
 
     def __init__(
-        self, app: web.Application, path: Path, server_overrides: Mapping[str, Any], clock: Clock | None
+        self,
+        app: web.Application,
+        path: Path,
+        server_overrides: Mapping[str, Any],
+        clock: Clock | None,
+        adapt: Callable[[GatewayConfig], GatewayConfig] | None = None,
     ) -> None:
         self._app = app
         self._path = path
         self._overrides = dict(server_overrides)
+        self._adapt = adapt
         self._clock = clock if clock is not None else Clock()
         self._lock = asyncio.Lock()
         self.current = _Generation()
@@ -203,6 +209,8 @@ class Reloader:
                 return False
             if self._overrides:  # --host/--port given to ``gateway serve`` hold across reloads
                 config = config.model_copy(update={"server": config.server.model_copy(update=self._overrides)})
+            if self._adapt is not None:  # e.g. a worker's share of the gateway-wide caps
+                config = self._adapt(config)
             problems = restart_needed(state.config, config)
             for where, message in problems:
                 log.error("config reload refused: %s: %s: %s", self._path, where, message)
@@ -324,13 +332,15 @@ def enable_reload(
     *,
     server_overrides: Mapping[str, Any] | None = None,
     clock: Clock | None = None,
+    adapt: Callable[[GatewayConfig], GatewayConfig] | None = None,
 ) -> Reloader:
     """Make ``app`` reload ``path`` on SIGHUP; call before the app starts (``gateway serve`` does).
 
     ``server_overrides``: the ``server`` keys the command line set (``--host``, ``--port``),
-    applied to every reloaded config as they were to the first.
+    applied to every reloaded config as they were to the first; ``adapt``: applied after them
+    (a worker's share of the caps, as for the first config).
     """
-    reloader = Reloader(app, Path(path), server_overrides or {}, clock)
+    reloader = Reloader(app, Path(path), server_overrides or {}, clock, adapt)
     app[RELOAD] = reloader
     app.middlewares.append(reloader.middleware())
     app.cleanup_ctx.append(reloader.lifecycle)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 
 from aiohttp import web
 
@@ -49,10 +50,16 @@ async def serve(
     host: str,
     port: int,
     drain_timeout: float,
+    sock: socket.socket | None = None,
     drain_delay: float = 0.0,
     access_log: logging.Logger | None = None,
 ) -> None:
-    """Serve the gateway ``app`` until SIGTERM or SIGINT, then drain as the module docstring says."""
+    """Serve the gateway ``app`` until SIGTERM or SIGINT, then drain as the module docstring says.
+
+    ``sock``: an already listening socket to accept on instead of binding ``host``:``port`` (a
+    worker of ``gateway serve --workers N`` shares the control process's socket); stopping
+    closes this process's copy only.
+    """
     state = app[STATE]
     in_flight = state.in_flight
     runner = FrontDoorRunner(  # malformed HTTP answered in our envelope; Connection: close while draining
@@ -63,7 +70,7 @@ async def serve(
     stop = asyncio.Event()
     signals = (signal.SIGTERM, signal.SIGINT)
     try:
-        site = web.TCPSite(runner, host, port)
+        site: web.BaseSite = web.SockSite(runner, sock) if sock is not None else web.TCPSite(runner, host, port)
         await site.start()
         for sig in signals:
             loop.add_signal_handler(sig, stop.set)

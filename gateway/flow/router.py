@@ -21,7 +21,8 @@ limiter, retry policy), so a backend's health and load are the same whichever mo
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import random
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -44,6 +45,7 @@ __all__ = [
     "Strategy",
     "Weighted",
     "make_strategy",
+    "spread_starts",
 ]
 
 
@@ -76,11 +78,25 @@ class Failover:
         return routes
 
 
+def spread_starts() -> None:
+    """Start every rotation at a random place (``gateway serve --workers N``): N workers that all
+    began at route 0 would send their first requests to the same backend."""
+    global _start
+    _start = random.randrange
+
+
+def _first(_: int) -> int:
+    return 0
+
+
+_start: Callable[[int], int] = _first
+
+
 class RoundRobin:
     __slots__ = ("_next",)
 
     def __init__(self) -> None:
-        self._next = 0
+        self._next = _start(1 << 16)
 
     def order(self, routes: list[Route]) -> list[Route]:
         i = self._next % len(routes)
@@ -91,12 +107,19 @@ class RoundRobin:
 class Weighted:
     """Smooth weighted round robin; the running scores persist across requests."""
 
-    __slots__ = ("_score",)
+    __slots__ = ("_score", "_skip")
 
     def __init__(self) -> None:
         self._score: dict[int, float] = {}
+        self._skip = _start(1 << 8)  # steps of the schedule taken before the first request
 
     def order(self, routes: list[Route]) -> list[Route]:
+        while self._skip:
+            self._skip -= 1
+            self._step(routes)
+        return self._step(routes)
+
+    def _step(self, routes: list[Route]) -> list[Route]:
         score = self._score
         total = 0.0
         best: Route | None = None
@@ -116,7 +139,7 @@ class LeastOutstanding:
     __slots__ = ("_next",)
 
     def __init__(self) -> None:
-        self._next = 0
+        self._next = _start(1 << 16)
 
     def order(self, routes: list[Route]) -> list[Route]:
         i = self._next % len(routes)

@@ -240,6 +240,6 @@ async def health(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    return web.Response(
-        body=state.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
-    )
+    view = state.metrics.gateway_view  # N workers: every worker's series, merged (gateway.workers)
+    body = await view() if view is not None else state.metrics.render()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})

@@ -39,6 +39,7 @@ from schemas.config.pool import (
     VLLMPoolBackendConfig,
 )
 from schemas.config.server import PRIORITIES, AdmissionConfig, ServerConfig
+from schemas.config.workers import worker_problems
 
 __all__ = [
     "BACKEND_TYPES",
@@ -70,4 +71,5 @@ __all__ = [
     "UpstreamLimitsConfig",
     "VLLMBackendConfig",
     "VLLMPoolBackendConfig",
+    "worker_problems",
 ]

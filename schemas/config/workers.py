@@ -1,0 +1,40 @@
+"""Rules that depend on how many worker processes serve one config (``gateway serve --workers N``).
+
+The YAML does not say N (the command line or the pod's CPU does), so these run where N is known:
+``gateway serve`` and ``gateway check-config --workers N``.
+"""
+
+from __future__ import annotations
+
+from schemas.config.gateway import GatewayConfig
+
+__all__ = ["worker_problems"]
+
+
+def worker_problems(config: GatewayConfig, workers: int) -> list[str]:
+    """Every reason ``config`` cannot be served by ``workers`` processes, each naming its YAML path.
+
+    A ``vllm-pool`` backend is refused: its supervisor would start once per worker.
+    Per-key limits (``rpm``, ``tpm``, ``max_concurrent``) counted in the in-memory store would hold
+    per worker, so N workers would allow N times the limit: with N > 1 they need the Redis store.
+    """
+    if workers <= 1:
+        return []
+    problems = [
+        # The pool's supervisor would run once per worker (N sets of vLLM processes): until the
+        # control process owns it, a pool is served by one worker.
+        f"backends[{i}] ({b.name}): type vllm-pool runs its vLLM workers in the gateway process; "
+        f"serve it with --workers 1 (not {workers})"
+        for i, b in enumerate(config.backends)
+        if b.type == "vllm-pool"
+    ]
+    if config.auth is None or config.auth.store_url is not None:
+        return problems
+    for i, key in enumerate(config.auth.keys):
+        limited = [name for name in ("rpm", "tpm", "max_concurrent") if getattr(key, name) is not None]
+        if limited:
+            problems.append(
+                f"auth.keys[{i}] ({key.name}): {', '.join(limited)} with {workers} workers need "
+                "auth.store set to a Redis URL (the in-memory store would allow each worker the whole limit)"
+            )
+    return problems
