@@ -59,6 +59,16 @@ class ErrorEnvelope(BaseModel):
     error: ErrorBody
 
 
+MAX_MESSAGE_CHARS = 2048  # an upstream's message is already cut to 500 (backends.errors), after redaction
+MAX_PARAM_CHARS = 256
+
+
+def _bounded(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
 class GatewayError(Exception):
     """Base of every error that reaches a client.
 
@@ -80,8 +90,10 @@ class GatewayError(Exception):
         retry_after: float | None = None,
     ) -> None:
         super().__init__(message)
-        self.message = message
-        self.param = param
+        # Messages and params quote client input (a model name, an unknown field, a logit_bias key)
+        # of any length a body allows: bound what is echoed, logged and kept, once, here.
+        self.message = _bounded(message, MAX_MESSAGE_CHARS)
+        self.param = None if param is None else _bounded(param, MAX_PARAM_CHARS)
         if code is not None:
             self.code = code
         if status is not None:

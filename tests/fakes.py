@@ -422,8 +422,12 @@ class FakeUpstream:
         await resp.prepare(request)
         data: bytes = behaviour.body
         if behaviour.kind == "endless":
-            while True:  # until the gateway hangs up (CancelledError)
-                await resp.write(data)
+            try:
+                while True:  # until the gateway hangs up (CancelledError or a reset)
+                    await resp.write(data)
+                    await asyncio.sleep(0)  # a reader that keeps up never makes write() wait: let others run
+            except ConnectionResetError:
+                return resp
         step = behaviour.events or len(data) or 1
         for at in range(0, len(data), step):
             await resp.write(data[at : at + step])

@@ -11,7 +11,11 @@ Contract (on top of the one in ``backends.transport.base``):
   in them raises ``ValueError``), then the body. An answer in any ``Content-Encoding``
   but identity is refused (``UpstreamTooLargeError``): inflating what we did not ask
   for is how a small gzip bomb becomes hundreds of megabytes.
-- Size: a non-streamed body over ``max_body`` bytes fails with
+- Size: the response head (status line and header fields, interim 1xx heads included)
+  is at most 64 KiB and 100 fields; beyond either, ``UpstreamProtocolError`` (502
+  ``upstream_protocol_error``) as soon as it is crossed, without waiting for the rest.
+  llhttp itself bounds neither, so without this only ``first_byte`` would.
+  A non-streamed body over ``max_body`` bytes fails with
   ``UpstreamTooLargeError`` as soon as it crosses the cap (an endless chunked body
   included); streams are bounded per event by their decoder (``backends.transport.sse``)
   and in memory by the read pause below.
@@ -62,6 +66,8 @@ from schemas.config import TimeoutConfig
 __all__ = ["FastHTTPTransport"]
 
 _HIGH_WATER = 256 * 1024  # unconsumed body bytes before reading pauses
+_MAX_HEAD = 64 * 1024  # bytes of status line and header fields (aiohttp's client: 8190 per field)
+_MAX_FIELDS = 100  # header fields (aiohttp's client: 128)
 _SLACK = 0.002  # loop timers may fire this much early
 _Key = tuple[str, str, int]  # scheme, host, port
 
@@ -74,6 +80,10 @@ class _Target(NamedTuple):
 
 class _Extra(Exception):
     """Bytes after the end of the response: the connection cannot be reused."""
+
+
+class _Abort(Exception):
+    """Raised from a parser callback after ``_fail``: stop parsing what is left of the read."""
 
 
 class _Unsent(UpstreamConnectError):
@@ -114,8 +124,8 @@ class _Response:
 
     __slots__ = (
         "_all", "_backend", "_buffered", "_chunks", "_conn", "_deadline", "_done", "_eof_framed", "_exc", "_fut",
-        "_got", "_hdrs", "_hmap", "_idle", "_info", "_keep", "_last", "_left", "_loop", "_owner", "_parser",
-        "_paused", "_raw", "_stream", "_t0", "_timer", "_written", "status",
+        "_got", "_hbytes", "_hcount", "_hdrs", "_head", "_hmap", "_idle", "_info", "_keep", "_last", "_left",
+        "_loop", "_owner", "_parser", "_paused", "_raw", "_stream", "_t0", "_timer", "_written", "status",
     )  # fmt: skip
 
     def __init__(
@@ -133,6 +143,8 @@ class _Response:
         self._buffered = 0
         self._hdrs = self._done = self._got = self._all = self._paused = self._keep = self._eof_framed = False
         self._info = self._written = False
+        self._head = 0  # bytes fed while the head was incomplete
+        self._hcount = self._hbytes = 0  # header fields and their bytes, interim 1xx heads included
         self._left = owner._max_body  # body bytes a non-streamed response may still send
         self._exc: UpstreamError | None = None
         self._fut: asyncio.Future[None] | None = None
@@ -252,6 +264,15 @@ class _Response:
                 self._keep = False
             else:
                 self._fail(UpstreamProtocolError(f"bad upstream response ({exc})", backend=self._backend))
+            return
+        if not self._hdrs and self._exc is None:
+            # llhttp buffers a field until its end: count what arrived, not what was parsed.
+            self._head += len(data)
+            if self._head > _MAX_HEAD:
+                self._fail(self._head_too_large(f"larger than {_MAX_HEAD} bytes"))
+
+    def _head_too_large(self, what: str) -> UpstreamProtocolError:
+        return UpstreamProtocolError(f"the upstream response head is {what}", backend=self._backend)
 
     def _lost(self, exc: Exception | None) -> None:
         if self._done:
@@ -310,6 +331,14 @@ class _Response:
             raise _Extra
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._hcount += 1
+        self._hbytes += len(name) + len(value) + 4
+        if self._hcount > _MAX_FIELDS:
+            self._fail(self._head_too_large(f"more than {_MAX_FIELDS} header fields"))
+            raise _Abort
+        if self._hbytes > _MAX_HEAD:
+            self._fail(self._head_too_large(f"larger than {_MAX_HEAD} bytes"))
+            raise _Abort
         self._raw.append((name, value))
 
     def on_headers_complete(self) -> None:
