@@ -45,7 +45,9 @@ __all__ = [
 Req = TypeVar("Req", CompletionRequest, ChatCompletionRequest)
 
 
-@dataclass(slots=True, frozen=True)
+# No ``slots``: calling a parametrised alias (``UpstreamCall(...)``) sets ``__orig_class__``,
+# which a slotted frozen dataclass refuses with a TypeError.
+@dataclass(frozen=True)
 class Call(Generic[Req]):
     """One attempt at one route: the request plus what the route decided."""
 
