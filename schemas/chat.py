@@ -40,6 +40,7 @@ __all__ = [
     "UNSET_OUTPUT_ESTIMATE",
     "ChatCompletionRequest",
     "ChatStreamOptions",
+    "ChatStructuredOutputs",
     "StructuredOutputs",
 ]
 
@@ -97,7 +98,7 @@ class WebSearchOptions(_Strict):
     user_location: UserLocation | None = None
 
 
-class StructuredOutputs(_Strict):
+class ChatStructuredOutputs(_Strict):
     """vLLM's ``structured_outputs`` (0.11+): exactly one constraint, plus its options."""
 
     json_: str | dict[str, Any] | None = Field(default=None, alias="json")
@@ -114,7 +115,7 @@ class StructuredOutputs(_Strict):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False, populate_by_name=True)
 
     @model_validator(mode="after")
-    def check_one_constraint(self) -> StructuredOutputs:
+    def check_one_constraint(self) -> ChatStructuredOutputs:
         kinds = ("json_", "regex", "choice", "grammar", "json_object", "structural_tag")
         set_kinds = [k.rstrip("_") for k in kinds if getattr(self, k) not in (None, False)]
         if len(set_kinds) != 1:
@@ -125,6 +126,9 @@ class StructuredOutputs(_Strict):
             )
         return self
 
+
+# Named apart from schemas.completions.StructuredOutputs so the OpenAPI components keep both short names.
+StructuredOutputs = ChatStructuredOutputs
 
 Metadata = Annotated[
     dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]], Field(max_length=16)
@@ -194,7 +198,7 @@ class ChatCompletionRequest(_Strict):
     guided_grammar: NonEmpty | None = None
     guided_decoding_backend: NonEmpty | None = None
     guided_whitespace_pattern: str | None = None
-    structured_outputs: StructuredOutputs | None = None
+    structured_outputs: ChatStructuredOutputs | None = None
     priority: Int64 | None = None
     request_id: NonEmpty | None = None
 
