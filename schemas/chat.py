@@ -359,7 +359,7 @@ class ChatCompletionRequest(_Strict):
     def tool_results(self) -> list[ToolMessage]:
         return [m for m in self.messages if isinstance(m, ToolMessage)]
 
-    # --- the request path's common interface (gateway.flow.endpoints.ServedRequest) ---------------
+    # --- the request path's common interface (gateway.served.ServedRequest) ---------------
     @property
     def output_limit(self) -> int:
         """Tokens each choice may generate, as far as the gateway can know: the client's limit, or

@@ -322,7 +322,7 @@ class CompletionRequest(BaseModel):
             return 1
         return len(prompt)
 
-    # --- the request path's common interface (gateway.flow.endpoints.ServedRequest) ---------------
+    # --- the request path's common interface (gateway.served.ServedRequest) ---------------
     output_limit_param: ClassVar[str] = "max_tokens"
     output_bounded: ClassVar[bool] = True  # unset, max_tokens is 16
 

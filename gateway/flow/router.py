@@ -32,9 +32,10 @@ from typing import Protocol
 
 from backends.base import Backend
 from gateway.flow.admission import Limiter
-from gateway.flow.endpoints import EndpointOps, ServedRequest
+from gateway.flow.endpoints import EndpointOps
 from gateway.flow.health import CircuitBreaker
 from gateway.flow.retry import RetryPolicy
+from gateway.served import ServedRequest
 from schemas.config import GatewayConfig, ModelConfig
 from schemas.endpoints import ENDPOINT_PATHS, Endpoint
 from schemas.errors import NotFoundError

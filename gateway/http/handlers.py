@@ -25,11 +25,12 @@ from aiohttp import web
 
 from backends.errors import UpstreamError
 from gateway.accounting import RequestRecord
-from gateway.flow.endpoints import OPS, EndpointOps, ServedRequest
+from gateway.flow.endpoints import OPS, EndpointOps
 from gateway.flow.router import ModelEntry, Route
 from gateway.http.hardening import read_body, redact
 from gateway.http.request_id import request_id_of
 from gateway.http.validation import parse_chat_request, parse_completion_request
+from gateway.served import ServedRequest
 from gateway.state import STATE, GatewayState
 from schemas.endpoints import Endpoint
 from schemas.errors import GatewayError, ServiceUnavailableError, UnsupportedParameterError

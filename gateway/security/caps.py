@@ -13,7 +13,7 @@ where ``sequences`` is ``max(n, best_of)`` (what an upstream generates for each 
 text is estimated at 4 characters per token (token-id prompts count exactly); a chat
 request's prompt is its messages, tools and response format, its max tokens
 ``max_completion_tokens`` or ``max_tokens`` (the request's own methods:
-:class:`gateway.flow.endpoints.ServedRequest`). The estimate only decides admission; the rate
+:class:`gateway.served.ServedRequest`). The estimate only decides admission; the rate
 limiter settles from the upstream's real usage. A chat request that sets no max tokens is
 unbounded, so a ``max_tokens`` cap refuses it (naming ``max_completion_tokens``).
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.flow.endpoints import ServedRequest
+from gateway.served import ServedRequest
 from schemas.config import CostCaps
 from schemas.errors import InvalidRequestError
 

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gateway.flow.endpoints import ServedRequest
 from gateway.metrics import GatewayMetrics
 from gateway.security.audit import AuditLog
 from gateway.security.auth import API_KEY, ApiKey, AuthenticationError, KeyRing, PermissionDeniedError, request_key
 from gateway.security.caps import CapExceededError, Caps, reserve_tokens
 from gateway.security.ratelimit import LimitStore, MemoryStore, RedisStore, Reservation, Verdict
+from gateway.served import ServedRequest
 from schemas.config import GatewayConfig
 from schemas.errors import RateLimitError
 
