@@ -45,9 +45,7 @@ __all__ = [
 Req = TypeVar("Req", CompletionRequest, ChatCompletionRequest)
 
 
-# Not slots=True: on Python 3.11 a frozen slotted generic dataclass cannot be built through its alias
-# (``UpstreamCall(...)``): typing sets ``__orig_class__`` and the frozen ``__setattr__`` raises TypeError.
-@dataclass(frozen=True)
+@dataclass(slots=True, frozen=True)
 class Call(Generic[Req]):
     """One attempt at one route: the request plus what the route decided."""
 

@@ -170,11 +170,24 @@ class Capabilities:
             return None
         limit = self.limits.get(field)
         if limit is not None and _over(_value(request, field), limit):
-            why = f"at most {limit} on this backend"
+            why: str | None = f"at most {limit} on this backend"
         else:
-            why = self.reason(field) or f"backend type {kind} does not support it"
+            why = self.reason(field)
+        return self.refusal_error(field, backend, kind, why)
+
+    @staticmethod
+    def refusal_error(
+        param: str, backend: str, kind: str, why: str | None, *, what: str | None = None
+    ) -> UnsupportedParameterError:
+        """The 400 ``unsupported_parameter`` naming ``param``; every endpoint's table builds it here.
+
+        ``what`` is the thing refused when it is more than the field (a chat ``field=form``).
+        """
+        reason = why or f"backend type {kind} does not support it"
         return UnsupportedParameterError(
-            f"'{field}' is not supported by backend '{backend}' (type {kind}): {why}", param=field, backend=backend
+            f"'{what or param}' is not supported by backend '{backend}' (type {kind}): {reason}",
+            param=param,
+            backend=backend,
         )
 
     def strip_unsupported(self, fields: dict[str, Any]) -> None:

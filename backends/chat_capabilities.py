@@ -30,6 +30,7 @@ from typing import Any
 from backends.capabilities import Capabilities, Level
 from schemas.chat import ChatCompletionRequest
 from schemas.chat_messages import TextResponseFormat
+from schemas.errors import UnsupportedParameterError
 
 __all__ = [
     "CHAT_FIELDS",
@@ -194,11 +195,35 @@ class ChatCapabilities:
                 return Refusal(present[-1], "+".join(rule.fields), rule.why)
         return None
 
+    def refusal(self, request: ChatCompletionRequest, backend: str, kind: str) -> UnsupportedParameterError | None:
+        """The 400 for the first thing this backend cannot honour (None: it can serve the request),
+        built by the one refusal constructor (:meth:`Capabilities.refusal_error`)."""
+        refusal = self.first_refusal(request)
+        if refusal is None:
+            return None
+        what = None if refusal.key == refusal.param else _describe(refusal)
+        why = refusal.why
+        if why is None and ">" in refusal.key:
+            why = f"at most {refusal.key.split('>', 1)[1]} on this backend"
+        return Capabilities.refusal_error(refusal.param, backend, kind, why, what=what)
+
     def rows(self) -> Iterator[tuple[str, Level]]:
         """Every field, then every form, with its level (for the README's matrix)."""
         for name in CHAT_FIELDS:
             yield name, self.fields.level(name)
         yield from sorted(self.forms.items())
+
+
+def _describe(refusal: Refusal) -> str:
+    """What was refused, for the message: ``tool_choice=required`` -> ``tool_choice "required"``."""
+    key = refusal.key
+    if "=" in key:
+        name, form = key.split("=", 1)
+        return f'{name} "{form}"'
+    if ">" in key:
+        name, limit = key.split(">", 1)
+        return f"{name} above {limit}"
+    return " together with ".join(key.split("+"))
 
 
 # --- openai: everything OpenAI documents; vLLM's extras are not OpenAI's ----------------------
@@ -207,7 +232,7 @@ OPENAI_CHAT = ChatCapabilities.build(
     N, dict.fromkeys(VLLM_CHAT_EXTRAS, U), {"stream_options=continuous_usage_stats": U}
 )
 
-# --- mock: the chat simulator (backends.mock_chat); hints that change no simulated text are accepted
+# --- mock: the chat simulator (backends.mock.chat); hints that change no simulated text are accepted
 
 MOCK_CHAT = ChatCapabilities.build(
     N,

@@ -6,7 +6,7 @@ unknown types at load, so the fallthrough is a programming error.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from prometheus_client.registry import Collector
 
@@ -30,28 +30,35 @@ from schemas.config import (
     VLLMPoolBackendConfig,
 )
 
-__all__ = ["build_backend", "build_backends", "metric_collectors"]
+__all__ = ["backend_class", "build_backend", "build_backends", "metric_collectors"]
+
+
+def backend_class(config: BackendConfig) -> type[Backend]:
+    """The adapter class for a config entry (its class-level facts, e.g. ``endpoints``, need no instance)."""
+    match config:
+        case VLLMBackendConfig(base_url=None):  # several servers: base_urls or discovery
+            return VLLMEndpointsBackend
+        case VLLMBackendConfig():
+            return VLLMBackend
+        case VLLMPoolBackendConfig():
+            return VLLMPoolBackend
+        case OpenAIBackendConfig():
+            return OpenAIBackend
+        case MockBackendConfig():
+            return MockBackend
+        case TGIBackendConfig():
+            return TGIBackend
+        case OllamaBackendConfig():
+            return OllamaBackend
+        case LlamaCppBackendConfig():
+            return LlamaCppBackend
+    raise AssertionError(f"no adapter for backend type {config.type!r}")
 
 
 def build_backend(config: BackendConfig) -> Backend:
-    match config:
-        case VLLMBackendConfig(base_url=None):  # several servers: base_urls or discovery
-            return VLLMEndpointsBackend(config)
-        case VLLMBackendConfig():
-            return VLLMBackend(config)
-        case VLLMPoolBackendConfig():
-            return VLLMPoolBackend(config)
-        case OpenAIBackendConfig():
-            return OpenAIBackend(config)
-        case MockBackendConfig():
-            return MockBackend(config)
-        case TGIBackendConfig():
-            return TGIBackend(config)
-        case OllamaBackendConfig():
-            return OllamaBackend(config)
-        case LlamaCppBackendConfig():
-            return LlamaCppBackend(config)
-    raise AssertionError(f"no adapter for backend type {config.type!r}")
+    # Every adapter takes its own config entry; the match above pairs them.
+    factory: Callable[[BackendConfig], Backend] = backend_class(config)
+    return factory(config)
 
 
 def build_backends(configs: list[BackendConfig]) -> dict[str, Backend]:

@@ -26,8 +26,10 @@ from backends.base import Backend, CompletionResult, CompletionStream, TokenUsag
 from backends.capabilities import Capabilities, Level
 from gateway.app import create_app
 from gateway.configfile import parse_config
+from gateway.flow.endpoints import OPS
 from gateway.state import STATE
 from schemas.completions import CompletionRequest
+from schemas.endpoints import Endpoint
 
 CONFIG = """
 backends:
@@ -54,6 +56,7 @@ async def main() -> None:
     state = create_app(parse_config(CONFIG, env={}), backends={"a": backend})[STATE]
     request = CompletionRequest.model_validate({"model": "m", "prompt": "hi"})
     entry = state.router.lookup("m")
+    ops = OPS[Endpoint.COMPLETIONS]
     headers = CIMultiDict({"content-type": "application/json"})
     limiter, in_flight, task = state.admission.limiter, state.in_flight, asyncio.current_task()
     assert task is not None
@@ -61,13 +64,13 @@ async def main() -> None:
     for _ in range(ROUNDS):
         t0 = time.process_time()
         for _ in range(N):
-            routes = state.router.candidates(entry, request)
+            routes = state.router.candidates(entry, request, ops)
             priority = state.admission.priority_of(headers)
             in_flight.enter(task)
             if not limiter.try_acquire():
                 await limiter.acquire(priority)
             try:
-                await state.service.complete(entry, routes, request, "rid", priority)
+                await state.service.complete(ops, entry, routes, request, "rid", priority)
             finally:
                 limiter.release()
                 in_flight.leave(task)

@@ -1,6 +1,6 @@
-"""One completion request's record: opened by the handler, closed exactly once in its ``finally``.
+"""One request's record (either endpoint): opened by the handler, closed exactly once in its ``finally``.
 
-The handler (``gateway.http.handlers.completions``) opens a :class:`RequestRecord` before it
+The handler (``gateway.http.handlers.serve``) opens a :class:`RequestRecord` before it
 reads the body, so every answer of the completion route is in it: a 401, a 408 or 413 from
 the body limits, a 400/403/404/429 refusal, an upstream error, a stream cut midway, a client
 that left (499) or the drain deadline (503). Along the way the handler, the request guard and
@@ -28,20 +28,28 @@ from gateway.metrics import GatewayMetrics
 from gateway.security.audit import AuditLog
 from gateway.security.auth import ApiKey
 from gateway.security.ratelimit import Reservation
+from schemas.endpoints import Endpoint
 
 __all__ = ["RequestRecord"]
 
 
 class RequestRecord:
-    """What one completion request was, did and cost. One per request; not shared."""
+    """What one request was, did and cost. One per request; not shared."""
 
     __slots__ = (
-        "_audit", "_closed", "_metrics", "backend", "key", "model", "prompt_estimate", "reached", "relayed",
+        "_audit", "_closed", "_metrics", "backend", "endpoint", "key", "model", "prompt_estimate", "reached", "relayed",
         "request_id", "reservation", "started", "status", "usage",
     )  # fmt: skip
 
-    def __init__(self, metrics: GatewayMetrics, audit: AuditLog | None, request_id: str) -> None:
+    def __init__(
+        self,
+        metrics: GatewayMetrics,
+        audit: AuditLog | None,
+        request_id: str,
+        endpoint: Endpoint = Endpoint.COMPLETIONS,
+    ) -> None:
         self._metrics = metrics
+        self.endpoint = endpoint  # the API the request came in on: every series and the audit line say it
         self._audit = audit
         self._closed = False
         self.request_id = request_id
@@ -76,12 +84,12 @@ class RequestRecord:
             return
         self._closed = True
         seconds = asyncio.get_running_loop().time() - self.started
-        metrics, model, backend, usage = self._metrics, self.model, self.backend, self.usage
+        metrics, model, backend, usage, endpoint = self._metrics, self.model, self.backend, self.usage, self.endpoint
         if usage is not None and model is not None and backend is not None:
-            metrics.tokens(model, backend, usage.prompt_tokens, usage.completion_tokens)
+            metrics.tokens(model, backend, usage.prompt_tokens, usage.completion_tokens, endpoint=endpoint)
         if status == 499:  # nginx's "client closed request"
-            metrics.client_disconnected(model, backend)
-        metrics.request_finished(model, backend, status, seconds)
+            metrics.client_disconnected(model, backend, endpoint=endpoint)
+        metrics.request_finished(model, backend, status, seconds, endpoint=endpoint)
         if self.reservation is not None:
             self.reservation.store.release(self.reservation, self.used_tokens())
         key = self.key
@@ -99,4 +107,5 @@ class RequestRecord:
                 prompt_tokens=usage.prompt_tokens if usage is not None else None,
                 completion_tokens=usage.completion_tokens if usage is not None else None,
                 latency=seconds,
+                endpoint=endpoint.value,
             )

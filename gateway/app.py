@@ -17,10 +17,11 @@ from aiohttp import web
 from backends.base import Backend
 from backends.registry import build_backends
 from gateway.clock import Clock
+from gateway.configfile import ConfigError
 from gateway.flow.admission import Admission, Limiter
 from gateway.flow.health import CircuitBreaker, HealthProber
 from gateway.flow.retry import RetryPolicy
-from gateway.flow.router import BackendGuard, Router
+from gateway.flow.router import BackendGuard, Router, endpoint_problems
 from gateway.flow.service import CompletionService
 from gateway.http import handlers
 from gateway.http.hardening import handler_args, register_secrets
@@ -32,8 +33,9 @@ from gateway.security.auth import protect
 from gateway.security.guard import RequestGuard
 from gateway.state import STATE, GatewayState, models_body
 from schemas.config import GatewayConfig
+from schemas.endpoints import ENDPOINT_PATHS
 
-__all__ = ["PROBER", "backend_guards", "build_state", "create_app"]
+__all__ = ["PROBER", "backend_guards", "build_state", "check_endpoints", "create_app"]
 
 PROBER: web.AppKey[HealthProber] = web.AppKey("gateway_prober", HealthProber)
 
@@ -43,6 +45,7 @@ def create_app(
 ) -> web.Application:
     register_secrets(config)  # error bodies never carry them (gateway.http.hardening.redact)
     built = dict(backends) if backends is not None else build_backends(config.backends)
+    check_endpoints(config, built)
     keys = [k.name for k in config.auth.keys] if config.auth is not None else []
     metrics = GatewayMetrics((m.name for m in config.models), built, keys=keys)
     clock = clock if clock is not None else Clock()
@@ -99,9 +102,20 @@ def build_state(
     )
 
 
+
+def check_endpoints(config: GatewayConfig, backends: Mapping[str, Backend]) -> None:
+    """Refuse to start when ``models[].endpoints`` names an endpoint no route's backend serves.
+
+    Raises :class:`~gateway.configfile.ConfigError` with the YAML path. What a backend serves is
+    its adapter's ``endpoints`` (a family gains chat by declaring it), never a list kept here.
+    """
+    problems = endpoint_problems(config, lambda name: backends[name].endpoints)
+    if problems:
+        raise ConfigError("<config>", problems)
 def _add_routes(app: web.Application, config: GatewayConfig, guard: RequestGuard) -> None:
     """The endpoints; the security wrappers and hooks only where the config turns them on."""
-    app.router.add_post("/v1/completions", handlers.completions)
+    for endpoint, path in ENDPOINT_PATHS.items():
+        app.router.add_post(path, handlers.HANDLERS[endpoint])
     app.router.add_get("/v1/models", guard.list_models if guard.keyring is not None else handlers.list_models)
     app.router.add_get("/health", handlers.health)
     app.router.add_get("/ready", ready)  # readiness, separate from liveness: gateway.http.probes

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import SecretStr
 from pydantic.json_schema import GenerateJsonSchema
 
-from gateway.configfile import ConfigError, load_config
+from gateway.configfile import ConfigError, endpoint_config_problems, load_config
 from gateway.pool_cli import add_pool_parser, pool_command
 from gateway.workers.cpus import available_cpus
 from gateway.workers.worker import add_worker_parser, worker_main
@@ -68,6 +68,10 @@ def _check(path: str, workers: int = 1) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1
+    served = endpoint_config_problems(config)
+    if served:
+        print(ConfigError(path, served), file=sys.stderr)
+        return 1
     problems = worker_problems(config, workers)
     if problems:
         print(f"{path}: not servable with {workers} workers:", *problems, sep="\n  ", file=sys.stderr)
@@ -110,6 +114,10 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     server = config.server.model_copy(update=overrides)
+    served = endpoint_config_problems(config)
+    if served:
+        print(ConfigError(args.config, served), file=sys.stderr)
+        return 1
     problems = worker_problems(config, args.workers)
     if problems:
         print(f"{args.config}: not servable with {args.workers} workers:", *problems, sep="\n  ", file=sys.stderr)
@@ -127,7 +135,11 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.reload import enable_reload
     from gateway.shutdown import serve
 
-    app = create_app(config.model_copy(update={"server": server}))
+    try:
+        app = create_app(config.model_copy(update={"server": server}))
+    except ConfigError as exc:  # what the built backends cannot serve (models[].endpoints)
+        print(exc, file=sys.stderr)
+        return 1
     enable_reload(app, args.config, server_overrides=overrides)  # SIGHUP re-reads the config: gateway.reload
     log.info(
         "gateway serving %d model(s) over %d backend(s) on http://%s:%d",

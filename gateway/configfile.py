@@ -16,6 +16,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from backends.registry import backend_class
+from gateway.flow.router import endpoint_problems
 from schemas.config import BACKEND_TYPES, GatewayConfig
 
 __all__ = ["ConfigError", "load_config", "parse_config"]
@@ -125,6 +127,12 @@ def parse_config(text: str, source: str = "<config>", env: Mapping[str, str] | N
         return GatewayConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(source, _validation_problems(exc, data)) from None
+
+
+def endpoint_config_problems(config: GatewayConfig) -> list[tuple[str, str]]:
+    """``models[].endpoints`` against what the routes' adapter classes declare they serve
+    (``gateway check-config``; ``create_app`` checks the built backends themselves)."""
+    return endpoint_problems(config, lambda name: backend_class(config.backend(name)).endpoints)
 
 
 def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> GatewayConfig:

@@ -1,8 +1,10 @@
 """The gateway's Prometheus metrics behind a small semantic interface.
 
 Label values come only from configured names (models, backends) and fixed sets
-(status codes, parameter names of our schema, reason words): a model name a
-client invents is counted as ``model="_unknown"``, never as a new series.
+(status codes, parameter names of our schemas, reason words, ``endpoint``: ``completions`` or
+``chat``): a model name a client invents is counted as ``model="_unknown"``, never as a new
+series. Request-level series (requests, latency, TTFT, tokens, in flight, unsupported
+parameters, stream failures, disconnects) carry the ``endpoint`` the request came in on.
 
 Hot-path cost: children are cached per label tuple, so recording a request is a
 dict lookup plus a few lock-protected adds.
@@ -18,7 +20,9 @@ from prometheus_client.registry import Collector
 
 from backends.base import Backend
 from backends.capabilities import ALL_FIELDS
+from backends.chat_capabilities import CHAT_FIELDS
 from backends.registry import metric_collectors
+from schemas.endpoints import Endpoint
 
 __all__ = ["GATEWAY_SCOPE", "UNKNOWN", "GatewayMetrics"]
 
@@ -44,42 +48,48 @@ class GatewayMetrics:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         self._models = frozenset(models)
         self._backends = frozenset(backends)
-        self._fields = frozenset(ALL_FIELDS)
+        self._fields = frozenset(ALL_FIELDS) | frozenset(CHAT_FIELDS)
         self._collectors: list[Collector] = []  # the backends' own (watch_backends), replaced on reload
         r = self.registry
         self.requests = Counter(
             "gateway_requests",
-            "Completion requests answered, by model, backend and HTTP status.",
-            ("model", "backend", "status"),
+            "Requests answered, by model, backend, HTTP status and endpoint (completions, chat).",
+            ("model", "backend", "status", "endpoint"),
             registry=r,
         )
         self.latency = Histogram(
             "gateway_request_duration_seconds",
             "Time from request received to response complete.",
-            ("model", "backend"),
+            ("model", "backend", "endpoint"),
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.ttft = Histogram(
             "gateway_time_to_first_token_seconds",
             "Streams: time from request received to the first event sent.",
-            ("model", "backend"),
+            ("model", "backend", "endpoint"),
             buckets=_TTFT_BUCKETS,
             registry=r,
         )
         self.prompt_tokens = Counter(
-            "gateway_prompt_tokens", "Prompt tokens reported by upstreams.", ("model", "backend"), registry=r
+            "gateway_prompt_tokens",
+            "Prompt tokens reported by upstreams.",
+            ("model", "backend", "endpoint"),
+            registry=r,
         )
         self.completion_tokens = Counter(
-            "gateway_completion_tokens", "Completion tokens reported by upstreams.", ("model", "backend"), registry=r
+            "gateway_completion_tokens",
+            "Completion tokens reported by upstreams.",
+            ("model", "backend", "endpoint"),
+            registry=r,
         )
         self.in_flight = Gauge(
-            "gateway_requests_in_flight", "Completion requests being served now.", ("model",), registry=r
+            "gateway_requests_in_flight", "Requests being served now.", ("model", "endpoint"), registry=r
         )
         self.unsupported = Counter(
             "gateway_unsupported_parameter_rejections",
             "Requests refused because the chosen backend cannot honour a field.",
-            ("backend", "param"),
+            ("backend", "param", "endpoint"),
             registry=r,
         )
         self.upstream_errors = Counter(
@@ -91,13 +101,13 @@ class GatewayMetrics:
         self.stream_failures = Counter(
             "gateway_stream_failures",
             "Streams ended by an upstream failure after the first event was sent.",
-            ("model", "backend", "reason"),
+            ("model", "backend", "reason", "endpoint"),
             registry=r,
         )
         self.client_disconnects = Counter(
             "gateway_client_disconnects",
             "Requests whose client went away before the answer was complete.",
-            ("model", "backend"),
+            ("model", "backend", "endpoint"),
             registry=r,
         )
         # --- routing and resilience ---------------------------------------------------------
@@ -150,11 +160,12 @@ class GatewayMetrics:
         # Set by a worker of ``gateway serve --workers N``: the whole gateway's exposition, merged by
         # the control process (gateway.workers.merge); None: this process is the gateway.
         self.gateway_view: Callable[[], Awaitable[bytes]] | None = None
-        self._request_children: dict[tuple[str, str, str], Counter] = {}
-        self._pair_children: dict[tuple[str, str], tuple[Histogram, Histogram, Counter, Counter]] = {}
-        self._in_flight_children: dict[str, Gauge] = {}
+        self._request_children: dict[tuple[str, str, str, str], Counter] = {}
+        self._pair_children: dict[tuple[str, str, str], tuple[Histogram, Histogram, Counter, Counter]] = {}
+        self._in_flight_children: dict[tuple[str, str], Gauge] = {}
         for model in self._models:
-            self.in_flight.labels(model)
+            for endpoint in Endpoint:
+                self.in_flight.labels(model, endpoint.value)
         self._scopes = self._backends | {GATEWAY_SCOPE}
         for scope in self._scopes:
             self.queue_depth_gauge.labels(scope)
@@ -206,62 +217,82 @@ class GatewayMetrics:
     def backend_label(self, backend: str | None) -> str:
         return backend if backend in self._backends else NONE
 
-    def _pair(self, model: str, backend: str) -> tuple[Histogram, Histogram, Counter, Counter]:
-        key = (model, backend)
+    def _pair(self, model: str, backend: str, endpoint: Endpoint) -> tuple[Histogram, Histogram, Counter, Counter]:
+        key = (model, backend, endpoint.value)
         children = self._pair_children.get(key)
         if children is None:
             children = (
-                self.latency.labels(model, backend),
-                self.ttft.labels(model, backend),
-                self.prompt_tokens.labels(model, backend),
-                self.completion_tokens.labels(model, backend),
+                self.latency.labels(*key),
+                self.ttft.labels(*key),
+                self.prompt_tokens.labels(*key),
+                self.completion_tokens.labels(*key),
             )
             self._pair_children[key] = children
         return children
 
     # --- recording -----------------------------------------------------------------------
-    def request_started(self, model: str) -> None:
+    # ``endpoint`` is keyword-only and defaults to completions, the endpoint every caller had
+    # before chat; the request path always passes its own.
+    def request_started(self, model: str, *, endpoint: Endpoint = Endpoint.COMPLETIONS) -> None:
         """``model`` must be a configured name (resolved before calling)."""
-        child = self._in_flight_children.get(model)
+        key = (model, endpoint.value)
+        child = self._in_flight_children.get(key)
         if child is None:
-            child = self._in_flight_children[model] = self.in_flight.labels(model)
+            child = self._in_flight_children[key] = self.in_flight.labels(*key)
         child.inc()
 
-    def request_ended(self, model: str) -> None:
-        self._in_flight_children[model].dec()
+    def request_ended(self, model: str, *, endpoint: Endpoint = Endpoint.COMPLETIONS) -> None:
+        self._in_flight_children[(model, endpoint.value)].dec()
 
-    def request_finished(self, model: str | None, backend: str | None, status: int, seconds: float | None) -> None:
+    def request_finished(
+        self,
+        model: str | None,
+        backend: str | None,
+        status: int,
+        seconds: float | None,
+        *,
+        endpoint: Endpoint = Endpoint.COMPLETIONS,
+    ) -> None:
         model_l = self.model_label(model)
         backend_l = self.backend_label(backend)
-        key = (model_l, backend_l, str(status))
+        key = (model_l, backend_l, str(status), endpoint.value)
         child = self._request_children.get(key)
         if child is None:
             child = self._request_children[key] = self.requests.labels(*key)
         child.inc()
         if seconds is not None and backend_l != NONE and model_l != UNKNOWN:
-            self._pair(model_l, backend_l)[0].observe(seconds)
+            self._pair(model_l, backend_l, endpoint)[0].observe(seconds)
 
-    def first_token(self, model: str, backend: str, seconds: float) -> None:
-        self._pair(model, backend)[1].observe(seconds)
+    def first_token(
+        self, model: str, backend: str, seconds: float, *, endpoint: Endpoint = Endpoint.COMPLETIONS
+    ) -> None:
+        self._pair(model, backend, endpoint)[1].observe(seconds)
 
-    def tokens(self, model: str, backend: str, prompt: int, completion: int) -> None:
-        children = self._pair(model, backend)
+    def tokens(
+        self, model: str, backend: str, prompt: int, completion: int, *, endpoint: Endpoint = Endpoint.COMPLETIONS
+    ) -> None:
+        children = self._pair(model, backend, endpoint)
         if prompt > 0:
             children[2].inc(prompt)
         if completion > 0:
             children[3].inc(completion)
 
-    def unsupported_parameter(self, backend: str, param: str) -> None:
-        self.unsupported.labels(self.backend_label(backend), param if param in self._fields else UNKNOWN).inc()
+    def unsupported_parameter(self, backend: str, param: str, *, endpoint: Endpoint = Endpoint.COMPLETIONS) -> None:
+        label = param if param in self._fields else UNKNOWN
+        self.unsupported.labels(self.backend_label(backend), label, endpoint.value).inc()
 
     def upstream_error(self, backend: str, reason: str) -> None:
         self.upstream_errors.labels(self.backend_label(backend), reason).inc()
 
-    def stream_failed(self, model: str, backend: str, reason: str) -> None:
-        self.stream_failures.labels(self.model_label(model), self.backend_label(backend), reason).inc()
+    def stream_failed(
+        self, model: str, backend: str, reason: str, *, endpoint: Endpoint = Endpoint.COMPLETIONS
+    ) -> None:
+        self.stream_failures.labels(self.model_label(model), self.backend_label(backend), reason, endpoint.value).inc()
 
-    def client_disconnected(self, model: str | None, backend: str | None) -> None:
-        self.client_disconnects.labels(self.model_label(model), self.backend_label(backend)).inc()
+    def client_disconnected(
+        self, model: str | None, backend: str | None, *, endpoint: Endpoint = Endpoint.COMPLETIONS
+    ) -> None:
+        self.client_disconnects.labels(self.model_label(model), self.backend_label(backend), endpoint.value).inc()
 
     # --- routing and resilience -------------------------------------------------------------
     def retried(self, backend: str, reason: str) -> None:
@@ -308,7 +339,8 @@ class GatewayMetrics:
         models = frozenset(models) - self._models
         self._models |= models
         for model in models:
-            self.in_flight.labels(model)
+            for endpoint in Endpoint:
+                self.in_flight.labels(model, endpoint.value)
         added = frozenset(backends) - self._backends
         self._backends |= added
         self._scopes |= added

@@ -32,20 +32,24 @@ from schemas.chat_messages import (
     ToolMessage,
 )
 from schemas.chat_messages import FunctionCallChoice as FunctionCallChoice
-from schemas.completions import INT64_MAX
+from schemas.completions import CHARS_PER_TOKEN, INT64_MAX
 from schemas.errors import FieldRuleError
 
 __all__ = [
     "MAX_TOP_LOGPROBS",
+    "UNSET_OUTPUT_ESTIMATE",
     "ChatCompletionRequest",
     "ChatStreamOptions",
+    "ChatStructuredOutputs",
     "StructuredOutputs",
 ]
 
 INT64_MIN = -(2**63)
 MAX_TOP_LOGPROBS = 20
 MAX_STOP_SEQUENCES = 4
-MAX_TOOLS = 128  # OpenAI's limit on tools (and deprecated functions) per request
+MAX_TOOLS = 128
+# What an unset max_tokens/max_completion_tokens counts as for rate limits and the max_tokens cap.
+UNSET_OUTPUT_ESTIMATE = 16  # OpenAI's limit on tools (and deprecated functions) per request
 
 Int64 = Annotated[StrictInt, Field(ge=INT64_MIN, le=INT64_MAX)]
 Count = Annotated[StrictInt, Field(ge=0, le=INT64_MAX)]
@@ -94,7 +98,7 @@ class WebSearchOptions(_Strict):
     user_location: UserLocation | None = None
 
 
-class StructuredOutputs(_Strict):
+class ChatStructuredOutputs(_Strict):
     """vLLM's ``structured_outputs`` (0.11+): exactly one constraint, plus its options."""
 
     json_: str | dict[str, Any] | None = Field(default=None, alias="json")
@@ -111,7 +115,7 @@ class StructuredOutputs(_Strict):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False, populate_by_name=True)
 
     @model_validator(mode="after")
-    def check_one_constraint(self) -> StructuredOutputs:
+    def check_one_constraint(self) -> ChatStructuredOutputs:
         kinds = ("json_", "regex", "choice", "grammar", "json_object", "structural_tag")
         set_kinds = [k.rstrip("_") for k in kinds if getattr(self, k) not in (None, False)]
         if len(set_kinds) != 1:
@@ -122,6 +126,9 @@ class StructuredOutputs(_Strict):
             )
         return self
 
+
+# Named apart from schemas.completions.StructuredOutputs so the OpenAPI components keep both short names.
+StructuredOutputs = ChatStructuredOutputs
 
 Metadata = Annotated[
     dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]], Field(max_length=16)
@@ -191,7 +198,7 @@ class ChatCompletionRequest(_Strict):
     guided_grammar: NonEmpty | None = None
     guided_decoding_backend: NonEmpty | None = None
     guided_whitespace_pattern: str | None = None
-    structured_outputs: StructuredOutputs | None = None
+    structured_outputs: ChatStructuredOutputs | None = None
     priority: Int64 | None = None
     request_id: NonEmpty | None = None
 
@@ -351,3 +358,74 @@ class ChatCompletionRequest(_Strict):
     @property
     def tool_results(self) -> list[ToolMessage]:
         return [m for m in self.messages if isinstance(m, ToolMessage)]
+
+    # --- the request path's common interface (gateway.served.ServedRequest) ---------------
+    @property
+    def output_limit(self) -> int:
+        """Tokens each choice may generate, as far as the gateway can know: the client's limit, or
+        :data:`UNSET_OUTPUT_ESTIMATE` when unset (the upstream then stops at the context length;
+        rate limits settle from the real usage)."""
+        limit = self.max_output_tokens
+        return UNSET_OUTPUT_ESTIMATE if limit is None else limit
+
+    @property
+    def output_limit_set(self) -> bool:
+        return self.max_output_tokens is not None
+
+    @property
+    def output_bounded(self) -> bool:
+        """Whether the client bounded the output (unset, a chat reply may run to the context length)."""
+        return self.max_output_tokens is not None
+
+    @property
+    def output_limit_param(self) -> str:
+        """The field that carries (or would carry) the output limit."""
+        return "max_tokens" if self.max_tokens is not None else "max_completion_tokens"
+
+    @property
+    def best_of(self) -> None:
+        """Chat has no ``best_of``: every sequence generated is a choice."""
+        return None
+
+    @property
+    def sequences(self) -> int:
+        return self.n or 1
+
+    @property
+    def prompt_count(self) -> int:
+        return 1  # one conversation per request
+
+    @property
+    def prompt_array(self) -> None:
+        return None  # a conversation, never a batch of prompts
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and bool(self.stream_options.include_usage)
+
+    def prompt_estimate(self) -> int:
+        """~4 characters a token over the messages (text, tool calls), the tools and the response
+        format, plus OpenAI's few tokens of framing per message."""
+        chars = sum(len(_message_text(m)) for m in self.messages)
+        for extra in (self.tools, self.response_format, self.functions):
+            if extra is not None:
+                chars += len(str(extra))
+        return chars // CHARS_PER_TOKEN + 3 * len(self.messages) + 3
+
+    def routing_text(self) -> str:
+        """The conversation's leading part (roles and texts in order), for prefix routing."""
+        return "".join(f"<{m.role}>{_message_text(m)}" for m in self.messages)
+
+
+def _message_text(message: ChatMessage) -> str:
+    """A message's text: string content, text/refusal parts, tool-call names and arguments."""
+    content = getattr(message, "content", None)
+    if isinstance(content, str):
+        text = content
+    elif isinstance(content, list):
+        text = "".join(getattr(part, "text", None) or getattr(part, "refusal", None) or "" for part in content)
+    else:
+        text = ""
+    for call in getattr(message, "tool_calls", None) or ():
+        text += str(call)
+    return text

@@ -13,7 +13,7 @@ gateway never forwards a ``null`` upstream (see :meth:`CompletionRequest.upstrea
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     AfterValidator,
@@ -29,6 +29,7 @@ from pydantic import (
 from schemas.errors import FieldRuleError
 
 __all__ = [
+    "CHARS_PER_TOKEN",
     "DEFAULT_MAX_TOKENS",
     "INT64_MAX",
     "NESTED_FIELDS",
@@ -46,6 +47,7 @@ __all__ = [
 ]
 
 DEFAULT_MAX_TOKENS = 16
+CHARS_PER_TOKEN = 4  # the gateway cannot tokenize: ~4 characters per token, for estimates only
 INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)
 MAX_STOP_SEQUENCES = 4
@@ -319,6 +321,58 @@ class CompletionRequest(BaseModel):
         if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int):
             return 1
         return len(prompt)
+
+    # --- the request path's common interface (gateway.served.ServedRequest) ---------------
+    output_limit_param: ClassVar[str] = "max_tokens"
+    output_bounded: ClassVar[bool] = True  # unset, max_tokens is 16
+
+    @property
+    def output_limit_set(self) -> bool:
+        return self.max_tokens is not None
+
+    @property
+    def output_limit(self) -> int:
+        """Tokens each choice may generate: ``max_tokens``, or OpenAI's default of 16."""
+        return DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
+
+    @property
+    def prompt_array(self) -> list[Any] | None:
+        """The prompt when it is an array (of texts, token ids or token-id arrays)."""
+        return self.prompt if type(self.prompt) is list else None
+
+    @property
+    def sequences(self) -> int:
+        """Sequences generated per prompt: ``max(n, best_of)``."""
+        n, best_of = self.n or 1, self.best_of or 1
+        return n if n > best_of else best_of
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and bool(self.stream_options.include_usage)
+
+    def prompt_estimate(self) -> int:
+        """A cheap upper-ish estimate of the prompt's tokens: exact for token ids, ~4 characters a token for text."""
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return len(prompt) // CHARS_PER_TOKEN + 1
+        if not prompt:
+            return 0
+        first = prompt[0]
+        if isinstance(first, int):
+            return len(prompt)
+        if isinstance(first, str):
+            return sum(len(p) // CHARS_PER_TOKEN + 1 for p in prompt if isinstance(p, str))
+        return sum(len(p) for p in prompt if isinstance(p, list))
+
+    def routing_text(self) -> str | list[int]:
+        """The leading part of the (first) prompt, for prefix routing."""
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return prompt
+        first = prompt[0] if prompt else ""
+        if isinstance(first, str | list):
+            return first
+        return [t for t in prompt if isinstance(t, int)]
 
 
 # Values of the vLLM extras that mean "off": a field explicitly set to one of these

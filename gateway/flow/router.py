@@ -1,7 +1,11 @@
 """Model names to routes, the capability check that runs before routing, and the strategies.
 
-A configured model has one or more routes (backend + upstream model id). For a request
-the router returns the routes that can honour every field it sets; when none can, the
+A configured model has one or more routes (backend + upstream model id), and is served on
+the endpoints ``models[].endpoints`` allows (default: all) that its routes' backends serve
+(``Backend.endpoints``); a request on another endpoint gets 404 naming the ones it is served
+on, as OpenAI answers a chat model on ``/v1/completions``. For a request the router returns
+the routes of its endpoint that can honour every field it sets (that endpoint's capability
+table: :class:`~gateway.flow.endpoints.EndpointOps`); when none can, the
 request is refused with 400 ``unsupported_parameter`` naming the first field the
 preferred route lacks. The model's strategy then puts those routes in try order: the
 chosen route first, the rest in the order failover walks them.
@@ -23,15 +27,18 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Protocol
 
 from backends.base import Backend
 from gateway.flow.admission import Limiter
+from gateway.flow.endpoints import EndpointOps
 from gateway.flow.health import CircuitBreaker
 from gateway.flow.retry import RetryPolicy
-from schemas.completions import CompletionRequest
+from gateway.served import ServedRequest
 from schemas.config import GatewayConfig, ModelConfig
+from schemas.endpoints import ENDPOINT_PATHS, Endpoint
 from schemas.errors import NotFoundError
 
 __all__ = [
@@ -44,6 +51,7 @@ __all__ = [
     "Router",
     "Strategy",
     "Weighted",
+    "endpoint_problems",
     "make_strategy",
     "spread_starts",
 ]
@@ -167,6 +175,52 @@ class ModelEntry:
     name: str
     routes: tuple[Route, ...]
     strategy: Strategy
+    # The routes that serve each endpoint the model is served on (configuration order);
+    # an endpoint absent here is not served (404 naming the ones that are).
+    served: Mapping[Endpoint, tuple[Route, ...]] = field(default_factory=dict)
+
+    def routes_for(self, ops: EndpointOps) -> tuple[Route, ...]:
+        """The routes serving ``ops``'s endpoint; 404 naming the endpoints served when there are none."""
+        routes = self.served.get(ops.endpoint)
+        if routes is None:
+            raise _not_served(self, ops)
+        return routes
+
+
+def _not_served(entry: ModelEntry, ops: EndpointOps) -> NotFoundError:
+    # OpenAI's wording for a chat model on /v1/completions, with the endpoints named.
+    here = ops.path.lstrip("/")
+    there = " or ".join(ENDPOINT_PATHS[e].lstrip("/") for e in Endpoint if e in entry.served)
+    return NotFoundError(
+        f"The model '{entry.name}' is not supported in the {here} endpoint: it is served on {there}. "
+        f"Did you mean to use {there}?",
+        param="model",
+        code="model_not_supported_on_endpoint",
+    )
+
+
+def endpoint_problems(config: GatewayConfig, served_by: Callable[[str], frozenset[Endpoint]]) -> list[tuple[str, str]]:
+    """``models[].endpoints`` entries no route's backend can serve, as ``(yaml_path, message)``.
+
+    ``served_by(backend_name)`` says what a configured backend serves: the adapters declare it
+    (``Backend.endpoints``), so nothing here lists which backend type serves what.
+    """
+    problems: list[tuple[str, str]] = []
+    for i, model in enumerate(config.models):
+        able: set[Endpoint] = set()
+        for route in model.routes:
+            able |= served_by(route.backend)
+        for j, endpoint in enumerate(model.endpoints or ()):
+            if endpoint not in able:
+                backends = ", ".join(sorted({r.backend for r in model.routes}))
+                problems.append(
+                    (
+                        f"models[{i}].endpoints[{j}]",
+                        f"no route of model '{model.name}' can serve {endpoint.value!r}: its backends ({backends}) "
+                        f"serve {', '.join(sorted(e.value for e in able)) or 'nothing'}",
+                    )
+                )
+    return problems
 
 
 class Router:
@@ -178,7 +232,13 @@ class Router:
     @staticmethod
     def _entry(model: ModelConfig, backends: Mapping[str, Backend], guards: Mapping[str, BackendGuard]) -> ModelEntry:
         routes = tuple(Route(backends[r.backend], r.model, r.weight, guards[r.backend]) for r in model.routes)
-        return ModelEntry(model.name, routes, make_strategy(model.strategy))
+        allowed = set(model.endpoints) if model.endpoints is not None else set(Endpoint)
+        served: dict[Endpoint, tuple[Route, ...]] = {}
+        for endpoint in Endpoint:
+            able = tuple(r for r in routes if endpoint in r.backend.endpoints)
+            if endpoint in allowed and able:
+                served[endpoint] = able
+        return ModelEntry(model.name, routes, make_strategy(model.strategy), MappingProxyType(served))
 
     def lookup(self, name: str) -> ModelEntry:
         entry = self.models.get(name)
@@ -190,19 +250,19 @@ class Router:
             )
         return entry
 
-    def candidates(self, entry: ModelEntry, request: CompletionRequest) -> list[Route]:
-        """Routes able to serve ``request``, in try order; raises if there are none."""
-        routes = entry.routes
+    def candidates(self, entry: ModelEntry, request: ServedRequest, ops: EndpointOps) -> list[Route]:
+        """Routes able to serve ``request`` on ``ops``'s endpoint, in try order; raises if there are none."""
+        routes = entry.routes_for(ops)
+        refusal = ops.refusal
         if len(routes) == 1:  # the common case, without allocations beyond the list
             route = routes[0]
-            error = route.backend.capabilities.refusal(request, route.backend.name, route.backend.kind)
+            error = refusal(route.backend, request)
             if error is not None:
                 raise error
             return [route]
-        eligible = [r for r in routes if r.backend.capabilities.first_violation(request) is None]
+        eligible = [r for r in routes if refusal(r.backend, request) is None]
         if not eligible:
-            first = routes[0].backend
-            error = first.capabilities.refusal(request, first.name, first.kind)
+            error = refusal(routes[0].backend, request)
             assert error is not None  # not eligible: it refuses something
             raise error
         return entry.strategy.order(eligible) if len(eligible) > 1 else eligible

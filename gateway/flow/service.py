@@ -6,7 +6,8 @@ for each attempt:
 1. the backend's circuit breaker must allow it; an open circuit is skipped (failover);
 2. the backend's limiter must have a free slot; a full backend is passed over for the
    next route, and waited for (its bounded queue) only when no other route is left;
-3. the backend is called: ``complete``, or ``stream`` plus the stream's first event. For
+3. the backend is called through the endpoint's :class:`~gateway.flow.endpoints.EndpointOps`:
+   ``complete``/``chat``, or ``stream``/``chat_stream`` plus the stream's first event. For
    streams the client's response has not started yet, so everything up to the first event
    can still fail over; after it nothing is retried (see ``gateway.http.handlers``);
 4. a retryable failure (:func:`gateway.flow.retry.retryable`) moves on to the next route at once
@@ -36,16 +37,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from backends.base import CompletionResult, CompletionStream, UpstreamCall
+from backends.base import Call, CompletionResult, CompletionStream
 from backends.errors import UpstreamError
 from gateway.clock import Clock
+from gateway.flow.endpoints import EndpointOps
 from gateway.flow.health import Permit, health_verdict
 from gateway.flow.retry import RetryState, retryable
 from gateway.flow.router import BackendGuard, ModelEntry, Route
 from gateway.metrics import GatewayMetrics
-from schemas.completions import CompletionRequest
 from schemas.errors import ServiceUnavailableError
 
 if TYPE_CHECKING:  # the record is filled in here; gateway.accounting imports nothing of the flow
@@ -56,7 +57,7 @@ __all__ = ["CompletionService", "OpenedStream"]
 log = logging.getLogger("gateway")
 
 _T = TypeVar("_T")
-_Attempt = Callable[[Route, UpstreamCall], Awaitable[_T]]
+_Attempt = Callable[[EndpointOps, Route, Call[Any]], Awaitable[_T]]
 
 
 class OpenedStream:
@@ -112,12 +113,12 @@ class OpenedStream:
             self.route.guard.limiter.release()
 
 
-def _call_complete(route: Route, call: UpstreamCall) -> Awaitable[CompletionResult]:
-    return route.backend.complete(call)
+def _call_complete(ops: EndpointOps, route: Route, call: Call[Any]) -> Awaitable[CompletionResult]:
+    return ops.complete(route.backend, call)
 
 
-async def _call_stream(route: Route, call: UpstreamCall) -> tuple[bytes, CompletionStream]:
-    stream = await route.backend.stream(call)
+async def _call_stream(ops: EndpointOps, route: Route, call: Call[Any]) -> tuple[bytes, CompletionStream]:
+    stream = await ops.stream(route.backend, call)
     try:
         first = await stream.__anext__()
     except StopAsyncIteration:
@@ -220,37 +221,41 @@ class CompletionService:
 
     async def complete(
         self,
+        ops: EndpointOps,
         entry: ModelEntry,
         routes: list[Route],
-        request: CompletionRequest,
+        request: Any,
         request_id: str,
         priority: int = 0,
         record: RequestRecord | None = None,
     ) -> tuple[CompletionResult, Route]:
+        """A non-streaming answer on ``ops``'s endpoint (``request``: that endpoint's validated type)."""
         result, route, _ = await self._run(
-            entry.name, routes, request, request_id, priority, _call_complete, hold=False, record=record
+            ops, entry.name, routes, request, request_id, priority, _call_complete, hold=False, record=record
         )
         return result, route
 
     async def open_stream(
         self,
+        ops: EndpointOps,
         entry: ModelEntry,
         routes: list[Route],
-        request: CompletionRequest,
+        request: Any,
         request_id: str,
         priority: int = 0,
         record: RequestRecord | None = None,
     ) -> OpenedStream:
         (first, stream), route, permit = await self._run(
-            entry.name, routes, request, request_id, priority, _call_stream, hold=True, record=record
+            ops, entry.name, routes, request, request_id, priority, _call_stream, hold=True, record=record
         )
         return OpenedStream(first, stream, route, self._metrics, verdict_due=permit is Permit.PASS)
 
     async def _run(
         self,
+        ops: EndpointOps,
         model: str,
         routes: list[Route],
-        request: CompletionRequest,
+        request: Any,
         request_id: str,
         priority: int,
         attempt: _Attempt[_T],
@@ -278,7 +283,7 @@ class CompletionService:
                 if record is not None:
                     record.reached = True
                 try:
-                    result = await attempt(route, UpstreamCall(request, route.upstream_model, model, request_id))
+                    result = await attempt(ops, route, ops.call(request, route.upstream_model, model, request_id))
                 except UpstreamError as exc:
                     guard.limiter.release()
                     guard.breaker.outcome(exc, permit)

@@ -1,5 +1,11 @@
 """HTTP handlers: parse, call the service, write JSON or SSE. Nothing else lives here.
 
+``POST /v1/completions`` and ``POST /v1/chat/completions`` are one path, :func:`serve`, bound
+to an endpoint (:func:`endpoint_handler`): only the parse differs
+(:data:`PARSERS`); everything after it sees the request through
+:class:`~gateway.flow.endpoints.ServedRequest` and the endpoint's
+:class:`~gateway.flow.endpoints.EndpointOps`.
+
 Errors are raised as ``GatewayError`` and rendered once by ``gateway.http.middleware``;
 what each request was and cost goes into its :class:`gateway.accounting.RequestRecord`,
 closed once when the handler ends.
@@ -10,22 +16,41 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import NoReturn
+from collections.abc import Awaitable, Callable, Mapping
+from types import MappingProxyType
+from typing import Any, NoReturn
 
 import orjson
 from aiohttp import web
 
 from backends.errors import UpstreamError
 from gateway.accounting import RequestRecord
+from gateway.flow.endpoints import OPS, EndpointOps
 from gateway.flow.router import ModelEntry, Route
 from gateway.http.hardening import read_body, redact
 from gateway.http.request_id import request_id_of
-from gateway.http.validation import parse_completion_request
+from gateway.http.validation import parse_chat_request, parse_completion_request
+from gateway.served import ServedRequest
 from gateway.state import STATE, GatewayState
-from schemas.completions import CompletionRequest
+from schemas.endpoints import Endpoint
 from schemas.errors import GatewayError, ServiceUnavailableError, UnsupportedParameterError
 
-__all__ = ["completions", "health", "list_models", "metrics"]
+__all__ = [
+    "HANDLERS",
+    "PARSERS",
+    "chat_completions",
+    "completions",
+    "endpoint_handler",
+    "health",
+    "list_models",
+    "metrics",
+    "serve",
+]
+
+# The one thing each endpoint does its own way at the door: the schema its body must match.
+PARSERS: Mapping[Endpoint, Callable[[bytes], Any]] = MappingProxyType(
+    {Endpoint.COMPLETIONS: parse_completion_request, Endpoint.CHAT: parse_chat_request}
+)
 
 log = logging.getLogger("gateway")
 
@@ -38,14 +63,31 @@ _SSE_HEADERS = {
 }
 
 
-async def completions(request: web.Request) -> web.StreamResponse:
-    """``POST /v1/completions``: every answer, refusals included, is accounted once by its record."""
+def endpoint_handler(endpoint: Endpoint) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """The aiohttp handler of ``endpoint``: :func:`serve` bound to it."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await serve(request, endpoint)
+
+    handler.__name__ = handler.__qualname__ = f"serve_{endpoint.value}"
+    return handler
+
+
+completions = endpoint_handler(Endpoint.COMPLETIONS)  # POST /v1/completions
+chat_completions = endpoint_handler(Endpoint.CHAT)  # POST /v1/chat/completions
+HANDLERS: Mapping[Endpoint, Callable[[web.Request], Awaitable[web.StreamResponse]]] = MappingProxyType(
+    {Endpoint.COMPLETIONS: completions, Endpoint.CHAT: chat_completions}
+)
+
+
+async def serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+    """A request on ``endpoint``: every answer, refusals included, is accounted once by its record."""
     state = request.app[STATE]
     guard = state.request_guard
-    record = RequestRecord(state.metrics, guard.audit, request_id_of(request))
+    record = RequestRecord(state.metrics, guard.audit, request_id_of(request), endpoint)
     status = 500  # a bug: the middleware answers 500
     try:
-        response = await _serve(request, state, record)
+        response = await _serve(request, state, record, OPS[endpoint])
         status = record.status or response.status
         return response
     except GatewayError as exc:
@@ -66,25 +108,28 @@ async def completions(request: web.Request) -> web.StreamResponse:
         record.close(status)
 
 
-async def _serve(request: web.Request, state: GatewayState, record: RequestRecord) -> web.StreamResponse:
+async def _serve(
+    request: web.Request, state: GatewayState, record: RequestRecord, ops: EndpointOps
+) -> web.StreamResponse:
     guard = state.request_guard
     record.key = guard.identify(request)
     body = await read_body(request, state.config.server.client_body_timeout)
+    endpoint = ops.endpoint
     try:
         # Everything that can refuse the request without an upstream, before the key's budget is touched.
-        req = parse_completion_request(body)
+        req: ServedRequest = PARSERS[endpoint](body)
         entry = state.router.lookup(req.model)
         record.model = entry.name
         guard.check(record.key, req, entry.name)
-        routes = state.router.candidates(entry, req)
+        routes = state.router.candidates(entry, req, ops)
         priority = state.admission.priority_of(request.headers)
     except UnsupportedParameterError as exc:
-        state.metrics.unsupported_parameter(exc.backend, exc.param or "")
+        state.metrics.unsupported_parameter(exc.backend, exc.param or "", endpoint=endpoint)
         raise
     record.reservation, record.prompt_estimate = await guard.reserve(request, record.key, req)
 
     metrics = state.metrics
-    metrics.request_started(entry.name)
+    metrics.request_started(entry.name, endpoint=endpoint)
     task = request.task
     state.in_flight.enter(task)
     limiter = state.admission.limiter
@@ -96,13 +141,13 @@ async def _serve(request: web.Request, state: GatewayState, record: RequestRecor
             _cancelled(state)
         try:
             if req.stream:
-                return await _stream(request, state, entry, routes, req, priority, record)
-            return await _complete(state, entry, routes, req, priority, record)
+                return await _stream(request, state, ops, entry, routes, req, priority, record)
+            return await _complete(state, ops, entry, routes, req, priority, record)
         finally:
             limiter.release()
     finally:
         state.in_flight.leave(task)
-        metrics.request_ended(entry.name)
+        metrics.request_ended(entry.name, endpoint=endpoint)
 
 
 def _cancelled(state: GatewayState) -> NoReturn:
@@ -124,14 +169,15 @@ def _shutting_down() -> ServiceUnavailableError:
 
 async def _complete(
     state: GatewayState,
+    ops: EndpointOps,
     entry: ModelEntry,
     routes: list[Route],
-    req: CompletionRequest,
+    req: ServedRequest,
     priority: int,
     record: RequestRecord,
 ) -> web.Response:
     try:
-        result, route = await state.service.complete(entry, routes, req, record.request_id, priority, record)
+        result, route = await state.service.complete(ops, entry, routes, req, record.request_id, priority, record)
     except asyncio.CancelledError:
         _cancelled(state)
     record.backend = route.backend.name
@@ -142,16 +188,18 @@ async def _complete(
 async def _stream(
     request: web.Request,
     state: GatewayState,
+    ops: EndpointOps,
     entry: ModelEntry,
     routes: list[Route],
-    req: CompletionRequest,
+    req: ServedRequest,
     priority: int,
     record: RequestRecord,
 ) -> web.StreamResponse:
     metrics = state.metrics
     model = entry.name
+    endpoint = ops.endpoint
     try:
-        opened = await state.service.open_stream(entry, routes, req, record.request_id, priority, record)
+        opened = await state.service.open_stream(ops, entry, routes, req, record.request_id, priority, record)
     except asyncio.CancelledError:
         _cancelled(state)
     backend = record.backend = opened.route.backend.name
@@ -165,12 +213,12 @@ async def _stream(
         if stream.finished:
             await response.write_eof(opened.first + _DONE)
             record.relayed = _events(opened.first)
-            metrics.first_token(model, backend, asyncio.get_running_loop().time() - record.started)
+            metrics.first_token(model, backend, asyncio.get_running_loop().time() - record.started, endpoint=endpoint)
             return response
         if opened.first:
             await response.write(opened.first)
             record.relayed = _events(opened.first)
-        metrics.first_token(model, backend, asyncio.get_running_loop().time() - record.started)
+        metrics.first_token(model, backend, asyncio.get_running_loop().time() - record.started, endpoint=endpoint)
         tail = _DONE
         try:
             async for chunk in opened:  # an upstream failure reaches the breaker through ``opened``
@@ -183,7 +231,7 @@ async def _stream(
         except UpstreamError as exc:
             # After the first byte nothing is retried: say what happened, then end cleanly.
             record.status = exc.status
-            metrics.stream_failed(model, backend, exc.reason)
+            metrics.stream_failed(model, backend, exc.reason, endpoint=endpoint)
             tail = _error_event(exc)
         except ConnectionResetError:
             raise
@@ -198,14 +246,14 @@ async def _stream(
                 else GatewayError("The gateway failed to process the request; see its log.", code="internal_error")
             )
             record.status = error.status
-            metrics.stream_failed(model, backend, "internal")
+            metrics.stream_failed(model, backend, "internal", endpoint=endpoint)
             tail = _error_event(error)
         await response.write_eof(tail)
     except asyncio.CancelledError:
         if not state.in_flight.expired:
             raise  # the client left: 499
         # The drain deadline passed: end the stream with an error the client can act on, not a bare cut.
-        metrics.stream_failed(model, backend, "shutdown")
+        metrics.stream_failed(model, backend, "shutdown", endpoint=endpoint)
         if response.prepared:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(1.0):

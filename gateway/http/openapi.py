@@ -15,6 +15,7 @@ fine-tune), so the document never lists one the caller could not list otherwise.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Literal
 
@@ -25,8 +26,11 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from gateway.security.auth import AuthenticationError, KeyRing, presented_key
+from schemas.chat import ChatCompletionRequest
+from schemas.chat_responses import ChatCompletionChunk, ChatCompletionResponse
 from schemas.completions import CompletionRequest, CompletionResponse
 from schemas.config import GatewayConfig
+from schemas.endpoints import ENDPOINT_PATHS, Endpoint
 from schemas.errors import ErrorEnvelope
 
 __all__ = ["build_openapi", "openapi_handler"]
@@ -75,7 +79,7 @@ _REASONS = {
     400: "Invalid request: malformed JSON, a field out of range, a rule broken, an unsupported field or a cost cap",
     401: "Missing or unknown API key",
     403: "The key may not use this model",
-    404: "Unknown model",
+    404: "Unknown model, or a model not served on this endpoint",
     408: "The request body arrived too slowly",
     413: "The request body is too large",
     415: "The request's Content-Encoding is not supported",
@@ -103,12 +107,68 @@ _REQUEST_ID = {"x-request-id": {"description": "The request's id (also sent upst
 _EXAMPLE_MODEL = "your-model"  # the request example's model when the caller may see none
 
 
+@dataclass(frozen=True)
+class _Generation:
+    """What one generation endpoint's operation says; the rest of the operation is common."""
+
+    operation_id: str
+    summary: str
+    request: str  # component names (the pydantic models' own)
+    response: str
+    example: dict[str, Any]  # without "model"
+
+
+_GENERATIONS = {
+    ENDPOINT_PATHS[Endpoint.COMPLETIONS]: _Generation(
+        "createCompletion",
+        "OpenAI Completions: a completion, or a stream of chunks (data-only SSE ending in [DONE])",
+        "CompletionRequest",
+        "CompletionResponse",
+        {"prompt": "Say this is a test", "max_tokens": 8},
+    ),
+    ENDPOINT_PATHS[Endpoint.CHAT]: _Generation(
+        "createChatCompletion",
+        "OpenAI Chat Completions: a chat.completion, or a stream of chat.completion.chunk (SSE ending in [DONE])",
+        "ChatCompletionRequest",
+        "ChatCompletionResponse",
+        {"messages": [{"role": "user", "content": "Say this is a test"}], "max_completion_tokens": 8},
+    ),
+}
+
+
+def _generation(spec: _Generation, model: str, headers: dict[str, Any], auth: bool) -> dict[str, Any]:
+    return {
+        "operationId": spec.operation_id,
+        "summary": spec.summary,
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": _ref(spec.request), "example": {"model": model, **spec.example}}
+            },
+        },
+        "responses": {
+            "200": {
+                "description": "The answer; with stream=true, server-sent events of its chunks",
+                "headers": headers,
+                "content": {
+                    "application/json": {"schema": _ref(spec.response)},
+                    "text/event-stream": {"schema": {"type": "string"}},
+                },
+            },
+            **_errors(400, *((401, 403) if auth else ()), 404, 408, 413, 415, 429, 500, 502, 503, 504),
+        },
+    }
+
+
 def build_openapi(config: GatewayConfig, visible: list[str] | None = None) -> dict[str, Any]:
     """The document; ``visible`` are the model names the caller may see (default: every configured one)."""
     _, schemas = models_json_schema(
         [
             (CompletionRequest, "validation"),
             (CompletionResponse, "validation"),
+            (ChatCompletionRequest, "validation"),
+            (ChatCompletionResponse, "validation"),
+            (ChatCompletionChunk, "validation"),
             (ErrorEnvelope, "validation"),
             (ModelList, "validation"),
             (Health, "validation"),
@@ -118,7 +178,8 @@ def build_openapi(config: GatewayConfig, visible: list[str] | None = None) -> di
     components: dict[str, Any] = {"schemas": schemas["$defs"]}
     names = [model.name for model in config.models] if visible is None else visible
     if names:
-        components["schemas"]["CompletionRequest"]["properties"]["model"]["examples"] = names
+        for spec in _GENERATIONS.values():
+            components["schemas"][spec.request]["properties"]["model"]["examples"] = names
 
     auth = config.auth
     api_security: list[dict[str, list[str]]] = []
@@ -133,33 +194,9 @@ def build_openapi(config: GatewayConfig, visible: list[str] | None = None) -> di
             metrics_security = api_security
 
     headers = {**_REQUEST_ID, **(_RATE_HEADERS if auth is not None else {})}
-    completions: dict[str, Any] = {
-        "operationId": "createCompletion",
-        "summary": "OpenAI Completions: a completion, or a stream of chunks (data-only SSE ending in [DONE])",
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {
-                    "schema": _ref("CompletionRequest"),
-                    "example": {
-                        "model": names[0] if names else _EXAMPLE_MODEL,
-                        "prompt": "Say this is a test",
-                        "max_tokens": 8,
-                    },
-                }
-            },
-        },
-        "responses": {
-            "200": {
-                "description": "The completion; with stream=true, server-sent events of completion chunks",
-                "headers": headers,
-                "content": {
-                    "application/json": {"schema": _ref("CompletionResponse")},
-                    "text/event-stream": {"schema": {"type": "string"}},
-                },
-            },
-            **_errors(400, *((401, 403) if auth is not None else ()), 404, 408, 413, 415, 429, 500, 502, 503, 504),
-        },
+    example_model = names[0] if names else _EXAMPLE_MODEL
+    generations = {
+        path: _generation(spec, example_model, headers, auth is not None) for path, spec in _GENERATIONS.items()
     }
     models: dict[str, Any] = {
         "operationId": "listModels",
@@ -174,7 +211,8 @@ def build_openapi(config: GatewayConfig, visible: list[str] | None = None) -> di
         },
     }
     if api_security:
-        completions["security"] = api_security
+        for operation in generations.values():
+            operation["security"] = api_security
         models["security"] = api_security
     metrics: dict[str, Any] = {
         "operationId": "metrics",
@@ -192,10 +230,10 @@ def build_openapi(config: GatewayConfig, visible: list[str] | None = None) -> di
         "info": {
             "title": "completions-gateway",
             "version": _version(),
-            "description": "An OpenAI Completions API gateway.",
+            "description": "An OpenAI Completions and Chat Completions API gateway.",
         },
         "paths": {
-            "/v1/completions": {"post": completions},
+            **{path: {"post": operation} for path, operation in generations.items()},
             "/v1/models": {"get": models},
             "/health": {
                 "get": {

@@ -1,40 +1,58 @@
-"""Client JSON to a validated :class:`CompletionRequest`, or a 400 naming the field.
+"""Client JSON to a validated request of the endpoint's type, or a 400 naming the field.
 
-One parse: pydantic validates straight from the body bytes (its JSON parser is
-the fastest path available). Its errors are turned into OpenAI's envelope here,
-with ``param`` set to the offending field (``stream_options.include_usage`` for
-nested ones).
+One parse per endpoint (:func:`parse_completion_request`, :func:`parse_chat_request`):
+pydantic validates straight from the body bytes (its JSON parser is the fastest path
+available). Its errors become OpenAI's envelope here, once for both endpoints, with
+``param`` set to the offending field: ``stream_options.include_usage`` for a nested
+completions option; for chat the whole path, as OpenAI writes it (``messages[1].tool_call_id``,
+``tools[0].function.name``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+import orjson
+from pydantic import BaseModel, ValidationError
 
+from schemas.chat import ChatCompletionRequest
 from schemas.completions import CompletionRequest
 from schemas.errors import FieldRuleError, InvalidRequestError
 
-__all__ = ["parse_completion_request"]
+__all__ = ["parse_chat_request", "parse_completion_request"]
 
-# A readable description for fields whose pydantic union errors are noisy.
+_M = TypeVar("_M", bound=BaseModel)
+_Params = Callable[[tuple[int | str, ...], bytes], str | None]
+
+# A readable description for fields whose pydantic union errors are noisy (keyed by the last name).
 _SHAPES: dict[str, str] = {
     "prompt": "a string, an array of strings, an array of token ids, or an array of token-id arrays (none empty)",
     "stop": "a non-empty string or an array of 1 to 4 non-empty strings",
     "guided_json": "a JSON schema, as an object or a string",
+    "content": "a string or an array of content parts",
+    "tool_choice": '"none", "auto", "required" or an object naming a tool',
 }
 
 
 def parse_completion_request(body: bytes) -> CompletionRequest:
+    return _parse(CompletionRequest, body, _completions_param)
+
+
+def parse_chat_request(body: bytes) -> ChatCompletionRequest:
+    return _parse(ChatCompletionRequest, body, _chat_param)
+
+
+def _parse(model: type[_M], body: bytes, param_of: _Params) -> _M:
     if not body:
         raise InvalidRequestError("The request body is empty; expected a JSON object.")
     try:
-        return CompletionRequest.model_validate_json(body)
+        return model.model_validate_json(body)
     except ValidationError as exc:
-        raise _to_client_error(exc) from None
+        raise _to_client_error(exc, body, param_of) from None
 
 
-def _param(loc: tuple[int | str, ...]) -> str | None:
+def _completions_param(loc: tuple[int | str, ...], body: bytes) -> str | None:
     if not loc:
         return None
     head = str(loc[0])
@@ -43,7 +61,38 @@ def _param(loc: tuple[int | str, ...]) -> str | None:
     return head
 
 
-def _to_client_error(exc: ValidationError) -> InvalidRequestError:
+def _chat_param(loc: tuple[int | str, ...], body: bytes) -> str | None:
+    """The field's path as the client wrote it: union members and discriminator tags dropped.
+
+    pydantic puts a tagged union's tag into the location (``messages, 1, 'tool', 'tool_call_id'``);
+    the body tells a tag (the node's ``role``/``type`` value, once per node) from a key.
+    """
+    if not loc:
+        return None
+    try:
+        node: Any = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        node = None
+    path = ""
+    tag_seen = False
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+            node = node[part] if isinstance(node, list) and -len(node) <= part < len(node) else None
+            tag_seen = False
+            continue
+        if _is_union_tag(part):
+            continue
+        if isinstance(node, dict) and not tag_seen and part in (node.get("role"), node.get("type")):
+            tag_seen = True  # the discriminator's value, not a key
+            continue
+        path = f"{path}.{part}" if path else part
+        node = node.get(part) if isinstance(node, dict) else None
+        tag_seen = False
+    return path or None
+
+
+def _to_client_error(exc: ValidationError, body: bytes, param_of: _Params) -> InvalidRequestError:
     errors = exc.errors(include_url=False)
     first: dict[str, Any] = dict(errors[0])
     kind = first["type"]
@@ -52,22 +101,33 @@ def _to_client_error(exc: ValidationError) -> InvalidRequestError:
     if isinstance(cause, FieldRuleError):
         return InvalidRequestError(cause.message, param=cause.param)
     loc = tuple(first["loc"])
-    param = _param(loc)
     if kind == "json_invalid":
         return InvalidRequestError(
             f"We could not parse the JSON body of your request: {ctx.get('error', 'invalid JSON')}."
         )
     if kind == "model_type" and not loc:
         return InvalidRequestError("The request body must be a JSON object.")
+    params = [param_of(tuple(e["loc"]), body) for e in errors]
+    param = params[0]
     if kind == "missing":
         return InvalidRequestError(f"Missing required parameter: '{param}'.", param=param)
     if kind == "extra_forbidden":
         return InvalidRequestError(
             f"Unrecognized request argument supplied: {param}", param=param, code="unknown_parameter"
         )
-    if param in _SHAPES and sum(1 for e in errors if _param(tuple(e["loc"])) == param) > 1:
-        return InvalidRequestError(f"Invalid value for '{param}': expected {_SHAPES[param]}.", param=param)
-    where = ".".join(str(part) for part in loc if not _is_union_tag(part))
+    # Several members of a union failed: the deepest failure is where the client went wrong
+    # (a bad URL inside an image part, not "content should be a string").
+    deepest = max(range(len(errors)), key=lambda i: len(errors[i]["loc"]))
+    if len(errors[deepest]["loc"]) > len(loc) and params[deepest] != param:
+        first, param = dict(errors[deepest]), params[deepest]
+        loc = tuple(first["loc"])
+    leaf = (param or "").rsplit(".", 1)[-1].split("[", 1)[0]
+    if leaf in _SHAPES and params.count(param) > 1:
+        return InvalidRequestError(f"Invalid value for '{param}': expected {_SHAPES[leaf]}.", param=param)
+    if param_of is _chat_param:
+        where = param
+    else:
+        where = ".".join(str(part) for part in loc if not _is_union_tag(part))
     return InvalidRequestError(f"Invalid value for '{where}': {first['msg']}.", param=param)
 
 

@@ -1,4 +1,4 @@
-"""The optional audit log: one JSON line per completion request (``server.audit_log: true``).
+"""The optional audit log: one JSON line per request on a completion endpoint (``server.audit_log: true``).
 
 Each line carries the request id, the key's configured *name* (never its secret), the model,
 the backend, the final status (a stream that failed after its first event says the error's
@@ -6,7 +6,9 @@ status, as the metrics do), token counts from the upstream's usage and the laten
 
     {"event":"completion","time":1700000000.123,"request_id":"req-...","key":"team-a",
      "model":"gpt-x","backend":"openai-main","status":200,"prompt_tokens":12,
-     "completion_tokens":30,"latency_ms":412.7}
+     "completion_tokens":30,"latency_ms":412.7,"endpoint":"completions"}
+
+``endpoint`` is ``completions`` or ``chat``; ``event`` stays ``completion`` for both.
 
 Lines go to the ``gateway.security.audit`` logger. When nothing has configured that logger, it gets
 a handler of its own writing bare JSON lines to stderr (not the text format of the other
@@ -50,6 +52,7 @@ class AuditLog:
         prompt_tokens: int | None,
         completion_tokens: int | None,
         latency: float,
+        endpoint: str = "completions",
     ) -> None:
         line = orjson.dumps(
             {
@@ -63,6 +66,7 @@ class AuditLog:
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,
                 "latency_ms": round(latency * 1000, 1),
+                "endpoint": endpoint,
             }
         )
         self._log.info(line.decode())

@@ -7,11 +7,15 @@ to the field the client can change and a message naming the cap and where it com
 
 Token arithmetic used here and by the rate limiter (:func:`reserve_tokens`):
 
-    prompt estimate + max_tokens (16 when unset) x sequences x prompts
+    prompt estimate + max tokens (16 when unset) x sequences x prompts
 
 where ``sequences`` is ``max(n, best_of)`` (what an upstream generates for each prompt), and
-a text prompt is estimated at 4 characters per token (token-id prompts count exactly). The
-estimate only decides admission; the rate limiter settles from the upstream's real usage.
+text is estimated at 4 characters per token (token-id prompts count exactly); a chat
+request's prompt is its messages, tools and response format, its max tokens
+``max_completion_tokens`` or ``max_tokens`` (the request's own methods:
+:class:`gateway.served.ServedRequest`). The estimate only decides admission; the rate
+limiter settles from the upstream's real usage. A chat request that sets no max tokens is
+unbounded, so a ``max_tokens`` cap refuses it (naming ``max_completion_tokens``).
 
 Cost: :meth:`Caps.check` is a few attribute reads and comparisons; the prompt walk is
 O(prompts) and only when the prompt is a batch.
@@ -21,14 +25,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schemas.completions import DEFAULT_MAX_TOKENS, CompletionRequest
+from gateway.served import ServedRequest
 from schemas.config import CostCaps
 from schemas.errors import InvalidRequestError
 
-__all__ = ["CAP_FIELDS", "CapExceededError", "Caps", "estimate_prompt_tokens", "reserve_tokens"]
+__all__ = ["CAP_FIELDS", "CapExceededError", "Caps", "reserve_tokens"]
 
 CAP_FIELDS = ("n", "best_of", "max_tokens", "prompts", "total_tokens")
-_CHARS_PER_TOKEN = 4
 
 
 class CapExceededError(InvalidRequestError):
@@ -39,30 +42,9 @@ class CapExceededError(InvalidRequestError):
         self.cap = cap  # which cap (one of CAP_FIELDS, or "prompt_array"), for metrics
 
 
-def estimate_prompt_tokens(prompt: str | list[str] | list[int] | list[list[int]]) -> int:
-    """A cheap upper-ish estimate: exact for token ids, ~4 characters per token for text."""
-    if isinstance(prompt, str):
-        return len(prompt) // _CHARS_PER_TOKEN + 1
-    if not prompt:
-        return 0
-    first = prompt[0]
-    if isinstance(first, int):
-        return len(prompt)
-    if isinstance(first, str):
-        return sum(len(p) // _CHARS_PER_TOKEN + 1 for p in prompt if isinstance(p, str))
-    return sum(len(p) for p in prompt if isinstance(p, list))
-
-
-def _sequences(request: CompletionRequest) -> int:
-    n = request.n or 1
-    best_of = request.best_of or 1
-    return n if n > best_of else best_of
-
-
-def reserve_tokens(request: CompletionRequest) -> int:
+def reserve_tokens(request: ServedRequest) -> int:
     """Tokens a request may use at most (with the prompt estimated): what the limiter reserves."""
-    max_tokens = DEFAULT_MAX_TOKENS if request.max_tokens is None else request.max_tokens
-    return estimate_prompt_tokens(request.prompt) + max_tokens * _sequences(request) * request.prompt_count
+    return request.prompt_estimate() + request.output_limit * request.sequences * request.prompt_count
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,20 +84,28 @@ class Caps:
     def any(self) -> bool:
         return any(getattr(self, name) is not None for name in CAP_FIELDS)
 
-    def check(self, request: CompletionRequest) -> None:
+    def check(self, request: ServedRequest) -> None:
         """Raise :class:`CapExceededError` for the first cap the request goes over."""
-        prompt = request.prompt
-        if type(prompt) is list:
-            self._check_prompt_array(prompt)
-        if self.n is not None and request.n is not None and request.n > self.n:
-            raise self._over("n", "n", f"'n' is {request.n}")
-        if self.best_of is not None and request.best_of is not None and request.best_of > self.best_of:
-            raise self._over("best_of", "best_of", f"'best_of' is {request.best_of}")
+        array = request.prompt_array
+        if array is not None:
+            self._check_prompt_array(array)
+        n, best_of = request.n, request.best_of
+        if self.n is not None and n is not None and n > self.n:
+            raise self._over("n", "n", f"'n' is {n}")
+        if self.best_of is not None and best_of is not None and best_of > self.best_of:
+            raise self._over("best_of", "best_of", f"'best_of' is {best_of}")
+        param = request.output_limit_param
         if self.max_tokens is not None:
-            max_tokens = DEFAULT_MAX_TOKENS if request.max_tokens is None else request.max_tokens
-            if max_tokens > self.max_tokens:
-                unset = "" if request.max_tokens is not None else " (the default when unset)"
-                raise self._over("max_tokens", "max_tokens", f"'max_tokens' is {max_tokens}{unset}")
+            if not request.output_bounded:
+                raise self._over(
+                    "max_tokens",
+                    param,
+                    f"'{param}' is unset (a reply may then run to the model's context length); set it to at "
+                    f"most {self.max_tokens}: it is",
+                )
+            if request.output_limit > self.max_tokens:
+                unset = "" if request.output_limit_set else " (the default when unset)"
+                raise self._over("max_tokens", param, f"'{param}' is {request.output_limit}{unset}")
         if self.prompts is not None and request.prompt_count > self.prompts:
             raise self._over("prompts", "prompt", f"'prompt' holds {request.prompt_count} prompts")
         if self.total_tokens is not None:
@@ -123,8 +113,8 @@ class Caps:
             if total > self.total_tokens:
                 raise self._over(
                     "total_tokens",
-                    "max_tokens",
-                    f"this request may use up to {total} tokens (prompt estimate + max_tokens x n x prompts)",
+                    param,
+                    f"this request may use up to {total} tokens (prompt estimate + {param} x n x prompts)",
                 )
 
     def _check_prompt_array(self, prompt: list[str] | list[int] | list[list[int]]) -> None:

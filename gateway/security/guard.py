@@ -28,9 +28,9 @@ from aiohttp import web
 from gateway.metrics import GatewayMetrics
 from gateway.security.audit import AuditLog
 from gateway.security.auth import API_KEY, ApiKey, AuthenticationError, KeyRing, PermissionDeniedError, request_key
-from gateway.security.caps import CapExceededError, Caps, estimate_prompt_tokens, reserve_tokens
+from gateway.security.caps import CapExceededError, Caps, reserve_tokens
 from gateway.security.ratelimit import LimitStore, MemoryStore, RedisStore, Reservation, Verdict
-from schemas.completions import CompletionRequest
+from gateway.served import ServedRequest
 from schemas.config import GatewayConfig
 from schemas.errors import RateLimitError
 
@@ -108,7 +108,7 @@ class RequestGuard:
             raise
         return key
 
-    def check(self, key: ApiKey | None, req: CompletionRequest, model: str) -> None:
+    def check(self, key: ApiKey | None, req: ServedRequest, model: str) -> None:
         """May ``key`` send ``req`` to the configured ``model``? Raises the refusal (403, 400)."""
         if key is None:
             self._caps.check(req)
@@ -121,7 +121,7 @@ class RequestGuard:
             raise
 
     async def reserve(
-        self, request: web.Request, key: ApiKey | None, req: CompletionRequest
+        self, request: web.Request, key: ApiKey | None, req: ServedRequest
     ) -> tuple[Reservation | None, int]:
         """Take ``req``'s share of its key's limits (429 when over): the reservation, for the
         request's record to settle, and the prompt's estimated share of it."""
@@ -130,7 +130,7 @@ class RequestGuard:
         limits = key.limits
         tokens = prompt_estimate = 0
         if limits.tpm is not None:
-            prompt_estimate = estimate_prompt_tokens(req.prompt)
+            prompt_estimate = req.prompt_estimate()
             tokens = reserve_tokens(req)
         verdict, reservation = await self.store.acquire(key.name, limits, tokens)
         headers = verdict.headers(limits)
@@ -140,7 +140,7 @@ class RequestGuard:
         self._metrics.key_rejected(key.name, verdict.reason or "")
         if verdict.retry_after is not None:
             headers["retry-after-ms"] = str(max(1, round(verdict.retry_after * 1000)))
-        raise _refusal(key, verdict, tokens)
+        raise _refusal(key, verdict, tokens, req.output_limit_param)
 
     async def list_models(self, request: web.Request) -> web.Response:
         """``GET /v1/models`` with auth on: only the models the caller's key may use."""
@@ -163,14 +163,14 @@ class RequestGuard:
             await self.store.close()
 
 
-def _refusal(key: ApiKey, verdict: Verdict, tokens: int) -> RateLimitError:
+def _refusal(key: ApiKey, verdict: Verdict, tokens: int, limit_param: str) -> RateLimitError:
     limits = key.limits
     if verdict.reason == "too_large":
         return RateLimitError(
             f"Request too large for key '{key.name}': it may use up to {tokens} tokens (prompt estimate + "
-            f"max_tokens x n x prompts), over its limit of {limits.tpm} tokens per minute. "
-            "Lower max_tokens, n or the prompt.",
-            param="max_tokens",
+            f"{limit_param} x n x prompts), over its limit of {limits.tpm} tokens per minute. "
+            f"Lower {limit_param}, n or the prompt.",
+            param=limit_param,
             code="rate_limit_exceeded",
         )
     what = {

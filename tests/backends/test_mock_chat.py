@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 
 from backends.chat_capabilities import MOCK_CHAT
 from backends.mock import MOCK_CONTEXT_LENGTH
-from backends.mock_chat import chat_chunks, complete_chat, stream_chat
+from backends.mock.chat import chat_chunks, complete_chat, stream_chat
 from schemas.chat import ChatCompletionRequest
 from schemas.chat_responses import ChatCompletionChunk as OurChunk
 from schemas.chat_responses import ChatCompletionResponse as OurResponse

@@ -255,7 +255,13 @@ async def test_cli_serve_quickstart_and_sigterm() -> None:
             chunks = [c async for c in stream]
             assert chunks[-1].choices == [] and chunks[-1].usage is not None
             models = await client.models.list()
-            assert [m.id for m in models.data] == ["demo-model"]
+            assert [m.id for m in models.data] == ["demo-model", "demo-chat"]
+            chat = await client.chat.completions.create(
+                model="demo-chat", messages=[{"role": "user", "content": "Hello"}], max_completion_tokens=5
+            )
+            assert chat.model == "demo-chat" and chat.choices[0].message.content
+            with pytest.raises(openai.NotFoundError):  # demo-chat is served on chat only
+                await client.completions.create(model="demo-chat", prompt="Hello", max_tokens=2)
         proc.send_signal(signal.SIGTERM)
         started = time.monotonic()
         rc = await asyncio.wait_for(proc.wait(), timeout=30)

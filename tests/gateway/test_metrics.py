@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import MOCK_MODEL, OPENAI_MODEL, VLLM_MODEL, RunningGateway, eventually
 from tests.fakes import Behaviour
+from tests.gateway.endpoint_labels import with_endpoint
 
 SECRET_MODEL = "customer-secret-model-name-7781"
 Labels = dict[str, str]
@@ -30,6 +31,7 @@ class Scrape:
 
     def value(self, name: str, **labels: str) -> float:
         """The sample ``name`` with exactly these labels (0 when absent)."""
+        labels = with_endpoint(name, labels)
         found = [s.value for s in self.samples if s.name == name and s.labels == labels]
         assert len(found) <= 1
         return found[0] if found else 0.0

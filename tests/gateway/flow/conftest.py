@@ -28,6 +28,7 @@ from gateway.configfile import parse_config
 from gateway.state import STATE, GatewayState
 from tests.conftest import eventually, free_port, serve_app
 from tests.fakes import FakeUpstream
+from tests.gateway.endpoint_labels import with_endpoint
 
 __all__ = ["FakeClock", "Gateway", "Make", "body", "error_of", "eventually", "metric", "post", "sse_events"]
 
@@ -130,6 +131,7 @@ def sse_events(raw: bytes) -> list[bytes]:
 
 async def metric(session: aiohttp.ClientSession, gw: Gateway, name: str, **labels: str) -> float:
     """The value of one sample of ``/metrics`` (0 when absent)."""
+    labels = with_endpoint(name, labels)
     async with session.get(f"{gw.url}/metrics") as resp:
         text = await resp.text()
     for family in text_string_to_metric_families(text):

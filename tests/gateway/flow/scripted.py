@@ -20,10 +20,13 @@ from aiohttp import web
 from backends.base import CompletionResult
 from gateway.app import create_app
 from gateway.configfile import parse_config
+from gateway.flow.endpoints import OPS
 from gateway.flow.service import OpenedStream
 from gateway.state import STATE, GatewayState
 from schemas.completions import CompletionRequest
+from schemas.endpoints import Endpoint
 from tests.fakes import Call, ScriptedBackend
+from tests.gateway.endpoint_labels import with_endpoint
 from tests.gateway.flow.conftest import FakeClock
 
 __all__ = ["Flow", "backend_yaml", "build_flow", "flow"]
@@ -61,9 +64,10 @@ class Flow:
     def _prepare(self, model: str, fields: dict[str, Any]) -> tuple[Any, ...]:
         request = CompletionRequest.model_validate({"model": model, "prompt": "hi", "max_tokens": 3, **fields})
         entry = self.state.router.lookup(model)
-        routes = self.state.router.candidates(entry, request)
+        ops = OPS[Endpoint.COMPLETIONS]
+        routes = self.state.router.candidates(entry, request, ops)
         self._ids += 1
-        return entry, routes, request, f"req-{self._ids}"
+        return ops, entry, routes, request, f"req-{self._ids}"
 
     async def complete(self, model: str = "m", **fields: Any) -> tuple[CompletionResult, str]:
         """The result and the name of the backend that answered."""
@@ -74,7 +78,7 @@ class Flow:
         return await self.state.service.open_stream(*self._prepare(model, {**fields, "stream": True}))
 
     def metric(self, name: str, **labels: str) -> float:
-        value = self.state.metrics.registry.get_sample_value(name, labels)
+        value = self.state.metrics.registry.get_sample_value(name, with_endpoint(name, labels))
         return 0.0 if value is None else value
 
     def called(self) -> list[str]:

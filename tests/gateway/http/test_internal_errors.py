@@ -82,7 +82,12 @@ async def requests_by_status(session: aiohttp.ClientSession, url: str) -> dict[s
             if sample.name == "gateway_requests_in_flight":
                 assert sample.value == 0
             if sample.name == "gateway_stream_failures_total":
-                assert sample.labels == {"model": "m", "backend": "buggy", "reason": "internal"}
+                assert sample.labels == {
+                    "model": "m",
+                    "backend": "buggy",
+                    "reason": "internal",
+                    "endpoint": "completions",
+                }
                 out["stream_failures"] = sample.value
     return out
 

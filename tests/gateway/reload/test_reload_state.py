@@ -149,8 +149,8 @@ async def test_a_removed_backend_is_closed_after_its_in_flight_stream_ends(start
     assert b" old1" in raw and raw.endswith(b"data: [DONE]\n\n") and b'"error"' not in raw
     await eventually(lambda: old.closed)
     # Metrics continue in the same registry: the old backend's series keep their value, the new one grows.
-    assert gw.metric("gateway_requests_total", model="m", backend="old", status="200") == 1
-    assert gw.metric("gateway_requests_total", model="m", backend="new", status="200") == 1
+    assert gw.metric("gateway_requests_total", model="m", backend="old", status="200", endpoint="completions") == 1
+    assert gw.metric("gateway_requests_total", model="m", backend="new", status="200", endpoint="completions") == 1
 
 
 async def test_an_invalid_config_keeps_the_old_one_and_logs_each_yaml_path(

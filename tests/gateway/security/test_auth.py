@@ -245,6 +245,6 @@ async def test_per_key_metrics_use_configured_names_only(secure_gateway: MakeSec
     assert 'gateway_key_requests_total{key="team-b",status="403"} 1.0' in text
     assert 'gateway_key_rejections_total{key="team-b",reason="model"} 1.0' in text
     assert 'gateway_key_rejections_total{key="_none",reason="unauthenticated"} 1.0' in text
-    assert 'gateway_requests_total{backend="_none",model="_unknown",status="401"} 1.0' in text
+    assert 'gateway_requests_total{backend="_none",endpoint="completions",model="_unknown",status="401"} 1.0' in text
     assert 'gateway_key_tokens_total{key="team-a",kind="completion"}' in text
     assert "sk-invented" not in text

@@ -207,7 +207,7 @@ def test_schemathesis_against_openapi(live_gateway: Gateway, mode: GenerationMod
 def test_fuzzed_gateway_logged_no_traceback_and_no_secret(live_gateway: Gateway) -> None:
     """After the runs above (same module-scoped process): its log is clean."""
     metrics = httpx.get(live_gateway.url + "/metrics", headers={"Authorization": f"Bearer {METRICS_KEY}"}).text
-    assert 'gateway_requests_total{backend="_none",model="_unknown",status="500"}' not in metrics
+    assert 'gateway_requests_total{backend="_none",endpoint="completions",model="_unknown",status="500"}' not in metrics
     assert ',status="500"}' not in metrics
     log = live_gateway.log.read_text(errors="replace")
     assert "Traceback" not in log

@@ -22,7 +22,22 @@ async def test_document_describes_the_endpoints(secure_gateway: MakeSecureGatewa
     gw = await secure_gateway()
     doc = await fetch(gw.url)
     assert doc["openapi"].startswith("3.1")
-    assert set(doc["paths"]) == {"/v1/completions", "/v1/models", "/health", "/metrics", "/openapi.json"}
+    assert set(doc["paths"]) == {
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/models",
+        "/health",
+        "/metrics",
+        "/openapi.json",
+    }
+    chat = doc["paths"]["/v1/chat/completions"]["post"]
+    assert chat["requestBody"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/ChatCompletionRequest"
+    }
+    assert chat["responses"]["200"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/ChatCompletionResponse"
+    }
+    assert "ChatCompletionChunk" in doc["components"]["schemas"]
     post = doc["paths"]["/v1/completions"]["post"]
     assert post["requestBody"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/CompletionRequest"
@@ -55,7 +70,12 @@ async def test_security_schemes_with_auth_on(secure_gateway: MakeSecureGateway) 
     schemes = doc["components"]["securitySchemes"]
     assert schemes["bearer"] == {"type": "http", "scheme": "bearer", "description": "Authorization: Bearer <key>"}
     assert schemes["apiKeyHeader"] == {"type": "apiKey", "in": "header", "name": "api-key"}
-    for path, method in (("/v1/completions", "post"), ("/v1/models", "get"), ("/metrics", "get")):
+    for path, method in (
+        ("/v1/completions", "post"),
+        ("/v1/chat/completions", "post"),
+        ("/v1/models", "get"),
+        ("/metrics", "get"),
+    ):
         operation = doc["paths"][path][method]
         assert operation["security"] == [{"bearer": []}, {"apiKeyHeader": []}]
         assert "401" in operation["responses"]

@@ -9,7 +9,7 @@ import aiohttp
 import orjson
 import pytest
 
-from gateway.security.caps import estimate_prompt_tokens, reserve_tokens
+from gateway.security.caps import reserve_tokens
 from gateway.security.ratelimit import Limits, MemoryStore, format_reset
 from schemas.completions import CompletionRequest
 from tests.conftest import MOCK_MODEL, OPENAI_MODEL, eventually
@@ -120,7 +120,7 @@ def test_reset_format_follows_openai() -> None:
 
 def test_reservation_is_prompt_estimate_plus_max_tokens_times_sequences() -> None:
     req = CompletionRequest.model_validate({"model": "m", "prompt": ["abcdefgh", "abcd"], "max_tokens": 10, "n": 2})
-    assert estimate_prompt_tokens(req.prompt) == (8 // 4 + 1) + (4 // 4 + 1)
+    assert req.prompt_estimate() == (8 // 4 + 1) + (4 // 4 + 1)
     assert reserve_tokens(req) == 5 + 10 * 2 * 2
     best = CompletionRequest.model_validate({"model": "m", "prompt": [1, 2, 3], "n": 2, "best_of": 5})
     assert reserve_tokens(best) == 3 + 16 * 5 * 1  # unset max_tokens counts as 16; best_of sequences

@@ -121,22 +121,28 @@ def test_merge_sums_counters_and_histograms_and_keeps_gone_workers() -> None:
     merger.update(2, orjson.loads(orjson.dumps(snapshot(b.registry))))
     text = merger.render()
     assert _lines(text, "gateway_requests_total") == [
-        'gateway_requests_total{backend="x",model="m",status="200"} 2.0',
-        'gateway_requests_total{backend="x",model="m",status="500"} 1.0',
+        'gateway_requests_total{backend="x",endpoint="completions",model="m",status="200"} 2.0',
+        'gateway_requests_total{backend="x",endpoint="completions",model="m",status="500"} 1.0',
     ]
     assert _lines(text, "gateway_request_duration_seconds_count") == [
-        'gateway_request_duration_seconds_count{backend="x",model="m"} 3.0'
+        'gateway_request_duration_seconds_count{backend="x",endpoint="completions",model="m"} 3.0'
     ]
-    assert _lines(text, "gateway_requests_in_flight") == ['gateway_requests_in_flight{model="m"} 2.0']
+    assert _lines(text, "gateway_requests_in_flight") == [
+        'gateway_requests_in_flight{endpoint="completions",model="m"} 2.0',
+        'gateway_requests_in_flight{endpoint="chat",model="m"} 0.0',
+    ]
     assert _lines(text, "gateway_circuit_state") == ['gateway_circuit_state{backend="x"} 2.0']  # the worst
     assert text.count(b"# TYPE gateway_requests_total counter") == 1
 
     merger.retire(2)  # worker 2 died; a replacement starts from zero
     merger.update(3, snapshot(GatewayMetrics(["m"], ["x"]).registry))
     text = merger.render()
-    assert 'gateway_requests_total{backend="x",model="m",status="500"} 1.0' in text.decode()
-    assert 'gateway_requests_total{backend="x",model="m",status="200"} 2.0' in text.decode()
-    assert _lines(text, "gateway_requests_in_flight") == ['gateway_requests_in_flight{model="m"} 1.0']
+    assert 'gateway_requests_total{backend="x",endpoint="completions",model="m",status="500"} 1.0' in text.decode()
+    assert 'gateway_requests_total{backend="x",endpoint="completions",model="m",status="200"} 2.0' in text.decode()
+    assert _lines(text, "gateway_requests_in_flight") == [
+        'gateway_requests_in_flight{endpoint="completions",model="m"} 1.0',
+        'gateway_requests_in_flight{endpoint="chat",model="m"} 0.0',
+    ]
 
 
 # --- rotations ---------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The built-in ``mock`` backend: a SIMULATOR that generates deterministic text without any model.
+"""The ``mock`` backend's completions SIMULATOR: deterministic text without any model.
 
 Use it to run and load-test the gateway with no upstream. Nothing here is a language model:
 tokens are words drawn from a small fixed vocabulary, each rendered as ``" word"``.
@@ -38,18 +38,25 @@ import uuid
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Any, ClassVar, cast
+from typing import Any, cast
 
 import orjson
 
-from backends.base import Backend, CompletionResult, CompletionStream, TokenUsage, UpstreamCall
+from backends.base import CompletionResult, CompletionStream, TokenUsage, UpstreamCall
 from backends.capabilities import Capabilities, Level
 from backends.native.common import first_stop
 from schemas.completions import DEFAULT_MAX_TOKENS, VLLM_EXTRA_FIELDS, CompletionRequest, Prompt
-from schemas.config import MockBackendConfig
 from schemas.errors import InvalidRequestError
 
-__all__ = ["MOCK_CAPABILITIES", "MOCK_CONTEXT_LENGTH", "MockBackend", "MockStream"]
+__all__ = [
+    "FINGERPRINT",
+    "MOCK_CAPABILITIES",
+    "MOCK_CONTEXT_LENGTH",
+    "VOCAB",
+    "MockStream",
+    "complete_text",
+    "stream_text",
+]
 
 MOCK_CAPABILITIES = Capabilities.of(
     Level.NATIVE, **dict.fromkeys(VLLM_EXTRA_FIELDS, Level.UNSUPPORTED), suffix=Level.UNSUPPORTED
@@ -57,7 +64,7 @@ MOCK_CAPABILITIES = Capabilities.of(
 MOCK_CONTEXT_LENGTH = 8192  # simulated max_model_len: bounds the work one request can ask for
 FINGERPRINT = "mock-simulator"
 
-_VOCAB = tuple(
+VOCAB = tuple(
     "the a of and to in is it that was for on with as by at from this model token text data stream "
     "gateway request answer simple quick brown fox lazy dog river stone light".split()
 )
@@ -75,7 +82,7 @@ def _top(seed: int, token: str, logprob: float, k: int) -> dict[str, float]:
     if k > 1:
         rng = random.Random(seed)
         p, rest = math.exp(logprob), -math.expm1(logprob)
-        words = [w for w in (" " + v for v in rng.sample(_VOCAB, k)) if w != token][: k - 1]
+        words = [w for w in (" " + v for v in rng.sample(VOCAB, k)) if w != token][: k - 1]
         for i, word in enumerate(words, 1):
             q = min(rest * rng.uniform(0.5, 1.0) * 0.5**i, p * 0.9**i)
             top[word] = math.log(max(q, 1e-12))
@@ -162,7 +169,7 @@ def _generate(prompt: str | list[int], candidate: int, req: CompletionRequest) -
     tops: list[dict[str, float] | None] = []
     for _ in range(DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens):
         # The same three draws whatever ``logprobs`` is, so it never changes the text.
-        word, logprob, sub = " " + rng.choice(_VOCAB), math.log(rng.uniform(0.05, 0.99)), rng.getrandbits(64)
+        word, logprob, sub = " " + rng.choice(VOCAB), math.log(rng.uniform(0.05, 0.99)), rng.getrandbits(64)
         tokens.append(word)
         logprobs.append(logprob)
         tops.append(_top(sub, word, logprob, k))
@@ -261,64 +268,60 @@ class MockStream(CompletionStream):
             self._next = len(self._steps) + 1  # closed early: no more events, no usage
 
 
-class MockBackend(Backend):
-    kind: ClassVar[str] = "mock"
+def complete_text(call: UpstreamCall) -> CompletionResult:
+    """The ``text_completion`` answer to a completions call."""
+    choices, usage = _simulate(call.request)
+    k = call.request.logprobs
+    body = {
+        **_head(call),
+        "choices": [
+            {
+                "text": c.text,
+                "index": c.index,
+                "logprobs": None if k is None else c.logprobs_json(0, len(c.tokens), c.offsets()),
+                "finish_reason": c.finish_reason,
+            }
+            for c in choices
+        ],
+        "system_fingerprint": FINGERPRINT,
+        "usage": usage.as_json(),
+    }
+    return CompletionResult(body=orjson.dumps(body), usage=usage)
 
-    def __init__(self, config: MockBackendConfig) -> None:
-        super().__init__(config.name, MOCK_CAPABILITIES.with_overrides(config.capabilities))
-        self.config = config
 
-    async def complete(self, call: UpstreamCall) -> CompletionResult:
-        choices, usage = _simulate(call.request)
-        k = call.request.logprobs
-        body = {
-            **_head(call),
-            "choices": [
+def stream_text(call: UpstreamCall, first_delay_s: float, delay_s: float) -> MockStream:
+    """The streamed answer to a completions call: one step per token position."""
+    req = call.request
+    choices, usage = _simulate(req)
+    head = _head(call)
+    per_choice: list[list[dict[str, Any]]] = []
+    for c in choices:
+        starts = c.offsets()
+        spans = ([(0, c.n_echo)] if c.n_echo else []) + [(j, j + 1) for j in range(c.n_echo, len(c.tokens))]
+        spans = spans or [(0, 0)]
+        per_choice.append(
+            [
                 {
-                    "text": c.text,
+                    "text": "".join(c.tokens[lo:hi]),
                     "index": c.index,
-                    "logprobs": None if k is None else c.logprobs_json(0, len(c.tokens), c.offsets()),
-                    "finish_reason": c.finish_reason,
+                    "logprobs": None if req.logprobs is None else c.logprobs_json(lo, hi, starts),
+                    "finish_reason": c.finish_reason if s == len(spans) - 1 else None,
                 }
-                for c in choices
-            ],
-            "system_fingerprint": FINGERPRINT,
-            "usage": usage.as_json(),
-        }
-        return CompletionResult(body=orjson.dumps(body), usage=usage)
-
-    async def stream(self, call: UpstreamCall) -> CompletionStream:
-        req = call.request
-        choices, usage = _simulate(req)
-        head = _head(call)
-        per_choice: list[list[dict[str, Any]]] = []
-        for c in choices:
-            starts = c.offsets()
-            spans = ([(0, c.n_echo)] if c.n_echo else []) + [(j, j + 1) for j in range(c.n_echo, len(c.tokens))]
-            spans = spans or [(0, 0)]
-            per_choice.append(
-                [
-                    {
-                        "text": "".join(c.tokens[lo:hi]),
-                        "index": c.index,
-                        "logprobs": None if req.logprobs is None else c.logprobs_json(lo, hi, starts),
-                        "finish_reason": c.finish_reason if s == len(spans) - 1 else None,
-                    }
-                    for s, (lo, hi) in enumerate(spans)
-                ]
+                for s, (lo, hi) in enumerate(spans)
+            ]
+        )
+    steps: list[bytes] = []
+    for step in range(max(len(events) for events in per_choice)):
+        steps.append(
+            b"".join(
+                _sse({**head, "choices": [events[step]], "system_fingerprint": FINGERPRINT, "usage": None})
+                for events in per_choice
+                if step < len(events)
             )
-        steps: list[bytes] = []
-        for step in range(max(len(events) for events in per_choice)):
-            steps.append(
-                b"".join(
-                    _sse({**head, "choices": [events[step]], "system_fingerprint": FINGERPRINT, "usage": None})
-                    for events in per_choice
-                    if step < len(events)
-                )
-            )
-        if req.stream_options is not None and req.stream_options.include_usage:
-            steps[-1] += _sse({**head, "choices": [], "system_fingerprint": FINGERPRINT, "usage": usage.as_json()})
-        return MockStream(steps, usage, self.config.first_token_delay_ms / 1000, self.config.token_delay_ms / 1000)
+        )
+    if req.stream_options is not None and req.stream_options.include_usage:
+        steps[-1] += _sse({**head, "choices": [], "system_fingerprint": FINGERPRINT, "usage": usage.as_json()})
+    return MockStream(steps, usage, first_delay_s, delay_s)
 
 
 def _sse(event: dict[str, Any]) -> bytes:

@@ -7,7 +7,7 @@ What a choice is, in order of precedence:
   ``allowed_tools`` with ``mode: "required"`` always call, a named function is called alone.
   With ``parallel_tool_calls`` (default true) and two or more candidates, two calls are made.
   Arguments are JSON generated from each function's ``parameters`` schema
-  (:func:`backends.mock_json.instance`); ``finish_reason`` is ``"tool_calls"``, or ``"stop"``
+  (:func:`backends.mock.json_schema.instance`); ``finish_reason`` is ``"tool_calls"``, or ``"stop"``
   for a named choice (as OpenAI and vLLM answer). Only function tools are called.
 - **JSON** for ``response_format`` ``json_schema`` (a value of the schema) or ``json_object``.
 - **text** otherwise: 5 to 24 words and a full stop, ``finish_reason`` ``"stop"``.
@@ -30,8 +30,9 @@ delta, tool-call deltas with a stable ``index`` and ``id``/``type``/``name`` onl
 first delta, arguments in fragments, ``usage: null`` on every chunk but the final usage chunk
 (``choices: []``, only with ``include_usage``), then ``data: [DONE]``.
 
-Not wired into the HTTP path here: :func:`complete_chat` and :func:`stream_chat` are called by
-the mock backend's chat translator.
+The mock backend's chat translator is :func:`chat_result` / :func:`chat_stream` (a
+:class:`~backends.base.ChatCall` in, the answer paced like the completions mock out);
+:func:`complete_chat`, :func:`chat_chunks` and :func:`stream_chat` are the simulator itself.
 """
 
 from __future__ import annotations
@@ -48,8 +49,9 @@ from typing import Any
 
 import orjson
 
-from backends.mock import FINGERPRINT, MOCK_CONTEXT_LENGTH
-from backends.mock_json import instance
+from backends.base import ChatCall, CompletionResult, TokenUsage
+from backends.mock.completions import FINGERPRINT, MOCK_CONTEXT_LENGTH, VOCAB, MockStream
+from backends.mock.json_schema import instance
 from schemas.chat import ChatCompletionRequest
 from schemas.chat_messages import (
     AllowedToolsChoice,
@@ -60,12 +62,8 @@ from schemas.chat_messages import (
 )
 from schemas.errors import InvalidRequestError
 
-__all__ = ["chat_chunks", "complete_chat", "stream_chat"]
+__all__ = ["chat_chunks", "chat_result", "chat_stream", "complete_chat", "stream_chat"]
 
-_VOCAB = tuple(
-    "the a of and to in is it that was for on with as by at from this model token text data stream "
-    "gateway request answer simple quick brown fox lazy dog river stone light".split()
-)
 _TOKEN = re.compile(r"\s*[A-Za-z0-9_]+|\s*[^A-Za-z0-9_\s]|\s+$")
 
 
@@ -121,7 +119,7 @@ def _entry(rng: random.Random, token: str, k: int) -> dict[str, Any]:
     """OpenAI's chat logprob entry; the chosen token is the most likely of its ``k`` alternatives."""
     logprob = math.log(rng.uniform(0.3, 0.99))
     top = [{"token": token, "logprob": logprob, "bytes": list(token.encode())}]
-    words = [w for w in (" " + v for v in rng.sample(_VOCAB, k)) if w != token][: max(k - 1, 0)]
+    words = [w for w in (" " + v for v in rng.sample(VOCAB, k)) if w != token][: max(k - 1, 0)]
     for i, word in enumerate(words, 1):
         alt = logprob + math.log(rng.uniform(0.05, 0.9)) - i  # strictly below the chosen token
         top.append({"token": word, "logprob": alt, "bytes": list(word.encode())})
@@ -168,10 +166,10 @@ def _reply_text(req: ChatCompletionRequest, rng: random.Random, at_least: int) -
     if isinstance(fmt, JSONSchemaResponseFormat):
         return orjson.dumps(instance(fmt.json_schema.schema_ or {}, rng)).decode()
     if fmt is not None and fmt.type == "json_object":
-        answer = " ".join(rng.choice(_VOCAB) for _ in range(rng.randint(2, 6)))
+        answer = " ".join(rng.choice(VOCAB) for _ in range(rng.randint(2, 6)))
         return orjson.dumps({"answer": answer, "confidence": round(rng.uniform(0, 1), 2)}).decode()
     # ``at_least`` tokens: the word count plus the full stop (min_tokens / ignore_eos, for benchmarks).
-    words = [rng.choice(_VOCAB) for _ in range(max(rng.randint(5, 24), at_least - 1))]
+    words = [rng.choice(VOCAB) for _ in range(max(rng.randint(5, 24), at_least - 1))]
     return " ".join([words[0].capitalize(), *words[1:]]) + "."
 
 
@@ -305,6 +303,12 @@ def chat_chunks(
     req: ChatCompletionRequest, model: str, *, completion_id: str | None = None, created: int | None = None
 ) -> list[dict[str, Any]]:
     """Every ``chat.completion.chunk`` of the streamed answer, choices interleaved step by step."""
+    return _chunks(req, model, completion_id, created)[0]
+
+
+def _chunks(
+    req: ChatCompletionRequest, model: str, completion_id: str | None, created: int | None
+) -> tuple[list[dict[str, Any]], TokenUsage]:
     choices, prompt_tokens, completion_tokens = _simulate(req)
     head = _head(model, completion_id, created, "chat.completion.chunk")
     per_choice = [_choice_events(c) for c in choices]
@@ -316,7 +320,21 @@ def chat_chunks(
     ]
     if req.stream_options is not None and req.stream_options.include_usage:
         chunks.append({**head, "choices": [], "usage": _usage(prompt_tokens, completion_tokens)})
-    return chunks
+    return chunks, TokenUsage(prompt_tokens, completion_tokens)
+
+
+def chat_result(call: ChatCall) -> CompletionResult:
+    """The ``chat.completion`` answer to a chat call (``model``: the name the client asked for)."""
+    body = complete_chat(call.request, call.public_model)
+    usage = body["usage"]
+    return CompletionResult(orjson.dumps(body), TokenUsage(usage["prompt_tokens"], usage["completion_tokens"]))
+
+
+def chat_stream(call: ChatCall, first_delay_s: float, delay_s: float) -> MockStream:
+    """The streamed answer to a chat call: one chunk per step, paced like the completions mock."""
+    chunks, usage = _chunks(call.request, call.public_model, None, None)
+    steps = [b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in chunks]
+    return MockStream(steps, usage, first_delay_s, delay_s)
 
 
 async def stream_chat(

@@ -1,0 +1,56 @@
+"""The built-in ``mock`` backend: SIMULATORS of both endpoints, no model anywhere.
+
+One backend, one translator per endpoint, as for every family:
+
+- ``completions`` (:mod:`backends.mock.completions`): deterministic text from a small
+  vocabulary, ``n``/``best_of``/``echo``/``logprobs``/prompt batches, the legacy shapes;
+- ``chat`` (:mod:`backends.mock.chat`): deterministic ``chat.completion`` answers: text,
+  tool calls with arguments valid against each function's schema, JSON replies valid against
+  a ``response_format`` schema (:mod:`backends.mock.json_schema`), chat logprobs, OpenAI's
+  stream shape. Its capability table is :data:`backends.chat_capabilities.MOCK_CHAT`.
+
+Both pace streams by the entry's ``first_token_delay_ms`` / ``token_delay_ms``.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from backends.base import Backend, ChatCall, CompletionResult, CompletionStream, UpstreamCall
+from backends.chat_capabilities import MOCK_CHAT, ChatCapabilities
+from backends.mock.chat import chat_result, chat_stream
+from backends.mock.completions import (
+    FINGERPRINT,
+    MOCK_CAPABILITIES,
+    MOCK_CONTEXT_LENGTH,
+    MockStream,
+    complete_text,
+    stream_text,
+)
+from schemas.config import MockBackendConfig
+from schemas.endpoints import Endpoint
+
+__all__ = ["FINGERPRINT", "MOCK_CAPABILITIES", "MOCK_CONTEXT_LENGTH", "MockBackend", "MockStream"]
+
+
+class MockBackend(Backend):
+    kind: ClassVar[str] = "mock"
+    endpoints: frozenset[Endpoint] = frozenset(Endpoint)
+    chat_capabilities: ChatCapabilities | None = MOCK_CHAT
+
+    def __init__(self, config: MockBackendConfig) -> None:
+        super().__init__(config.name, MOCK_CAPABILITIES.with_overrides(config.capabilities))
+        self.config = config
+        self._delays = (config.first_token_delay_ms / 1000, config.token_delay_ms / 1000)
+
+    async def complete(self, call: UpstreamCall) -> CompletionResult:
+        return complete_text(call)
+
+    async def stream(self, call: UpstreamCall) -> CompletionStream:
+        return stream_text(call, *self._delays)
+
+    async def chat(self, call: ChatCall) -> CompletionResult:
+        return chat_result(call)
+
+    async def chat_stream(self, call: ChatCall) -> CompletionStream:
+        return chat_stream(call, *self._delays)

@@ -1,0 +1,73 @@
+"""What differs between the served APIs, in one table; everything else on the request path exists once.
+
+The request path (handler, guard, caps, rate limits, router, service, accounting) sees a
+request only through :class:`~gateway.served.ServedRequest`, which both
+:class:`~schemas.completions.CompletionRequest` and :class:`~schemas.chat.ChatCompletionRequest`
+implement. Where the endpoints really differ (which capability table a backend checks the
+request against, which backend method an attempt calls) the path asks the request's
+:class:`EndpointOps`, picked once per request by endpoint, never by the request's type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from backends.base import Backend, Call, ChatCall, CompletionResult, CompletionStream, UpstreamCall
+from gateway.served import ServedRequest
+from schemas.endpoints import ENDPOINT_PATHS, Endpoint
+from schemas.errors import UnsupportedParameterError
+
+__all__ = ["OPS", "EndpointOps", "ServedRequest"]
+
+
+def _completions_refusal(backend: Backend, request: Any) -> UnsupportedParameterError | None:
+    return backend.capabilities.refusal(request, backend.name, backend.kind)
+
+
+def _chat_refusal(backend: Backend, request: Any) -> UnsupportedParameterError | None:
+    table = backend.chat_capabilities
+    # A backend serving chat without a table checks at send time (its translator refuses by name).
+    return None if table is None else table.refusal(request, backend.name, backend.kind)
+
+
+def _complete(backend: Backend, call: UpstreamCall) -> Awaitable[CompletionResult]:
+    return backend.complete(call)
+
+
+def _stream(backend: Backend, call: UpstreamCall) -> Awaitable[CompletionStream]:
+    return backend.stream(call)
+
+
+def _chat(backend: Backend, call: ChatCall) -> Awaitable[CompletionResult]:
+    return backend.chat(call)
+
+
+def _chat_stream(backend: Backend, call: ChatCall) -> Awaitable[CompletionStream]:
+    return backend.chat_stream(call)
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointOps:
+    """One endpoint's part of the request path: its capability check and its backend calls."""
+
+    endpoint: Endpoint
+    refusal: Callable[[Backend, Any], UnsupportedParameterError | None]
+    # The attempt's type (``UpstreamCall`` or ``ChatCall``) and the backend methods taking it.
+    call: Callable[[Any, str, str, str], Call[Any]]
+    complete: Callable[[Backend, Any], Awaitable[CompletionResult]]
+    stream: Callable[[Backend, Any], Awaitable[CompletionStream]]
+
+    @property
+    def path(self) -> str:
+        return ENDPOINT_PATHS[self.endpoint]
+
+
+OPS: Mapping[Endpoint, EndpointOps] = MappingProxyType(
+    {
+        Endpoint.COMPLETIONS: EndpointOps(Endpoint.COMPLETIONS, _completions_refusal, UpstreamCall, _complete, _stream),
+        Endpoint.CHAT: EndpointOps(Endpoint.CHAT, _chat_refusal, ChatCall, _chat, _chat_stream),
+    }
+)
