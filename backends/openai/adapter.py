@@ -59,9 +59,9 @@ class OpenAIBackend(Backend):
         self.base_url = str(config.base_url).rstrip("/")
         self._url = self.base_url + "/completions"
         self._chat_url = self.base_url + "/chat/completions"
-        # vLLM's adapter decides per version instead (backends.vllm.chat).
-        self._chat_max_tokens: MaxTokensField = (
-            config.chat_max_tokens_field if isinstance(config, OpenAIBackendConfig) else "max_completion_tokens"
+        # vLLM keeps the client's name (its dialect renames per version: backends.vllm.chat).
+        self._chat_max_tokens: MaxTokensField | None = (
+            config.chat_max_tokens_field if isinstance(config, OpenAIBackendConfig) else None
         )
         self._transport = transport if transport is not None else make_transport(config)
         headers = {name: value.get_secret_value() for name, value in config.headers.items()}

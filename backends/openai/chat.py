@@ -53,16 +53,21 @@ def ask_stream_usage(fields: dict[str, Any]) -> None:
 
 
 def chat_payload(
-    call: ChatCall, table: ChatCapabilities, *, max_tokens_field: MaxTokensField, stream_usage: bool
+    call: ChatCall, table: ChatCapabilities, *, max_tokens_field: MaxTokensField | None, stream_usage: bool
 ) -> dict[str, Any]:
-    """The upstream JSON body for a chat call (before serialisation)."""
+    """The upstream JSON body for a chat call (before serialisation).
+
+    ``max_tokens_field`` None keeps the client's name for the output limit (vLLM reads both,
+    and its errors then name the field the client sent).
+    """
     fields = call.request.upstream_fields()
     # Only neutral values of unsupported fields can get here (the capability check ran).
     table.fields.strip_unsupported(fields)
     fields["model"] = call.upstream_model
-    other = _LIMIT_NAMES[1] if max_tokens_field == _LIMIT_NAMES[0] else _LIMIT_NAMES[0]
-    if other in fields:
-        fields[max_tokens_field] = fields.pop(other)
+    if max_tokens_field is not None:
+        other = _LIMIT_NAMES[1] if max_tokens_field == _LIMIT_NAMES[0] else _LIMIT_NAMES[0]
+        if other in fields:
+            fields[max_tokens_field] = fields.pop(other)
     if stream_usage and fields.get("stream"):
         ask_stream_usage(fields)
     return fields
