@@ -1,9 +1,11 @@
-"""Adapter for OpenAI-compatible HTTP APIs (OpenAI, Together, Fireworks, ...).
+"""Adapter for OpenAI-compatible HTTP APIs (OpenAI, Together, Fireworks, ...): completions and chat.
 
 The request is forwarded as the client sent it (fields the client set, nulls
 dropped), with ``model`` mapped to the route's upstream id. vLLM's extra
 sampling fields are unsupported here unless the backend entry overrides its
 capabilities; a field set to its neutral value is simply not forwarded.
+Chat (``POST {base_url}/chat/completions``) is translated by ``backends.openai.chat``
+against the chat table :data:`~backends.chat_capabilities.OPENAI_CHAT`.
 """
 
 from __future__ import annotations
@@ -12,13 +14,17 @@ from typing import Any, ClassVar
 
 import orjson
 
-from backends.base import Backend, CompletionResult, CompletionStream, UpstreamCall
+from backends.base import Backend, Call, ChatCall, CompletionResult, CompletionStream, UpstreamCall
 from backends.capabilities import Capabilities, Level
+from backends.chat_capabilities import OPENAI_CHAT, ChatCapabilities
 from backends.errors import UpstreamError, error_from_upstream_body
+from backends.openai.chat import ChatStreamRelay, MaxTokensField, ask_stream_usage, chat_payload, relay_chat_body
 from backends.openai.relay import OpenAIStreamRelay, relay_completion_body
 from backends.transport import HTTPTransport, get_ok, make_transport, send_ok
+from backends.transport.base import UpstreamResponse
 from schemas.completions import VLLM_EXTRA_FIELDS
 from schemas.config import OpenAIBackendConfig, VLLMBackendConfig
+from schemas.endpoints import Endpoint
 
 __all__ = ["OPENAI_CAPABILITIES", "OpenAIBackend", "client_usage"]
 
@@ -30,7 +36,7 @@ OPENAI_CAPABILITIES = Capabilities.of(Level.NATIVE, **dict.fromkeys(VLLM_EXTRA_F
 _JSON = "application/json"
 
 
-def client_usage(call: UpstreamCall) -> tuple[bool, bool]:
+def client_usage(call: Call[Any]) -> tuple[bool, bool]:
     """(a usage chunk, usage in every chunk): what the client asked for, whatever the gateway asked upstream.
 
     Per-chunk usage needs ``include_usage`` too, as on vLLM itself.
@@ -44,12 +50,19 @@ class OpenAIBackend(Backend):
     kind: ClassVar[str] = "openai"
     default_capabilities: ClassVar[Capabilities] = OPENAI_CAPABILITIES
     health_path: ClassVar[str] = "/models"  # relative to base_url
+    endpoints: frozenset[Endpoint] = frozenset({Endpoint.COMPLETIONS, Endpoint.CHAT})
+    chat_capabilities: ChatCapabilities | None = OPENAI_CHAT
 
     def __init__(self, config: OpenAIBackendConfig | VLLMBackendConfig, transport: HTTPTransport | None = None) -> None:
         super().__init__(config.name, self.default_capabilities.with_overrides(config.capabilities))
         self.config = config
         self.base_url = str(config.base_url).rstrip("/")
         self._url = self.base_url + "/completions"
+        self._chat_url = self.base_url + "/chat/completions"
+        # vLLM keeps the client's name (its dialect renames per version: backends.vllm.chat).
+        self._chat_max_tokens: MaxTokensField | None = (
+            config.chat_max_tokens_field if isinstance(config, OpenAIBackendConfig) else None
+        )
         self._transport = transport if transport is not None else make_transport(config)
         headers = {name: value.get_secret_value() for name, value in config.headers.items()}
         headers["Content-Type"] = _JSON
@@ -67,45 +80,59 @@ class OpenAIBackend(Backend):
         self.capabilities.strip_unsupported(fields)
         fields["model"] = call.upstream_model
         if fields.get("stream") and self._stream_usage:
-            options = fields.get("stream_options") or {}
-            if not options.get("include_usage"):
-                # Usage for the gateway's own metrics: one final chunk, never per-chunk usage
-                # (continuous_usage_stats means nothing to vLLM without include_usage).
-                options = {k: v for k, v in options.items() if k != "continuous_usage_stats"}
-                fields["stream_options"] = {**options, "include_usage": True}
+            ask_stream_usage(fields)
         return fields
+
+    def chat_payload(self, call: ChatCall) -> dict[str, Any]:
+        """The upstream JSON body for a chat call (before serialisation)."""
+        assert self.chat_capabilities is not None
+        return chat_payload(
+            call, self.chat_capabilities, max_tokens_field=self._chat_max_tokens, stream_usage=self._stream_usage
+        )
 
     def status_error(self, status: int, data: bytes, retry_after: str | None) -> UpstreamError:
         """A non-200 answer as our error (``backends.errors``)."""
         return error_from_upstream_body(status, data, retry_after, self.name)
 
-    def _request_headers(self, call: UpstreamCall) -> dict[str, str]:
+    def _request_headers(self, call: Call[Any]) -> dict[str, str]:
         headers = self._headers.copy()
         headers["X-Request-Id"] = call.request_id
         return headers
 
-    # --- protocol ----------------------------------------------------------------------
-    async def complete(self, call: UpstreamCall) -> CompletionResult:
-        body = orjson.dumps(self.payload(call))
-        resp = await send_ok(
-            self._transport, self._url, body, self._request_headers(call), stream=False, status_error=self.status_error
-        )
+    async def _post(self, url: str, fields: dict[str, Any], call: Call[Any], *, stream: bool) -> UpstreamResponse:
+        """POST one body; a non-200 answer raises (``status_error``). Both endpoints send through here."""
+        body = orjson.dumps(fields)
+        headers = self._request_headers(call)
+        return await send_ok(self._transport, url, body, headers, stream=stream, status_error=self.status_error)
+
+    async def _post_read(self, url: str, fields: dict[str, Any], call: Call[Any]) -> bytes:
+        resp = await self._post(url, fields, call, stream=False)
         try:
-            data = await resp.read()
+            return await resp.read()
         finally:
             resp.release()
-        return self.translate_body(data, call)
+
+    # --- protocol ----------------------------------------------------------------------
+    async def complete(self, call: UpstreamCall) -> CompletionResult:
+        return self.translate_body(await self._post_read(self._url, self.payload(call), call), call)
 
     def translate_body(self, data: bytes, call: UpstreamCall) -> CompletionResult:
         return relay_completion_body(data, call, self.name)
 
     async def stream(self, call: UpstreamCall) -> CompletionStream:
-        body = orjson.dumps(self.payload(call))
-        resp = await send_ok(
-            self._transport, self._url, body, self._request_headers(call), stream=True, status_error=self.status_error
-        )
+        resp = await self._post(self._url, self.payload(call), call, stream=True)
+        return self._relay(OpenAIStreamRelay, resp, call)
+
+    async def chat(self, call: ChatCall) -> CompletionResult:
+        return relay_chat_body(await self._post_read(self._chat_url, self.chat_payload(call), call), call, self.name)
+
+    async def chat_stream(self, call: ChatCall) -> CompletionStream:
+        resp = await self._post(self._chat_url, self.chat_payload(call), call, stream=True)
+        return self._relay(ChatStreamRelay, resp, call)
+
+    def _relay(self, relay: type[OpenAIStreamRelay], resp: UpstreamResponse, call: Call[Any]) -> OpenAIStreamRelay:
         wants_usage, wants_continuous = client_usage(call)
-        return OpenAIStreamRelay(
+        return relay(
             resp,
             call,
             self.name,

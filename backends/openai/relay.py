@@ -25,12 +25,12 @@ from typing import Any
 
 import orjson
 
-from backends.base import CompletionResult, CompletionStream, TokenUsage, UpstreamCall
+from backends.base import Call, CompletionResult, CompletionStream, TokenUsage
 from backends.errors import UpstreamError, UpstreamProtocolError, error_fields
 from backends.transport.base import UpstreamResponse
 from backends.transport.sse import EventBuffer, sse_data
 
-__all__ = ["OpenAIStreamRelay", "relay_completion_body", "usage_of"]
+__all__ = ["OpenAIStreamRelay", "relay_completion_body", "usage_of", "with_usage_null"]
 
 _DRAIN_SECONDS = 1.0
 _MAX_EVENT = 8 * 1024 * 1024  # limits.max_event_bytes' default
@@ -45,14 +45,16 @@ def usage_of(obj: Any) -> TokenUsage | None:
     return None
 
 
-def relay_completion_body(data: bytes, call: UpstreamCall, backend: str) -> CompletionResult:
-    """An upstream ``text_completion`` body, renamed to the client's model."""
+def relay_completion_body(
+    data: bytes, call: Call[Any], backend: str, kind: str = "text_completion"
+) -> CompletionResult:
+    """An upstream ``text_completion`` (or ``chat.completion``: ``kind``) body, renamed to the client's model."""
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError:
         raise UpstreamProtocolError("the upstream sent a body that is not JSON", backend=backend) from None
     if not isinstance(obj, dict) or not isinstance(obj.get("choices"), list):
-        raise UpstreamProtocolError("the upstream sent a body that is not a text_completion", backend=backend)
+        raise UpstreamProtocolError(f"the upstream sent a body that is not a {kind}", backend=backend)
     obj["model"] = call.public_model
     return CompletionResult(orjson.dumps(obj), usage_of(obj.get("usage")))
 
@@ -112,7 +114,7 @@ class OpenAIStreamRelay(CompletionStream):
     def __init__(
         self,
         resp: UpstreamResponse,
-        call: UpstreamCall,
+        call: Call[Any],
         backend: str,
         *,
         client_wants_usage: bool,
@@ -269,3 +271,27 @@ class OpenAIStreamRelay(CompletionStream):
                 pass
         self.finished = True
         self._release()
+
+
+_USAGE_NULL = b',"usage":null}\n\n'
+
+
+def with_usage_null(block: bytes) -> bytes:
+    """``"usage":null`` added to the events of a block of relayed events that lack a ``usage`` key.
+
+    OpenAI's shape with ``include_usage``: every chunk but the usage chunk carries
+    ``"usage": null``; vLLM (and some OpenAI-compatible servers) leave the key out.
+    One count per read when every event has the key already.
+    """
+    events = block.count(b"\n\n")
+    if block.count(b'"usage"') >= events:
+        return block  # every event has one already (OpenAI, or per-chunk usage)
+    out = []
+    for event in block.split(b"\n\n"):
+        if not event:
+            continue
+        if b'"usage"' in event or not event.endswith(b"}"):
+            out.append(event + b"\n\n")
+        else:
+            out.append(event[:-1] + _USAGE_NULL)
+    return b"".join(out)

@@ -29,13 +29,17 @@ from typing import Any, ClassVar
 
 import orjson
 
-from backends.base import CompletionResult, CompletionStream, UpstreamCall
+from backends.base import Call, ChatCall, CompletionResult, CompletionStream, UpstreamCall
 from backends.capabilities import Capabilities
+from backends.chat_capabilities import ChatCapabilities
 from backends.emulation.best_of import ReplicatedStream, pick_best_of, replicate_choices, scale_usage
 from backends.errors import UpstreamConnectError, UpstreamError, UpstreamProtocolError
-from backends.openai.adapter import OpenAIBackend, client_usage
+from backends.openai.adapter import OpenAIBackend
+from backends.openai.chat import chat_refusal
 from backends.openai.relay import usage_of
 from backends.transport.base import HTTPTransport, send_ok
+from backends.vllm.chat import normalise_chat_body, replication, translate_chat
+from backends.vllm.chat_capabilities import VLLMChatFeatures, vllm_chat_capabilities
 from backends.vllm.dialect import (
     GUIDED_TO_STRUCTURED,
     VERSION_DEPENDENT_FIELDS,
@@ -45,8 +49,9 @@ from backends.vllm.dialect import (
     normalise_body,
     vllm_error,
 )
-from backends.vllm.stream import VLLMStreamRelay
+from backends.vllm.stream import VLLMChatStreamRelay, VLLMStreamRelay
 from backends.vllm.versions import VLLMFeatures, VLLMVersion, capabilities_for, parse_version
+from schemas.chat import ChatCompletionRequest
 from schemas.completions import CompletionRequest
 from schemas.config import VLLMBackendConfig
 from schemas.errors import UnsupportedParameterError
@@ -74,6 +79,8 @@ class VLLMBackend(OpenAIBackend):
 
     def __init__(self, config: VLLMBackendConfig, transport: HTTPTransport | None = None) -> None:
         super().__init__(config, transport)
+        self._tool_parser = config.tool_parser
+        self.chat_features = VLLMChatFeatures.of(None, self._tool_parser)
         self._root = self.base_url.removesuffix("/v1")
         self._pin = parse_version(config.version) if config.version else None
         self._overrides = config.capabilities
@@ -95,6 +102,8 @@ class VLLMBackend(OpenAIBackend):
         self.version_source = source
         self.dialect = VLLMDialect.of(version)
         self.capabilities = self.dialect.capabilities.with_overrides(self._overrides)
+        self.chat_features = VLLMChatFeatures.of(version, self._tool_parser)
+        self.chat_capabilities: ChatCapabilities | None = vllm_chat_capabilities(self.chat_features)
 
     async def start(self) -> None:
         await super().start()
@@ -172,13 +181,18 @@ class VLLMBackend(OpenAIBackend):
                 self._stale = True
 
     # --- sending ----------------------------------------------------------------------
-    async def _send(self, body: bytes, call: UpstreamCall, *, stream: bool) -> Any:
+    async def _send(self, body: bytes, call: Call[Any], *, stream: bool, url: str | None = None) -> Any:
         def status_error(status: int, data: bytes, retry_after: str | None) -> UpstreamError:
             return vllm_error(status, data, retry_after, self.name, call.request)
 
         try:
             resp = await send_ok(
-                self._transport, self._url, body, self._request_headers(call), stream=stream, status_error=status_error
+                self._transport,
+                url or self._url,
+                body,
+                self._request_headers(call),
+                stream=stream,
+                status_error=status_error,
             )
         except UpstreamConnectError:
             self._stale = True  # the next contact is a reconnect: re-read the version first
@@ -196,7 +210,7 @@ class VLLMBackend(OpenAIBackend):
         except orjson.JSONDecodeError:
             raise UpstreamProtocolError("the upstream sent a body that is not JSON", backend=self.name) from None
         if not isinstance(obj, dict) or not isinstance(obj.get("choices"), list):
-            raise UpstreamProtocolError("the upstream sent a body that is not a text_completion", backend=self.name)
+            raise UpstreamProtocolError("the upstream sent a body without choices", backend=self.name)
         self._saw(obj)
         return obj
 
@@ -252,7 +266,9 @@ class VLLMBackend(OpenAIBackend):
         return obj
 
     @staticmethod
-    def _constraint_ignored(request: CompletionRequest, dialect: VLLMDialect, obj: dict[str, Any]) -> bool:
+    def _constraint_ignored(
+        request: CompletionRequest | ChatCompletionRequest, dialect: VLLMDialect, obj: dict[str, Any]
+    ) -> bool:
         if not any(getattr(request, name) is not None for name in _GUIDES):
             return False
         seen = fingerprint_version(obj)
@@ -311,18 +327,49 @@ class VLLMBackend(OpenAIBackend):
         if translated:
             self.dialect.translate(fields, request, plan, factor)
         resp = await self._send(orjson.dumps(fields), call, stream=True)
-        wants_usage, wants_continuous = client_usage(call)
-        relay = VLLMStreamRelay(
-            resp,
-            call,
-            self.name,
-            client_wants_usage=wants_usage,
-            client_wants_continuous_usage=wants_continuous,
-            max_event=self._max_event,
-        )
+        relay = self._relay(VLLMStreamRelay, resp, call)
         if plan is Plan.REPLICATE:
             return ReplicatedStream(relay, request.n or 1, self.name)
         return relay
+
+    # --- chat (translator: backends.vllm.chat) ------------------------------------------
+    def _chat_fields(self, call: ChatCall) -> tuple[dict[str, Any], int]:
+        """The body for this server (re-checked against the table of *now*) and the copies to make."""
+        error = chat_refusal(self.chat_capabilities, call.request, self.name, self.kind)
+        if error is not None:
+            raise error
+        fields = self.chat_payload(call)
+        copies = replication(call.request, self.chat_features)
+        translate_chat(fields, self.chat_features, copies)
+        return fields, copies
+
+    async def chat(self, call: ChatCall) -> CompletionResult:
+        if self._stale:
+            await self._refresh()
+        dialect = self.dialect
+        fields, copies = self._chat_fields(call)
+        obj = self._parse(await self._send(orjson.dumps(fields), call, stream=False, url=self._chat_url))
+        if self._constraint_ignored(call.request, dialect, obj):
+            # Answered by another version than the constraint was written for: re-read, resend once.
+            await self.detect_version()
+            fields, copies = self._chat_fields(call)
+            obj = self._parse(await self._send(orjson.dumps(fields), call, stream=False, url=self._chat_url))
+        out = normalise_chat_body(obj, call.public_model, self.name)
+        if copies > 1:
+            out["choices"] = replicate_choices(out["choices"], copies)
+            out["usage"] = scale_usage(out.get("usage"), copies)
+        return CompletionResult(orjson.dumps(out), usage_of(out["usage"]))
+
+    async def chat_stream(self, call: ChatCall) -> CompletionStream:
+        if self._stale:
+            await self._refresh()
+        guide = next((name for name in _GUIDES if getattr(call.request, name) is not None), None)
+        if guide is not None and not self.dialect.features.structured_outputs:
+            await self._confirm_for_stream(guide)
+        fields, copies = self._chat_fields(call)
+        resp = await self._send(orjson.dumps(fields), call, stream=True, url=self._chat_url)
+        relay = self._relay(VLLMChatStreamRelay, resp, call)
+        return ReplicatedStream(relay, copies, self.name) if copies > 1 else relay
 
     async def _confirm_for_stream(self, guide: str) -> None:
         """A streamed constraint in the old (top-level guided_*) form needs a version read just now."""

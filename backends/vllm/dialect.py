@@ -34,6 +34,7 @@ from backends.capabilities import Capabilities
 from backends.emulation.best_of import is_greedy
 from backends.errors import UpstreamProtocolError, UpstreamStatusError, error_from_upstream_body
 from backends.vllm.versions import VLLMFeatures, VLLMVersion, capabilities_for, parse_version
+from schemas.chat import ChatCompletionRequest
 from schemas.completions import CompletionRequest
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "fingerprint_version",
     "map_finish_reason",
     "normalise_body",
+    "translate_structured",
     "vllm_error",
 ]
 
@@ -113,21 +115,7 @@ class VLLMDialect:
     def translate(self, fields: dict[str, Any], request: CompletionRequest, plan: Plan, factor: int) -> None:
         """Rewrite an upstream body (built from ``request`` as the client sent it) in place."""
         features = self.features
-        if features.structured_outputs:
-            structured = {
-                GUIDED_TO_STRUCTURED[name]: fields.pop(name) for name in GUIDED_TO_STRUCTURED if name in fields
-            }
-            if structured:
-                fields["structured_outputs"] = structured
-            # Only ever its neutral value here (the capability check refused anything else).
-            fields.pop("guided_decoding_backend", None)
-        elif "structured_outputs" in fields:
-            # Before 0.11 the same constraints are top-level guided_* fields; the capability
-            # table refused the options that have no guided_* form, so this is faithful.
-            for wire, value in fields.pop("structured_outputs").items():
-                name = STRUCTURED_TO_GUIDED.get(wire)
-                if name is not None:
-                    fields[name] = value
+        translate_structured(fields, features)
         if not features.native_best_of:
             fields.pop("best_of", None)
         match plan:
@@ -140,6 +128,23 @@ class VLLMDialect:
                 fields.pop("best_of", None)
             case Plan.FORWARD:
                 pass
+
+
+def translate_structured(fields: dict[str, Any], features: VLLMFeatures) -> None:
+    """``guided_*`` <-> ``structured_outputs`` in the form this version applies (both endpoints), in place."""
+    if features.structured_outputs:
+        structured = {GUIDED_TO_STRUCTURED[name]: fields.pop(name) for name in GUIDED_TO_STRUCTURED if name in fields}
+        if structured:
+            fields["structured_outputs"] = structured
+        # Only ever its neutral value here (the capability check refused anything else).
+        fields.pop("guided_decoding_backend", None)
+    elif "structured_outputs" in fields:
+        # Before 0.11 the same constraints are top-level guided_* fields; the capability
+        # table refused the options that have no guided_* form, so this is faithful.
+        for wire, value in fields.pop("structured_outputs").items():
+            name = STRUCTURED_TO_GUIDED.get(wire)
+            if name is not None:
+                fields[name] = value
 
 
 # --- response ---------------------------------------------------------------------------
@@ -240,7 +245,7 @@ _PARAM_NAMES = {"input_tokens": "prompt", "prompt_embeds": "prompt"}
 
 
 def vllm_error(
-    status: int, body: bytes, retry_after: str | None, backend: str, request: CompletionRequest
+    status: int, body: bytes, retry_after: str | None, backend: str, request: CompletionRequest | ChatCompletionRequest
 ) -> UpstreamStatusError:
     """Our error for a vLLM error answer (``backends.errors``), with vLLM's names for fields made ours."""
 

@@ -24,20 +24,24 @@ one split of the read).
 from __future__ import annotations
 
 import re
+from typing import Any, ClassVar
 
 import orjson
 
 from backends.errors import UpstreamProtocolError
-from backends.openai.relay import OpenAIStreamRelay
+from backends.openai.relay import OpenAIStreamRelay, with_usage_null
 from backends.vllm.dialect import UpstreamGenerationError, map_finish_reason
 
-__all__ = ["VLLMStreamRelay", "has_foreign_finish_reason"]
+__all__ = ["VLLMChatStreamRelay", "VLLMStreamRelay", "has_foreign_finish_reason", "rename_reasoning"]
 
 # A string-valued finish_reason outside OpenAI's enum, whatever the JSON spacing. As in the
 # relay, '"finish_reason"' followed by a colon can only be JSON structure (quotes inside
 # strings are escaped).
 _FOREIGN = re.compile(rb'"finish_reason"\s*:\s*"(?!(?:stop|length|content_filter)")')
-_USAGE_NULL = b',"usage":null}\n\n'
+# Chat adds OpenAI's tool_calls and function_call to the enum.
+_CHAT_FOREIGN = re.compile(rb'"finish_reason"\s*:\s*"(?!(?:stop|length|content_filter|tool_calls|function_call)")')
+_OPENAI_FINISH = frozenset({None, "stop", "length", "content_filter"})
+_CHAT_FINISH = _OPENAI_FINISH | {"tool_calls", "function_call"}
 
 
 def has_foreign_finish_reason(block: bytes) -> bool:
@@ -48,12 +52,15 @@ def has_foreign_finish_reason(block: bytes) -> bool:
 class VLLMStreamRelay(OpenAIStreamRelay):
     """:class:`OpenAIStreamRelay` for vLLM (see the module docstring)."""
 
+    foreign: ClassVar[re.Pattern[bytes]] = _FOREIGN
+    openai_finish: ClassVar[frozenset[str | None]] = _OPENAI_FINISH
+
     def _process(self, block: bytes) -> bytes:
         out = super()._process(block)
-        if _FOREIGN.search(out) is not None:
+        if self.foreign.search(out) is not None:
             out = self._map_finish(out)
         if self._keep_usage_chunk and out:
-            out = _with_usage_null(out)
+            out = with_usage_null(out)
         return out
 
     def _map_finish(self, block: bytes) -> bytes:
@@ -62,7 +69,7 @@ class VLLMStreamRelay(OpenAIStreamRelay):
         for event in block.split(b"\n\n"):
             if not event:
                 continue
-            if _FOREIGN.search(event) is None:
+            if self.foreign.search(event) is None:
                 kept.append(event + b"\n\n")
                 continue
             try:
@@ -80,7 +87,7 @@ class VLLMStreamRelay(OpenAIStreamRelay):
             try:
                 for choice in obj.get("choices") or ():
                     finish = choice.get("finish_reason")
-                    if finish not in (None, "stop", "length", "content_filter"):
+                    if finish not in self.openai_finish:
                         choice["finish_reason"] = map_finish_reason(finish, self._backend)
             except UpstreamGenerationError as exc:
                 # What came before still reaches the client; the relay raises this next
@@ -93,17 +100,55 @@ class VLLMStreamRelay(OpenAIStreamRelay):
         return b"".join(kept)
 
 
-def _with_usage_null(block: bytes) -> bytes:
-    """``"usage":null`` added to the events of a block that lack a ``usage`` key."""
-    events = block.count(b"\n\n")
-    if block.count(b'"usage"') >= events:
-        return block  # every event has one already (OpenAI, or per-chunk usage)
-    out = []
+class VLLMChatStreamRelay(VLLMStreamRelay):
+    """vLLM's ``chat.completion.chunk`` stream: the completions rules, plus chat's finish reasons and
+    the reasoning text under one name.
+
+    Reasoning: vLLM named the delta field ``reasoning_content`` (0.7-0.11), sent both
+    (0.12-0.15), then only ``reasoning`` (0.16+). Clients get ``reasoning_content``
+    (:data:`backends.vllm.chat.REASONING_FIELD`), never both. Only reads that carry a
+    ``"reasoning"`` key are parsed (as in the relay, a quoted key followed by ``:`` is
+    JSON structure, never generated text); others stay on the byte path.
+
+    Tool-call deltas pass as vLLM sent them: each carries its call's ``index``, so two
+    calls streamed with interleaved argument fragments stay apart.
+    """
+
+    foreign: ClassVar[re.Pattern[bytes]] = _CHAT_FOREIGN
+    openai_finish: ClassVar[frozenset[str | None]] = _CHAT_FINISH
+
+    def _process(self, block: bytes) -> bytes:
+        out = super()._process(block)
+        if _REASONING.search(out) is not None:
+            out = _rename_reasoning(out)
+        return out
+
+
+_REASONING = re.compile(rb'"reasoning"\s*:')
+
+
+def _rename_reasoning(block: bytes) -> bytes:
+    """``delta.reasoning`` -> ``delta.reasoning_content`` in the events of a block that carry it."""
+    out: list[bytes] = []
     for event in block.split(b"\n\n"):
         if not event:
             continue
-        if b'"usage"' in event or not event.endswith(b"}"):
+        if _REASONING.search(event) is None:
             out.append(event + b"\n\n")
-        else:
-            out.append(event[:-1] + _USAGE_NULL)
+            continue
+        obj = orjson.loads(event.removeprefix(b"data:").lstrip(b" "))  # the relay wrote it: valid JSON
+        for choice in obj.get("choices") or ():
+            delta = choice.get("delta")
+            if isinstance(delta, dict):
+                rename_reasoning(delta)
+        out.append(b"data: " + orjson.dumps(obj) + b"\n\n")
     return b"".join(out)
+
+
+def rename_reasoning(message: dict[str, Any]) -> None:
+    """A message or delta's reasoning text under ``reasoning_content`` only (in place)."""
+    if "reasoning" not in message:
+        return
+    text = message.pop("reasoning")
+    if message.get("reasoning_content") is None and text is not None:
+        message["reasoning_content"] = text

@@ -14,6 +14,11 @@ class OpenAIBackendConfig(_HTTPBackendBase):
     """An OpenAI-compatible HTTP API (OpenAI, Together, Fireworks, ...)."""
 
     type: Literal["openai"]
+    # Which name the upstream's chat endpoint reads the output limit under: OpenAI's current
+    # API wants ``max_completion_tokens`` (its reasoning models refuse ``max_tokens``); older
+    # OpenAI-compatible servers know only ``max_tokens``. The client's value, under either
+    # name, is sent under this one.
+    chat_max_tokens_field: Literal["max_completion_tokens", "max_tokens"] = "max_completion_tokens"
 
 
 class VLLMBackendConfig(_HTTPBackendBase):
@@ -32,6 +37,10 @@ class VLLMBackendConfig(_HTTPBackendBase):
     # With base_urls/discovery only: spreading and probing the servers.
     routing: PoolRoutingConfig = Field(default_factory=PoolRoutingConfig)
     probe: PoolProbeConfig = Field(default_factory=PoolProbeConfig)
+    # The tool-call parser the server runs (``vllm serve --enable-auto-tool-choice
+    # --tool-call-parser NAME``). Without it chat ``tool_choice: auto`` is refused by name, and
+    # named/required choices go only to versions that constrain them without a parser (< 0.14).
+    tool_parser: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")] | None = None
 
     @field_validator("base_urls")
     @classmethod

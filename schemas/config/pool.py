@@ -125,6 +125,24 @@ class VLLMPoolBackendConfig(_BackendBase):
     def served_name(self) -> str:
         return self.served_model_name or self.model
 
+    @property
+    def tool_parser(self) -> str | None:
+        """The tool-call parser the workers run: ``--tool-call-parser X`` with ``--enable-auto-tool-choice``.
+
+        Both flags, as ``vllm serve`` needs both for ``tool_choice: auto``; without them the
+        pool's chat table treats the workers as running no parser.
+        """
+        args = self.vllm_args
+        if "--enable-auto-tool-choice" not in args:
+            return None
+        parser = None
+        for i, arg in enumerate(args):
+            if arg == "--tool-call-parser" and i + 1 < len(args):
+                parser = args[i + 1]
+            elif arg.startswith("--tool-call-parser="):
+                parser = arg.split("=", 1)[1]
+        return parser or None
+
     @field_validator("gpus", mode="before")
     @classmethod
     def _gpus_shape(cls, value: object) -> object:

@@ -25,14 +25,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from backends.base import Backend, CompletionResult, CompletionStream, UpstreamCall
+from backends.base import Backend, Call, ChatCall, CompletionResult, CompletionStream, UpstreamCall
 from backends.errors import UpstreamError, retryable
 from backends.vllm.pool.balancer import Balancer, Endpoint
-from backends.vllm.pool.prefix import prefix_keys
+from backends.vllm.pool.prefix import chat_prefix_keys, prefix_keys
+from schemas.chat import ChatCompletionRequest
 from schemas.config import PoolRoutingConfig
+from schemas.endpoints import Endpoint as EndpointKind
 
 __all__ = ["DispatchedBackend", "Dispatcher", "NoReadyWorkerError"]
 
@@ -104,9 +106,11 @@ class Dispatcher:
             self._idle.set()
 
     # --- picking ------------------------------------------------------------------------
-    def _keys(self, call: UpstreamCall) -> tuple[int, ...]:
+    def _keys(self, call: Call[Any]) -> tuple[int, ...]:
         if self.routing.strategy not in ("prefix-affinity", "prefix-hash"):
             return ()
+        if isinstance(call.request, ChatCompletionRequest):
+            return chat_prefix_keys(call.request, self.routing)  # the conversation's leading part
         return prefix_keys(call.request, self.routing)
 
     async def _acquire(
@@ -144,6 +148,20 @@ class Dispatcher:
 
     # --- calls --------------------------------------------------------------------------
     async def complete(self, call: UpstreamCall) -> CompletionResult:
+        return await self._answer(call, lambda adapter: adapter.complete(call))
+
+    async def chat(self, call: ChatCall) -> CompletionResult:
+        return await self._answer(call, lambda adapter: adapter.chat(call))
+
+    async def stream(self, call: UpstreamCall) -> CompletionStream:
+        return await self._open(call, lambda adapter: adapter.stream(call))
+
+    async def chat_stream(self, call: ChatCall) -> CompletionStream:
+        return await self._open(call, lambda adapter: adapter.chat_stream(call))
+
+    async def _answer(
+        self, call: Call[Any], send: Callable[[Backend], Awaitable[CompletionResult]]
+    ) -> CompletionResult:
         keys = self._keys(call)
         tried: set[tuple[int, int]] = set()
         deadline = asyncio.get_running_loop().time() + self.routing.wait_for_ready
@@ -151,7 +169,7 @@ class Dispatcher:
         for _ in range(self.routing.max_attempts):
             ep, adapter = await self._acquire(keys, tried, deadline, last)
             try:
-                return await adapter.complete(call)
+                return await send(adapter)
             except UpstreamError as exc:
                 self._failed(ep, exc, tried)
                 if not retryable(exc):
@@ -162,7 +180,7 @@ class Dispatcher:
         assert last is not None
         raise last
 
-    async def stream(self, call: UpstreamCall) -> CompletionStream:
+    async def _open(self, call: Call[Any], start: Callable[[Backend], Awaitable[CompletionStream]]) -> CompletionStream:
         keys = self._keys(call)
         tried: set[tuple[int, int]] = set()
         deadline = asyncio.get_running_loop().time() + self.routing.wait_for_ready
@@ -171,7 +189,7 @@ class Dispatcher:
             ep, adapter = await self._acquire(keys, tried, deadline, last)
             handed_over = False
             try:
-                inner = await adapter.stream(call)
+                inner = await start(adapter)
                 try:
                     first: bytes | None = await inner.__anext__()
                 except StopAsyncIteration:
@@ -194,15 +212,26 @@ class Dispatcher:
 
 
 class DispatchedBackend(Backend):
-    """A backend whose calls a :class:`Dispatcher` spreads over endpoints (``vllm-pool``, multi-server ``vllm``)."""
+    """A backend whose calls a :class:`Dispatcher` spreads over endpoints (``vllm-pool``, multi-server ``vllm``).
+
+    Both endpoints: each endpoint's adapter is a ``vllm`` one, which serves chat; the chat
+    table is the endpoints' (their version and tool parser), taken when one becomes ready.
+    """
 
     dispatcher: Dispatcher
+    endpoints: frozenset[EndpointKind] = frozenset({EndpointKind.COMPLETIONS, EndpointKind.CHAT})
 
     async def complete(self, call: UpstreamCall) -> CompletionResult:
         return await self.dispatcher.complete(call)
 
     async def stream(self, call: UpstreamCall) -> CompletionStream:
         return await self.dispatcher.stream(call)
+
+    async def chat(self, call: ChatCall) -> CompletionResult:
+        return await self.dispatcher.chat(call)
+
+    async def chat_stream(self, call: ChatCall) -> CompletionStream:
+        return await self.dispatcher.chat_stream(call)
 
     async def health(self) -> bool:
         return any(ep.available for ep in self.dispatcher.endpoints)

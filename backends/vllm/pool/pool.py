@@ -26,6 +26,7 @@ from backends.capabilities import Capabilities
 from backends.transport import make_transport
 from backends.transport.base import HTTPTransport
 from backends.vllm.adapter import VLLM_CAPABILITIES, VLLMBackend
+from backends.vllm.chat_capabilities import VLLMChatFeatures, vllm_chat_capabilities
 from backends.vllm.pool.dispatch import DispatchedBackend, Dispatcher
 from backends.vllm.pool.status import PoolStatus, default_log_dir, write_status
 from backends.vllm.pool.supervisor import Supervisor
@@ -48,6 +49,8 @@ class VLLMPoolBackend(DispatchedBackend):
 
     def __init__(self, config: VLLMPoolBackendConfig) -> None:
         super().__init__(config.name, self.default_capabilities.with_overrides(config.capabilities))
+        # Until a worker has told its version: the table that cannot fail open.
+        self.chat_capabilities = vllm_chat_capabilities(VLLMChatFeatures.of(None, config.tool_parser))
         self.config = config
         self.log_dir = pool_log_dir(config)
         self.status_path = self.log_dir / "status.json"
@@ -81,6 +84,7 @@ class VLLMPoolBackend(DispatchedBackend):
             max_connections=c.max_connections,
             transport=c.transport,
             stream_usage=c.stream_usage,
+            tool_parser=c.tool_parser,
         )
 
     async def _make_adapter(self, url: str) -> Backend:
@@ -95,6 +99,7 @@ class VLLMPoolBackend(DispatchedBackend):
         except Exception:  # the adapter falls back to its safe defaults; routing must go on
             log.exception("pool %s: starting the adapter for %s failed", self.name, url)
         self.capabilities = adapter.capabilities
+        self.chat_capabilities = adapter.chat_capabilities
         return adapter
 
     # --- Backend -------------------------------------------------------------------------

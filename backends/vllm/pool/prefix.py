@@ -25,10 +25,13 @@ from collections.abc import Iterable, Sequence
 from hashlib import blake2b
 from typing import cast
 
+import orjson
+
+from schemas.chat import ChatCompletionRequest
 from schemas.completions import CompletionRequest
 from schemas.config import PoolRoutingConfig
 
-__all__ = ["PrefixLRU", "block_keys", "prefix_keys"]
+__all__ = ["PrefixLRU", "block_keys", "chat_prefix_keys", "chat_prefix_text", "prefix_keys"]
 
 _TEXT, _TOKENS = b"t", b"i"  # domain bytes: which kind of block a digest stands for
 
@@ -40,6 +43,43 @@ def prefix_keys(request: CompletionRequest, routing: PoolRoutingConfig) -> tuple
     if isinstance(first, (str, list)):
         return block_keys(first, routing)
     return block_keys(cast("list[int]", prompt), routing)
+
+
+def chat_prefix_keys(request: ChatCompletionRequest, routing: PoolRoutingConfig) -> tuple[int, ...]:
+    """Chained hashes of the leading whole blocks of the conversation (:func:`chat_prefix_text`)."""
+    return block_keys(chat_prefix_text(request, routing.block_chars * routing.max_blocks), routing)
+
+
+def chat_prefix_text(request: ChatCompletionRequest, limit: int) -> str:
+    """The conversation's leading part as text, at least ``limit`` characters when it is that long.
+
+    The tools lead (a chat template renders them into the system prompt), then each message
+    as ``role``, name and content (text parts joined; other parts by their JSON) and its tool
+    calls. Not the server's template, but the same conversation prefix always renders to
+    the same text, and a conversation that grows keeps its leading blocks, which is all
+    routing needs. Rendering stops once ``limit`` characters exist (only whole blocks count).
+    """
+    parts: list[str] = []
+    size = 0
+    if request.tools:
+        text = orjson.dumps([tool.model_dump(exclude_none=True, by_alias=True) for tool in request.tools]).decode()
+        parts.append(text)
+        size += len(text)
+    for message in request.messages:
+        if size >= limit:
+            break
+        data = message.model_dump(exclude_none=True, by_alias=True)
+        content = data.pop("content", None)
+        if isinstance(content, list):
+            content = "".join(
+                part["text"] if part.get("type") == "text" else orjson.dumps(part).decode() for part in content
+            )
+        head = f"\n<{data.pop('role', '')}{':' + data.pop('name') if 'name' in data else ''}>\n"
+        rest = orjson.dumps(data, option=orjson.OPT_SORT_KEYS).decode() if data else ""
+        text = head + (content or "") + rest
+        parts.append(text)
+        size += len(text)
+    return "".join(parts)
 
 
 def block_keys(prefix: str | Sequence[int], routing: PoolRoutingConfig) -> tuple[int, ...]:

@@ -29,6 +29,7 @@ from backends.transport import make_transport
 from backends.transport.base import get_ok
 from backends.transport.httptools_client import FastHTTPTransport
 from backends.vllm.adapter import VLLM_CAPABILITIES, VLLMBackend
+from backends.vllm.chat_capabilities import VLLMChatFeatures, vllm_chat_capabilities
 from backends.vllm.pool.balancer import Endpoint
 from backends.vllm.pool.dispatch import DispatchedBackend, Dispatcher
 from backends.vllm.pool.scrape import parse_vllm_metrics
@@ -63,6 +64,7 @@ class VLLMEndpointsBackend(DispatchedBackend):
 
     def __init__(self, config: VLLMBackendConfig, *, resolver: Resolver = resolve_dns) -> None:
         super().__init__(config.name, self.default_capabilities.with_overrides(config.capabilities))
+        self.chat_capabilities = vllm_chat_capabilities(VLLMChatFeatures.of(None, config.tool_parser))
         self.config = config
         self._resolver = resolver
         self.dispatcher = Dispatcher(
@@ -106,6 +108,7 @@ class VLLMEndpointsBackend(DispatchedBackend):
         if adapters:
             # The servers behind one backend run one vLLM release; capabilities follow the first.
             self.capabilities = adapters[0].capabilities
+            self.chat_capabilities = adapters[0].chat_capabilities
             self.dispatcher.notify()
 
     def _server_config(self, url: str) -> VLLMBackendConfig:

@@ -136,6 +136,9 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
         # Compact JSON under a JSON constraint: a random model would otherwise pad it with
         # whitespace until max_tokens (vLLM's default allows any whitespace).
         "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}',
+        # Chat: the tiny model has no chat template; tool_choice auto/required/named need a parser.
+        "--chat-template", str(HERE / "chat_template.jinja"),
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
     ]  # fmt: skip
     log = scratch / "vllm.log"
     url = f"http://127.0.0.1:{port}"

