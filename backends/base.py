@@ -45,11 +45,7 @@ __all__ = [
 Req = TypeVar("Req", CompletionRequest, ChatCompletionRequest)
 
 
-# No slots: ``UpstreamCall(...)`` (a subscripted generic) sets ``__orig_class__`` on the new
-# instance; a frozen slotted dataclass answers that with a TypeError (its __setattr__'s
-# ``super()`` names the class that ``slots=True`` replaced) instead of the AttributeError
-# typing expects and ignores.
-@dataclass(frozen=True)
+@dataclass(slots=True, frozen=True)
 class Call(Generic[Req]):
     """One attempt at one route: the request plus what the route decided."""
 

@@ -79,20 +79,14 @@ def chat_refusal(
     """The 400 naming the first thing ``table`` cannot honour (None: the backend can serve it).
 
     The router checks before routing; adapters whose table can change (vLLM's follows the
-    server's version) check again at send time with this.
+    server's version) check again at send time with this. Built by the one refusal
+    constructor (:meth:`ChatCapabilities.refusal`).
     """
     if table is None:
         return UnsupportedParameterError(
             f"backend '{backend}' (type {kind}) serves no chat endpoint", param="model", backend=backend
         )
-    refusal = table.first_refusal(request)
-    if refusal is None:
-        return None
-    what = refusal.param if refusal.key == refusal.param else refusal.key
-    why = refusal.why or f"backend type {kind} does not support it"
-    return UnsupportedParameterError(
-        f"'{what}' is not supported by backend '{backend}' (type {kind}): {why}", param=refusal.param, backend=backend
-    )
+    return table.refusal(request, backend, kind)
 
 
 def relay_chat_body(data: bytes, call: ChatCall, backend: str) -> CompletionResult:
