@@ -17,6 +17,11 @@ stream that ends without its final event, or with a native error event, raises a
 Who closes what: every response is released exactly once (non-streaming right after the
 read; streams by :meth:`NativeChoiceStream.aclose`, which first drains what the upstream
 still sends after its final event, bounded, so the connection can be reused).
+
+Chat (``POST /v1/chat/completions``): a family that sets :attr:`NativeBackend.chat_translator`
+(a :class:`~backends.native.chat.ChatTranslator`) serves chat too, through the same HTTP,
+framing, fan-out (``n``) and stream contract; only the decoder of one part's events differs
+(:class:`_TextEvents` for completions, :class:`_ChatEvents` for chat).
 """
 
 from __future__ import annotations
@@ -24,11 +29,11 @@ from __future__ import annotations
 import asyncio
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Callable
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 import orjson
 
-from backends.base import Backend, CompletionResult, CompletionStream, TokenUsage, UpstreamCall
+from backends.base import Backend, Call, ChatCall, CompletionResult, CompletionStream, TokenUsage, UpstreamCall
 from backends.capabilities import Capabilities
 from backends.emulation import fanout
 from backends.emulation.fanout import ChoiceStream, FanoutStream, Part, PartResult
@@ -39,12 +44,22 @@ from backends.errors import (
     error_fields,
     error_from_upstream_body,
 )
-from backends.native.common import ChoiceTracker, Event, Generation, build_choice, completion_head
+from backends.native.chat import ChatPiece, ChatTranslator, ChatTurn, chat_head, estimate_prompt_tokens
+from backends.native.common import (
+    ChoiceTracker,
+    Event,
+    Generation,
+    build_choice,
+    completion_head,
+    upstream_failed,
+)
 from backends.transport import make_transport
 from backends.transport.base import HTTPTransport, UpstreamResponse, get_ok, send_ok
 from backends.transport.sse import EventBuffer, sse_data
+from schemas.chat import ChatCompletionRequest
 from schemas.completions import CompletionRequest
 from schemas.config import LlamaCppBackendConfig, OllamaBackendConfig, TGIBackendConfig
+from schemas.endpoints import Endpoint
 from schemas.errors import UnsupportedParameterError
 
 __all__ = ["NativeBackend", "NativeChoiceStream", "NativeConfig", "error_message", "stream_error"]
@@ -67,9 +82,18 @@ class NativeBackend(Backend):
     framing: ClassVar[Literal["sse", "ndjson"]]
     strips_stop: ClassVar[bool]  # the upstream removes stop sequences from its output itself
     default_capabilities: ClassVar[Capabilities]
+    chat_translator: ClassVar[type[ChatTranslator] | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        translator = cls.__dict__.get("chat_translator")
+        if translator is not None:  # a family with a chat translator serves both endpoints
+            cls.endpoints = frozenset({Endpoint.COMPLETIONS, Endpoint.CHAT})
+            cls.chat_capabilities = translator.table
 
     def __init__(self, config: NativeConfig, transport: HTTPTransport | None = None) -> None:
         super().__init__(config.name, self.default_capabilities.with_overrides(config.capabilities))
+        self._chat = self.chat_translator(self.name, self.kind) if self.chat_translator is not None else None
         self.config = config
         self.base_url = str(config.base_url).rstrip("/")
         self._transport = transport if transport is not None else make_transport(config)
@@ -108,7 +132,7 @@ class NativeBackend(Backend):
         return prompt
 
     # --- HTTP ---------------------------------------------------------------------------------
-    async def post(self, path: str, payload: dict[str, Any], call: UpstreamCall, *, stream: bool) -> UpstreamResponse:
+    async def post(self, path: str, payload: dict[str, Any], call: Call[Any], *, stream: bool) -> UpstreamResponse:
         """POST ``payload``; returns the 200 response (the caller releases it), raises otherwise."""
         headers = self._headers.copy()
         headers["X-Request-Id"] = call.request_id
@@ -121,7 +145,7 @@ class NativeBackend(Backend):
             status_error=self.status_error,
         )
 
-    async def post_json(self, path: str, payload: dict[str, Any], call: UpstreamCall) -> tuple[Any, Header]:
+    async def post_json(self, path: str, payload: dict[str, Any], call: Call[Any]) -> tuple[Any, Header]:
         resp = await self.post(path, payload, call, stream=False)
         try:
             data = await resp.read()
@@ -151,7 +175,7 @@ class NativeBackend(Backend):
         }
         return CompletionResult(orjson.dumps(body), usage)
 
-    async def _complete_part(self, part: Part, call: UpstreamCall) -> PartResult:
+    async def _complete_part(self, part: Part[CompletionRequest], call: UpstreamCall) -> PartResult:
         request = part.request
         echo = await self.echo_text(request, call) if request.echo else ""
         obj, header = await self.post_json(
@@ -171,7 +195,7 @@ class NativeBackend(Backend):
             plan, streams, completion_head(call.public_model), include_usage=bool(options and options.include_usage)
         )
 
-    async def _open_part(self, part: Part, call: UpstreamCall) -> ChoiceStream:
+    async def _open_part(self, part: Part[CompletionRequest], call: UpstreamCall) -> ChoiceStream:
         request = part.request
         if request.max_tokens == 0:  # nothing to stream: one finished choice
             return _Finished(await self._complete_part(part, call))
@@ -180,7 +204,54 @@ class NativeBackend(Backend):
             self.stream_path, self.payload(request, call.upstream_model, stream=True), call, stream=True
         )
         tracker = ChoiceTracker(request, echo, strips_stop=self.strips_stop, backend=self.name)
-        return NativeChoiceStream(self, resp, tracker)
+        return NativeChoiceStream(self, resp, _TextEvents(self, tracker))
+
+    # --- chat ---------------------------------------------------------------------------------------
+    def _translator(self, request: ChatCompletionRequest) -> ChatTranslator:
+        translator = self._chat
+        if translator is None:
+            raise NotImplementedError(f"{type(self).__name__} serves no chat endpoint")
+        translator.check(request)
+        return translator
+
+    def _turn(self, part: Part[ChatCompletionRequest], call: ChatCall) -> ChatTurn:
+        return ChatTurn(part.request, backend=self.name, call_ids=f"{call.request_id}:{part.candidate}")
+
+    async def chat(self, call: ChatCall) -> CompletionResult:
+        translator = self._translator(call.request)
+        plan = fanout.plan_n(call.request)
+
+        async def one(part: Part[ChatCompletionRequest]) -> PartResult:
+            payload = translator.payload(part.request, call.upstream_model, stream=False)
+            obj, _ = await self.post_json(translator.path, payload, call)
+            piece = translator.answer(obj, part.request)
+            usage = piece.usage or TokenUsage(estimate_prompt_tokens(part.request), 0)
+            return PartResult(self._turn(part, call).message(piece), usage)
+
+        choices, usage = await fanout.complete(plan, one)
+        body = {
+            **chat_head(call.public_model),
+            "object": "chat.completion",
+            "choices": choices,
+            "system_fingerprint": None,
+            "usage": usage.as_json(),
+        }
+        return CompletionResult(orjson.dumps(body), usage)
+
+    async def chat_stream(self, call: ChatCall) -> CompletionStream:
+        translator = self._translator(call.request)
+        plan = fanout.plan_n(call.request)
+
+        async def open_one(part: Part[ChatCompletionRequest]) -> ChoiceStream:
+            payload = translator.payload(part.request, call.upstream_model, stream=True)
+            resp = await self.post(translator.path, payload, call, stream=True)
+            return NativeChoiceStream(self, resp, _ChatEvents(translator, self._turn(part, call), part.request))
+
+        streams = await fanout.open_streams(plan, open_one)
+        options = call.request.stream_options
+        return FanoutStream(
+            plan, streams, chat_head(call.public_model), include_usage=bool(options and options.include_usage)
+        )
 
     async def health(self) -> bool:
         headers = {k: v for k, v in self._headers.items() if k != "Content-Type"}
@@ -208,14 +279,105 @@ class _Finished(ChoiceStream):
         self._choice = None
 
 
+class _Events(Protocol):
+    """One part's native events -> choice deltas; ``done`` and ``usage`` once the last one came."""
+
+    done: bool
+    usage: TokenUsage | None
+
+    def feed(self, obj: dict[str, Any]) -> list[dict[str, Any]]:
+        """The deltas for one event; raises ``UpstreamError`` on a native error event."""
+        ...
+
+    def end(self) -> list[dict[str, Any]]:
+        """SSE's ``data: [DONE]``."""
+        ...
+
+
+class _TextEvents:
+    """Completions: a native event -> ``text_completion`` choice deltas (the last event has the counts)."""
+
+    def __init__(self, backend: NativeBackend, tracker: ChoiceTracker) -> None:
+        self._backend = backend
+        self._tracker = tracker
+        self.done = False
+        self.usage: TokenUsage | None = None
+
+    def feed(self, obj: dict[str, Any]) -> list[dict[str, Any]]:
+        event = self._backend.event(obj)
+        if event is None:
+            return []
+        tracker = self._tracker
+        if event.finish is None:
+            choice = tracker.piece(event.text, event.tokens)
+            return [] if choice is None else [choice]
+        last = tracker.last(event.text, event.tokens, event.finish, event.stop_word)
+        usage = event.usage or TokenUsage(0, 0)
+        self.usage = TokenUsage(usage.prompt_tokens, 0) if tracker.dropped else usage
+        self.done = True
+        return [last]
+
+    def end(self) -> list[dict[str, Any]]:
+        return []  # the native completion APIs end with their final event, not [DONE]
+
+
+class _ChatEvents:
+    """Chat: native events -> ``chat.completion.chunk`` choice deltas.
+
+    The stream is done at the event that has both the finish reason and the counts, or at
+    the first event after the finish that has the counts or says it is the last (servers in
+    OpenAI's shape send usage in a chunk of its own, then ``[DONE]``). Without counts, usage
+    is estimated (prompt from the messages, completion from the text: about 4 characters a token).
+    """
+
+    def __init__(self, translator: ChatTranslator, turn: ChatTurn, request: ChatCompletionRequest) -> None:
+        self._translator = translator
+        self._turn = turn
+        self._request = request
+        self._finished = False
+        self._usage: TokenUsage | None = None
+        self._chars = 0
+        self.done = False
+        self.usage: TokenUsage | None = None
+
+    def feed(self, obj: dict[str, Any]) -> list[dict[str, Any]]:
+        return self._take(self._translator.event(obj, self._request))
+
+    def end(self) -> list[dict[str, Any]]:
+        return self._take(self._translator.end())
+
+    def _take(self, piece: ChatPiece | None) -> list[dict[str, Any]]:
+        if piece is None:
+            return []
+        if piece.usage is not None:
+            self._usage = piece.usage
+        out: list[dict[str, Any]] = []
+        if not self._finished:
+            self._chars += len(piece.content) + sum(len(c.arguments) for c in piece.calls)
+            choice = self._turn.delta(piece)
+            if choice is not None:
+                out.append(choice)
+            self._finished = piece.finish is not None
+        if self._finished and (piece.done or self._usage is not None):
+            self.done = True
+            self.usage = self._usage or TokenUsage(estimate_prompt_tokens(self._request), max(1, self._chars // 4))
+        elif piece.done:
+            raise UpstreamProtocolError(
+                "the upstream ended the stream without a finish reason",
+                backend=self._translator.backend,
+                reason="stream_cut",
+            )
+        return out
+
+
 class NativeChoiceStream(ChoiceStream):
     """One native stream as choice deltas (see :class:`backends.emulation.fanout.ChoiceStream`)."""
 
-    def __init__(self, backend: NativeBackend, resp: UpstreamResponse, tracker: ChoiceTracker) -> None:
+    def __init__(self, backend: NativeBackend, resp: UpstreamResponse, events: _Events) -> None:
         self._backend = backend
         self._resp = resp
         self._chunks: AsyncIterator[bytes] = resp.iter_chunks()
-        self._tracker = tracker
+        self._events_of = events
         self._sse = backend.framing == "sse"
         self._events = EventBuffer(b"\n\n" if self._sse else b"\n", backend.config.limits.max_event_bytes, backend.name)
         self._pending: UpstreamError | None = None
@@ -249,7 +411,7 @@ class NativeChoiceStream(ChoiceStream):
             if not block:
                 continue
             if self._sse:
-                frames = [data for data in sse_data(block) if data != b"[DONE]"]
+                frames = list(sse_data(block))
             else:
                 frames = [line for line in block.split(b"\n") if line.strip()]
             out = self._decode(frames)
@@ -260,37 +422,31 @@ class NativeChoiceStream(ChoiceStream):
 
     def _decode(self, frames: list[bytes]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
-        tracker = self._tracker
+        events = self._events_of
         for frame in frames:
             if self.done:
                 break  # anything after the final event is not the client's
             try:
-                obj = orjson.loads(frame)
-                if not isinstance(obj, dict):
-                    raise ValueError
-            except ValueError:  # orjson.JSONDecodeError is a ValueError
-                self._pending = UpstreamProtocolError(
-                    "the upstream sent a stream event that is not a JSON object",
-                    backend=self._backend.name,
-                    reason="stream_garbage",
-                )
-                break
-            try:
-                event = self._backend.event(obj)
+                if frame == b"[DONE]":
+                    out.extend(events.end())
+                else:
+                    try:
+                        obj = orjson.loads(frame)
+                        if not isinstance(obj, dict):
+                            raise ValueError
+                    except ValueError:  # orjson.JSONDecodeError is a ValueError
+                        raise UpstreamProtocolError(
+                            "the upstream sent a stream event that is not a JSON object",
+                            backend=self._backend.name,
+                            reason="stream_garbage",
+                        ) from None
+                    out.extend(events.feed(obj))
             except UpstreamError as exc:
                 self._pending = exc
                 break
-            if event is None:
-                continue
-            if event.finish is None:
-                choice = tracker.piece(event.text, event.tokens)
-                if choice is not None:
-                    out.append(choice)
-                continue
-            out.append(tracker.last(event.text, event.tokens, event.finish, event.stop_word))
-            usage = event.usage or TokenUsage(0, 0)
-            self.usage = TokenUsage(usage.prompt_tokens, 0) if tracker.dropped else usage
-            self.done = True
+            if events.done:
+                self.usage = events.usage
+                self.done = True
         return out
 
     def _release(self) -> None:
@@ -313,6 +469,4 @@ class NativeChoiceStream(ChoiceStream):
 
 def stream_error(backend: NativeBackend, message: str) -> UpstreamProtocolError:
     """A native error event in a stream, as the error the gateway ends the stream with."""
-    return UpstreamProtocolError(
-        f"the upstream failed mid-stream: {message}", backend=backend.name, reason="stream_error"
-    )
+    return upstream_failed(backend.name, message)
