@@ -1,5 +1,11 @@
 """Fan-out: ``n``, ``best_of`` and prompt batches for upstreams that answer one prompt with one choice.
 
+One machinery for both endpoints: completions (:func:`plan`: prompts x ``n``/``best_of``) and
+chat (:func:`plan_n`: one conversation x ``n``). Past planning nothing here knows which: a
+part's answer is a choice dict without its index (``text``/``message``/``delta``, ``logprobs``,
+``finish_reason``, in the translator's key order; an ``index`` placeholder keeps its place),
+and :func:`complete` / :class:`FanoutStream` only number, order, interleave and bill them.
+
 A request is split into :class:`Part`s, each one prompt and one choice, sent concurrently:
 
 - ``n`` choices per prompt: ``n`` parts; with a ``seed``, part ``i`` gets ``seed + i``, so
@@ -30,13 +36,14 @@ import functools
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast
 
 import orjson
 
 from backends.base import CompletionStream, TokenUsage
 from backends.capabilities import Rule
 from backends.emulation.best_of import is_greedy, pick_best_of
+from schemas.chat import ChatCompletionRequest
 from schemas.completions import INT64_MAX, CompletionRequest
 
 __all__ = [
@@ -52,6 +59,8 @@ __all__ = [
     "complete",
     "open_streams",
     "plan",
+    "plan_n",
+    "too_many_parts",
 ]
 
 MAX_PARTS = 256
@@ -59,11 +68,12 @@ MAX_STREAM_PARTS = 32
 CONCURRENCY = 16
 
 _T = TypeVar("_T")
+Req = TypeVar("Req", CompletionRequest, ChatCompletionRequest)
 
 
 @dataclass(frozen=True, slots=True)
-class Part:
-    request: CompletionRequest  # one prompt, n and best_of unset, seed varied
+class Part(Generic[Req]):
+    request: Req  # one prompt (or conversation), n and best_of unset, seed varied
     prompt_index: int
     candidate: int
     indexes: tuple[int, ...]  # the choice indexes it answers (empty: a best_of candidate, placed by rank)
@@ -71,8 +81,8 @@ class Part:
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
-    parts: tuple[Part, ...]
+class Plan(Generic[Req]):
+    parts: tuple[Part[Req], ...]
     n: int
     best_of: int  # candidates per prompt
     rank: bool  # best_of > n: rank the candidates
@@ -81,7 +91,7 @@ class Plan:
 
 @dataclass(slots=True)
 class PartResult:
-    choice: dict[str, Any]  # text, logprobs, finish_reason (no index)
+    choice: dict[str, Any]  # text or message, logprobs, finish_reason (no index, or a placeholder)
     usage: TokenUsage
 
 
@@ -110,14 +120,14 @@ def part_count(request: CompletionRequest) -> int:
     return request.prompt_count * _shape(request)[2]
 
 
-def plan(request: CompletionRequest) -> Plan:
+def plan(request: CompletionRequest) -> Plan[CompletionRequest]:
     n, best_of, per_prompt, greedy = _shape(request)
     rank = best_of > n and not greedy
     prompts = _prompts(request)
     if len(prompts) == 1 and per_prompt == 1 and request.n is None and request.best_of is None:
         return Plan((Part(request, 0, 0, (0,)),), 1, 1, False, request.logprobs is not None)
     logprobs = request.logprobs if request.logprobs is not None or not rank else 0
-    parts: list[Part] = []
+    parts: list[Part[CompletionRequest]] = []
     for p, prompt in enumerate(prompts):
         for c in range(per_prompt):
             sub = request.model_copy(
@@ -136,12 +146,35 @@ def plan(request: CompletionRequest) -> Plan:
     return Plan(tuple(parts), n, best_of, rank, request.logprobs is not None)
 
 
+def plan_n(request: ChatCompletionRequest) -> Plan[ChatCompletionRequest]:
+    """``n`` choices of one conversation: the completions rules for one prompt without ``best_of``.
+
+    ``n`` parts with seeds ``seed + i`` (part 0 keeps the client's request as it is), or
+    one part repeated ``n`` times at ``temperature: 0`` (greedy answers are identical).
+    """
+    n = request.effective_n
+    if n == 1:
+        return Plan((Part(request, 0, 0, (0,)),), 1, 1, False, bool(request.logprobs))
+    if is_greedy(request.temperature):
+        sub = request.model_copy(update={"n": None})
+        return Plan((Part(sub, 0, 0, tuple(range(n)), copies=n),), n, n, False, bool(request.logprobs))
+    parts = tuple(
+        Part(request.model_copy(update={"n": None, "seed": _seed(request.seed, c)}), 0, c, (c,)) for c in range(n)
+    )
+    return Plan(parts, n, n, False, bool(request.logprobs))
+
+
+def too_many_parts(parts: int, *, stream: bool) -> bool:
+    """Whether a request needs more upstream requests than the gateway fans out."""
+    return parts > (MAX_STREAM_PARTS if stream else MAX_PARTS)
+
+
 def _too_many_prompts(request: CompletionRequest) -> bool:
-    return request.prompt_count > (MAX_STREAM_PARTS if request.stream else MAX_PARTS)
+    return too_many_parts(request.prompt_count, stream=bool(request.stream))
 
 
 def _too_many_parts(request: CompletionRequest) -> bool:
-    return part_count(request) > (MAX_STREAM_PARTS if request.stream else MAX_PARTS)
+    return too_many_parts(part_count(request), stream=bool(request.stream))
 
 
 FANOUT_RULES = (
@@ -200,7 +233,7 @@ async def _all_or_nothing(
     raise cast(BaseException, failed.exception())
 
 
-def _usage(parts: Sequence[Part], usages: Sequence[TokenUsage | None]) -> TokenUsage:
+def _usage(parts: Sequence[Part[Any]], usages: Sequence[TokenUsage | None]) -> TokenUsage:
     """Prompt tokens once per prompt (from its first part), completion tokens of every part."""
     prompt = completion = 0
     for part, usage in zip(parts, usages, strict=True):
@@ -213,16 +246,12 @@ def _usage(parts: Sequence[Part], usages: Sequence[TokenUsage | None]) -> TokenU
 
 
 def _indexed(choice: dict[str, Any], index: int) -> dict[str, Any]:
-    return {
-        "text": choice["text"],
-        "index": index,
-        "logprobs": choice["logprobs"],
-        "finish_reason": choice["finish_reason"],
-    }
+    """The choice numbered ``index`` (an ``index`` placeholder in ``choice`` keeps its position)."""
+    return {**choice, "index": index}
 
 
 async def complete(
-    the_plan: Plan, one: Callable[[Part], Awaitable[PartResult]]
+    the_plan: Plan[Req], one: Callable[[Part[Req]], Awaitable[PartResult]]
 ) -> tuple[list[dict[str, Any]], TokenUsage]:
     """Every part, concurrently; the choices in index order and the request's usage."""
     parts = the_plan.parts
@@ -262,7 +291,9 @@ class ChoiceStream(ABC):
     async def aclose(self) -> None: ...
 
 
-async def open_streams(the_plan: Plan, open_one: Callable[[Part], Awaitable[ChoiceStream]]) -> list[ChoiceStream]:
+async def open_streams(
+    the_plan: Plan[Req], open_one: Callable[[Part[Req]], Awaitable[ChoiceStream]]
+) -> list[ChoiceStream]:
     """Every part's stream, opened concurrently; on a failure the opened ones are closed."""
 
     async def close(stream: ChoiceStream) -> None:
@@ -287,7 +318,7 @@ class FanoutStream(CompletionStream):
 
     def __init__(
         self,
-        the_plan: Plan,
+        the_plan: Plan[Any],
         streams: Sequence[ChoiceStream],
         head: dict[str, Any],
         *,
@@ -305,7 +336,7 @@ class FanoutStream(CompletionStream):
         self.usage = None
         self.finished = False
 
-    def _render(self, part: Part, choices: list[dict[str, Any]], out: list[bytes]) -> None:
+    def _render(self, part: Part[Any], choices: list[dict[str, Any]], out: list[bytes]) -> None:
         head = self._head
         for choice in choices:
             for index in part.indexes:

@@ -17,37 +17,50 @@ stream that ends without its final event, or with a native error event, raises a
 Who closes what: every response is released exactly once (non-streaming right after the
 read; streams by :meth:`NativeChoiceStream.aclose`, which first drains what the upstream
 still sends after its final event, bounded, so the connection can be reused).
+
+Chat (``POST /v1/chat/completions``): a family that sets :attr:`NativeBackend.chat_translator`
+(a :class:`~backends.native.chat.ChatTranslator`) serves chat too, through the same HTTP,
+framing, fan-out (``n``) and stream contract; only the decoder of one part's events differs
+(``backends.native.stream``: ``TextEvents`` for completions, ``ChatEvents`` for chat).
 """
 
 from __future__ import annotations
 
-import asyncio
 from abc import abstractmethod
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
 import orjson
 
-from backends.base import Backend, CompletionResult, CompletionStream, TokenUsage, UpstreamCall
+from backends.base import Backend, Call, ChatCall, CompletionResult, CompletionStream, TokenUsage, UpstreamCall
 from backends.capabilities import Capabilities
 from backends.emulation import fanout
 from backends.emulation.fanout import ChoiceStream, FanoutStream, Part, PartResult
 from backends.errors import (
-    UpstreamError,
     UpstreamProtocolError,
     UpstreamStatusError,
     error_fields,
     error_from_upstream_body,
 )
-from backends.native.common import ChoiceTracker, Event, Generation, build_choice, completion_head
+from backends.native.chat import ChatTranslator, ChatTurn, chat_head, estimate_prompt_tokens
+from backends.native.common import (
+    ChoiceTracker,
+    Event,
+    Generation,
+    build_choice,
+    completion_head,
+    upstream_failed,
+)
+from backends.native.stream import ChatEvents, Events, Finished, NativeChoiceStream, TextEvents
 from backends.transport import make_transport
 from backends.transport.base import HTTPTransport, UpstreamResponse, get_ok, send_ok
-from backends.transport.sse import EventBuffer, sse_data
+from schemas.chat import ChatCompletionRequest
 from schemas.completions import CompletionRequest
 from schemas.config import LlamaCppBackendConfig, OllamaBackendConfig, TGIBackendConfig
+from schemas.endpoints import Endpoint
 from schemas.errors import UnsupportedParameterError
 
-__all__ = ["NativeBackend", "NativeChoiceStream", "NativeConfig", "error_message", "stream_error"]
+__all__ = ["NativeBackend", "NativeConfig", "error_message", "stream_error"]
 
 NativeConfig = TGIBackendConfig | OllamaBackendConfig | LlamaCppBackendConfig
 Header = Callable[[str], str | None]
@@ -67,9 +80,18 @@ class NativeBackend(Backend):
     framing: ClassVar[Literal["sse", "ndjson"]]
     strips_stop: ClassVar[bool]  # the upstream removes stop sequences from its output itself
     default_capabilities: ClassVar[Capabilities]
+    chat_translator: ClassVar[type[ChatTranslator] | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        translator = cls.__dict__.get("chat_translator")
+        if translator is not None:  # a family with a chat translator serves both endpoints
+            cls.endpoints = frozenset({Endpoint.COMPLETIONS, Endpoint.CHAT})
+            cls.chat_capabilities = translator.table
 
     def __init__(self, config: NativeConfig, transport: HTTPTransport | None = None) -> None:
         super().__init__(config.name, self.default_capabilities.with_overrides(config.capabilities))
+        self._chat = self.chat_translator(self.name, self.kind) if self.chat_translator is not None else None
         self.config = config
         self.base_url = str(config.base_url).rstrip("/")
         self._transport = transport if transport is not None else make_transport(config)
@@ -108,7 +130,7 @@ class NativeBackend(Backend):
         return prompt
 
     # --- HTTP ---------------------------------------------------------------------------------
-    async def post(self, path: str, payload: dict[str, Any], call: UpstreamCall, *, stream: bool) -> UpstreamResponse:
+    async def post(self, path: str, payload: dict[str, Any], call: Call[Any], *, stream: bool) -> UpstreamResponse:
         """POST ``payload``; returns the 200 response (the caller releases it), raises otherwise."""
         headers = self._headers.copy()
         headers["X-Request-Id"] = call.request_id
@@ -121,7 +143,7 @@ class NativeBackend(Backend):
             status_error=self.status_error,
         )
 
-    async def post_json(self, path: str, payload: dict[str, Any], call: UpstreamCall) -> tuple[Any, Header]:
+    async def post_json(self, path: str, payload: dict[str, Any], call: Call[Any]) -> tuple[Any, Header]:
         resp = await self.post(path, payload, call, stream=False)
         try:
             data = await resp.read()
@@ -151,7 +173,7 @@ class NativeBackend(Backend):
         }
         return CompletionResult(orjson.dumps(body), usage)
 
-    async def _complete_part(self, part: Part, call: UpstreamCall) -> PartResult:
+    async def _complete_part(self, part: Part[CompletionRequest], call: UpstreamCall) -> PartResult:
         request = part.request
         echo = await self.echo_text(request, call) if request.echo else ""
         obj, header = await self.post_json(
@@ -171,16 +193,71 @@ class NativeBackend(Backend):
             plan, streams, completion_head(call.public_model), include_usage=bool(options and options.include_usage)
         )
 
-    async def _open_part(self, part: Part, call: UpstreamCall) -> ChoiceStream:
+    async def _open_part(self, part: Part[CompletionRequest], call: UpstreamCall) -> ChoiceStream:
         request = part.request
         if request.max_tokens == 0:  # nothing to stream: one finished choice
-            return _Finished(await self._complete_part(part, call))
+            return Finished(await self._complete_part(part, call))
         echo = await self.echo_text(request, call) if request.echo else ""
         resp = await self.post(
             self.stream_path, self.payload(request, call.upstream_model, stream=True), call, stream=True
         )
         tracker = ChoiceTracker(request, echo, strips_stop=self.strips_stop, backend=self.name)
-        return NativeChoiceStream(self, resp, tracker)
+        return self._choice_stream(resp, TextEvents(self.event, tracker), self.framing)
+
+    def _choice_stream(
+        self, resp: UpstreamResponse, events: Events, framing: Literal["sse", "ndjson"]
+    ) -> NativeChoiceStream:
+        return NativeChoiceStream(
+            self.name, resp, events, framing=framing, max_event_bytes=self.config.limits.max_event_bytes
+        )
+
+    # --- chat ---------------------------------------------------------------------------------------
+    def _translator(self, request: ChatCompletionRequest) -> ChatTranslator:
+        translator = self._chat
+        if translator is None:
+            raise NotImplementedError(f"{type(self).__name__} serves no chat endpoint")
+        translator.check(request)
+        return translator
+
+    def _turn(self, part: Part[ChatCompletionRequest], call: ChatCall) -> ChatTurn:
+        return ChatTurn(part.request, backend=self.name, call_ids=f"{call.request_id}:{part.candidate}")
+
+    async def chat(self, call: ChatCall) -> CompletionResult:
+        translator = self._translator(call.request)
+        plan = fanout.plan_n(call.request)
+
+        async def one(part: Part[ChatCompletionRequest]) -> PartResult:
+            payload = translator.payload(part.request, call.upstream_model, stream=False)
+            obj, _ = await self.post_json(translator.path, payload, call)
+            piece = translator.answer(obj, part.request)
+            usage = piece.usage or TokenUsage(estimate_prompt_tokens(part.request), 0)
+            return PartResult(self._turn(part, call).message(piece), usage)
+
+        choices, usage = await fanout.complete(plan, one)
+        body = {
+            **chat_head(call.public_model),
+            "object": "chat.completion",
+            "choices": choices,
+            "system_fingerprint": None,
+            "usage": usage.as_json(),
+        }
+        return CompletionResult(orjson.dumps(body), usage)
+
+    async def chat_stream(self, call: ChatCall) -> CompletionStream:
+        translator = self._translator(call.request)
+        plan = fanout.plan_n(call.request)
+
+        async def open_one(part: Part[ChatCompletionRequest]) -> ChoiceStream:
+            payload = translator.payload(part.request, call.upstream_model, stream=True)
+            resp = await self.post(translator.path, payload, call, stream=True)
+            events = ChatEvents(translator, self._turn(part, call), part.request)
+            return self._choice_stream(resp, events, translator.framing)
+
+        streams = await fanout.open_streams(plan, open_one)
+        options = call.request.stream_options
+        return FanoutStream(
+            plan, streams, chat_head(call.public_model), include_usage=bool(options and options.include_usage)
+        )
 
     async def health(self) -> bool:
         headers = {k: v for k, v in self._headers.items() if k != "Content-Type"}
@@ -190,129 +267,6 @@ class NativeBackend(Backend):
         await self._transport.close()
 
 
-class _Finished(ChoiceStream):
-    """A part answered without streaming (``max_tokens: 0``)."""
-
-    def __init__(self, result: PartResult) -> None:
-        self._choice: dict[str, Any] | None = result.choice
-        self.usage = result.usage
-
-    async def next(self) -> list[dict[str, Any]]:
-        if self._choice is None:
-            raise StopAsyncIteration
-        choice, self._choice = self._choice, None
-        self.done = True
-        return [choice]
-
-    async def aclose(self) -> None:
-        self._choice = None
-
-
-class NativeChoiceStream(ChoiceStream):
-    """One native stream as choice deltas (see :class:`backends.emulation.fanout.ChoiceStream`)."""
-
-    def __init__(self, backend: NativeBackend, resp: UpstreamResponse, tracker: ChoiceTracker) -> None:
-        self._backend = backend
-        self._resp = resp
-        self._chunks: AsyncIterator[bytes] = resp.iter_chunks()
-        self._tracker = tracker
-        self._sse = backend.framing == "sse"
-        self._events = EventBuffer(b"\n\n" if self._sse else b"\n", backend.config.limits.max_event_bytes, backend.name)
-        self._pending: UpstreamError | None = None
-        self._released = False
-
-    async def next(self) -> list[dict[str, Any]]:
-        if self._pending is not None:
-            error, self._pending = self._pending, None
-            self._release()
-            raise error
-        if self.done:
-            raise StopAsyncIteration
-        while True:
-            try:
-                chunk = await self._chunks.__anext__()
-            except StopAsyncIteration:
-                self._release()
-                raise UpstreamProtocolError(
-                    "the upstream closed the stream before its last event",
-                    backend=self._backend.name,
-                    reason="stream_cut",
-                ) from None
-            except BaseException:
-                self._release()
-                raise
-            try:
-                block = self._events.feed(chunk)
-            except UpstreamError:
-                self._release()
-                raise
-            if not block:
-                continue
-            if self._sse:
-                frames = [data for data in sse_data(block) if data != b"[DONE]"]
-            else:
-                frames = [line for line in block.split(b"\n") if line.strip()]
-            out = self._decode(frames)
-            if out:
-                return out
-            if self._pending is not None:
-                return await self.next()
-
-    def _decode(self, frames: list[bytes]) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        tracker = self._tracker
-        for frame in frames:
-            if self.done:
-                break  # anything after the final event is not the client's
-            try:
-                obj = orjson.loads(frame)
-                if not isinstance(obj, dict):
-                    raise ValueError
-            except ValueError:  # orjson.JSONDecodeError is a ValueError
-                self._pending = UpstreamProtocolError(
-                    "the upstream sent a stream event that is not a JSON object",
-                    backend=self._backend.name,
-                    reason="stream_garbage",
-                )
-                break
-            try:
-                event = self._backend.event(obj)
-            except UpstreamError as exc:
-                self._pending = exc
-                break
-            if event is None:
-                continue
-            if event.finish is None:
-                choice = tracker.piece(event.text, event.tokens)
-                if choice is not None:
-                    out.append(choice)
-                continue
-            out.append(tracker.last(event.text, event.tokens, event.finish, event.stop_word))
-            usage = event.usage or TokenUsage(0, 0)
-            self.usage = TokenUsage(usage.prompt_tokens, 0) if tracker.dropped else usage
-            self.done = True
-        return out
-
-    def _release(self) -> None:
-        if not self._released:
-            self._released = True
-            self._resp.release()
-
-    async def aclose(self) -> None:
-        if self.done and not self._released:
-            # After the final event read the body's end so the connection can be reused;
-            # bounded, so an upstream that keeps the body open costs a connection, not a hang.
-            try:
-                async with asyncio.timeout(_DRAIN_SECONDS):
-                    async for _ in self._chunks:
-                        pass
-            except Exception:
-                pass
-        self._release()
-
-
 def stream_error(backend: NativeBackend, message: str) -> UpstreamProtocolError:
     """A native error event in a stream, as the error the gateway ends the stream with."""
-    return UpstreamProtocolError(
-        f"the upstream failed mid-stream: {message}", backend=backend.name, reason="stream_error"
-    )
+    return upstream_failed(backend.name, message)

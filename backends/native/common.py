@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -38,6 +38,7 @@ __all__ = [
     "Generation",
     "NativeCapabilities",
     "Rule",
+    "Sampling",
     "StopCutter",
     "TokenLogprob",
     "build_choice",
@@ -50,6 +51,7 @@ __all__ = [
     "logprob_tokens",
     "native_seed",
     "stops_of",
+    "upstream_failed",
     "upstream_max_tokens",
 ]
 
@@ -130,6 +132,11 @@ class Event:
     stop_word: str = ""
 
 
+def upstream_failed(backend: str, message: str) -> UpstreamProtocolError:
+    """A native error event in a stream (either endpoint), as the error the gateway ends the stream with."""
+    return UpstreamProtocolError(f"the upstream failed mid-stream: {message}", backend=backend, reason="stream_error")
+
+
 # --- request helpers --------------------------------------------------------------------------
 
 
@@ -140,7 +147,26 @@ def stops_of(request: CompletionRequest) -> list[str]:
     return [stop] if isinstance(stop, str) else list(stop)
 
 
-def explicit_sampling(request: CompletionRequest) -> dict[str, float | int]:
+class Sampling(Protocol):
+    """The sampling fields completions and chat requests share (same names, same meaning)."""
+
+    @property
+    def temperature(self) -> float | None: ...
+    @property
+    def top_p(self) -> float | None: ...
+    @property
+    def top_k(self) -> int | None: ...
+    @property
+    def min_p(self) -> float | None: ...
+    @property
+    def repetition_penalty(self) -> float | None: ...
+    @property
+    def presence_penalty(self) -> float | None: ...
+    @property
+    def frequency_penalty(self) -> float | None: ...
+
+
+def explicit_sampling(request: Sampling) -> dict[str, float | int]:
     """OpenAI's sampling defaults spelled out, under Ollama's and llama.cpp's shared names.
 
     Both servers sample at temperature 0.8 with top_k 40 (and more) when a value is not

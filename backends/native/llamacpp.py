@@ -43,6 +43,7 @@ from backends.native.common import (
     stops_of,
     upstream_max_tokens,
 )
+from backends.native.llamacpp_chat import LlamaCppChat
 from schemas.completions import CompletionRequest
 from schemas.config import LlamaCppBackendConfig
 
@@ -77,6 +78,7 @@ def choice_grammar(choices: list[str]) -> str:
 class LlamaCppBackend(NativeBackend):
     kind: ClassVar[str] = "llamacpp"
     default_capabilities = LLAMACPP_CAPABILITIES
+    chat_translator = LlamaCppChat
     complete_path = "/completion"
     stream_path = "/completion"
     health_path = "/health"

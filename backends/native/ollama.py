@@ -42,6 +42,7 @@ from backends.native.common import (
     stops_of,
     upstream_max_tokens,
 )
+from backends.native.ollama_chat import OllamaChat
 from schemas.completions import CompletionRequest
 from schemas.config import OllamaBackendConfig
 
@@ -66,6 +67,7 @@ _FINISH = {"stop": "stop", "length": "length"}
 class OllamaBackend(NativeBackend):
     kind: ClassVar[str] = "ollama"
     default_capabilities = OLLAMA_CAPABILITIES
+    chat_translator = OllamaChat
     complete_path = "/api/generate"
     stream_path = "/api/generate"
     health_path = "/api/version"

@@ -46,6 +46,7 @@ from backends.native.common import (
     stops_of,
     upstream_max_tokens,
 )
+from backends.native.tgi_chat import TGIChat
 from schemas.completions import CompletionRequest
 from schemas.config import TGIBackendConfig
 
@@ -94,6 +95,7 @@ def _token(obj: Any, top: Any) -> TokenLogprob | None:
 class TGIBackend(NativeBackend):
     kind: ClassVar[str] = "tgi"
     default_capabilities = TGI_CAPABILITIES
+    chat_translator = TGIChat
     complete_path = "/generate"
     stream_path = "/generate_stream"
     health_path = "/health"

@@ -1,0 +1,249 @@
+"""One part's native stream as choice deltas: the frame reader both endpoints share, and one decoder each.
+
+:class:`NativeChoiceStream` reads an upstream body (SSE or NDJSON, bounded events), parses each
+event and hands it to a decoder: :class:`TextEvents` (completions: ``text_completion`` deltas
+from the translator's :class:`~backends.native.common.Event`) or :class:`ChatEvents` (chat:
+``chat.completion.chunk`` deltas from :class:`~backends.native.chat.ChatPiece`). A stream that
+ends without its final event, or with a native error event, raises after the deltas before it.
+
+Who closes what: :meth:`NativeChoiceStream.aclose` releases the response exactly once, first
+draining (bounded) what the upstream still sends after its final event so the connection can
+be reused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Literal, Protocol
+
+import orjson
+
+from backends.base import TokenUsage
+from backends.emulation.fanout import ChoiceStream, PartResult
+from backends.errors import UpstreamError, UpstreamProtocolError
+from backends.native.chat import ChatPiece, ChatTranslator, ChatTurn, estimate_prompt_tokens
+from backends.native.common import ChoiceTracker, Event
+from backends.transport.base import UpstreamResponse
+from backends.transport.sse import EventBuffer, sse_data
+from schemas.chat import ChatCompletionRequest
+
+__all__ = ["ChatEvents", "Events", "Finished", "NativeChoiceStream", "TextEvents"]
+
+_DRAIN_SECONDS = 1.0
+
+
+class Finished(ChoiceStream):
+    """A part answered without streaming (``max_tokens: 0``)."""
+
+    def __init__(self, result: PartResult) -> None:
+        self._choice: dict[str, Any] | None = result.choice
+        self.usage = result.usage
+
+    async def next(self) -> list[dict[str, Any]]:
+        if self._choice is None:
+            raise StopAsyncIteration
+        choice, self._choice = self._choice, None
+        self.done = True
+        return [choice]
+
+    async def aclose(self) -> None:
+        self._choice = None
+
+
+class Events(Protocol):
+    """One part's native events -> choice deltas; ``done`` and ``usage`` once the last one came."""
+
+    done: bool
+    usage: TokenUsage | None
+
+    def feed(self, obj: dict[str, Any]) -> list[dict[str, Any]]:
+        """The deltas for one event; raises ``UpstreamError`` on a native error event."""
+        ...
+
+    def end(self) -> list[dict[str, Any]]:
+        """SSE's ``data: [DONE]``."""
+        ...
+
+
+class TextEvents:
+    """Completions: a native event -> ``text_completion`` choice deltas (the last event has the counts)."""
+
+    def __init__(self, event: Callable[[dict[str, Any]], Event | None], tracker: ChoiceTracker) -> None:
+        self._event = event  # the completions translator's reading of one native event
+        self._tracker = tracker
+        self.done = False
+        self.usage: TokenUsage | None = None
+
+    def feed(self, obj: dict[str, Any]) -> list[dict[str, Any]]:
+        event = self._event(obj)
+        if event is None:
+            return []
+        tracker = self._tracker
+        if event.finish is None:
+            choice = tracker.piece(event.text, event.tokens)
+            return [] if choice is None else [choice]
+        last = tracker.last(event.text, event.tokens, event.finish, event.stop_word)
+        usage = event.usage or TokenUsage(0, 0)
+        self.usage = TokenUsage(usage.prompt_tokens, 0) if tracker.dropped else usage
+        self.done = True
+        return [last]
+
+    def end(self) -> list[dict[str, Any]]:
+        return []  # the native completion APIs end with their final event, not [DONE]
+
+
+class ChatEvents:
+    """Chat: native events -> ``chat.completion.chunk`` choice deltas.
+
+    The stream is done at the event that has both the finish reason and the counts, or at
+    the first event after the finish that has the counts or says it is the last (servers in
+    OpenAI's shape send usage in a chunk of its own, then ``[DONE]``). Without counts, usage
+    is estimated (prompt from the messages, completion from the text: about 4 characters a token).
+    """
+
+    def __init__(self, translator: ChatTranslator, turn: ChatTurn, request: ChatCompletionRequest) -> None:
+        self._translator = translator
+        self._turn = turn
+        self._request = request
+        self._finished = False
+        self._usage: TokenUsage | None = None
+        self._chars = 0
+        self.done = False
+        self.usage: TokenUsage | None = None
+
+    def feed(self, obj: dict[str, Any]) -> list[dict[str, Any]]:
+        return self._take(self._translator.event(obj, self._request))
+
+    def end(self) -> list[dict[str, Any]]:
+        return self._take(self._translator.end())
+
+    def _take(self, piece: ChatPiece | None) -> list[dict[str, Any]]:
+        if piece is None:
+            return []
+        if piece.usage is not None:
+            self._usage = piece.usage
+        out: list[dict[str, Any]] = []
+        if not self._finished:
+            self._chars += len(piece.content) + sum(len(c.arguments) for c in piece.calls)
+            choice = self._turn.delta(piece)
+            if choice is not None:
+                out.append(choice)
+            self._finished = piece.finish is not None
+        if self._finished and (piece.done or self._usage is not None):
+            self.done = True
+            self.usage = self._usage or TokenUsage(estimate_prompt_tokens(self._request), max(1, self._chars // 4))
+        elif piece.done:
+            raise UpstreamProtocolError(
+                "the upstream ended the stream without a finish reason",
+                backend=self._translator.backend,
+                reason="stream_cut",
+            )
+        return out
+
+
+class NativeChoiceStream(ChoiceStream):
+    """One native stream as choice deltas (see :class:`backends.emulation.fanout.ChoiceStream`)."""
+
+    def __init__(
+        self,
+        backend: str,
+        resp: UpstreamResponse,
+        events: Events,
+        *,
+        framing: Literal["sse", "ndjson"],
+        max_event_bytes: int,
+    ) -> None:
+        self._backend = backend
+        self._resp = resp
+        self._chunks: AsyncIterator[bytes] = resp.iter_chunks()
+        self._events_of = events
+        self._sse = framing == "sse"
+        self._events = EventBuffer(b"\n\n" if self._sse else b"\n", max_event_bytes, backend)
+        self._pending: UpstreamError | None = None
+        self._released = False
+
+    async def next(self) -> list[dict[str, Any]]:
+        if self._pending is not None:
+            error, self._pending = self._pending, None
+            self._release()
+            raise error
+        if self.done:
+            raise StopAsyncIteration
+        while True:
+            try:
+                chunk = await self._chunks.__anext__()
+            except StopAsyncIteration:
+                self._release()
+                raise UpstreamProtocolError(
+                    "the upstream closed the stream before its last event",
+                    backend=self._backend,
+                    reason="stream_cut",
+                ) from None
+            except BaseException:
+                self._release()
+                raise
+            try:
+                block = self._events.feed(chunk)
+            except UpstreamError:
+                self._release()
+                raise
+            if not block:
+                continue
+            if self._sse:
+                frames = list(sse_data(block))
+            else:
+                frames = [line for line in block.split(b"\n") if line.strip()]
+            out = self._decode(frames)
+            if out:
+                return out
+            if self.done:  # a last event with nothing for the client (a usage-only chunk)
+                raise StopAsyncIteration
+            if self._pending is not None:
+                return await self.next()
+
+    def _decode(self, frames: list[bytes]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        events = self._events_of
+        for frame in frames:
+            if self.done:
+                break  # anything after the final event is not the client's
+            try:
+                if frame == b"[DONE]":
+                    out.extend(events.end())
+                else:
+                    try:
+                        obj = orjson.loads(frame)
+                        if not isinstance(obj, dict):
+                            raise ValueError
+                    except ValueError:  # orjson.JSONDecodeError is a ValueError
+                        raise UpstreamProtocolError(
+                            "the upstream sent a stream event that is not a JSON object",
+                            backend=self._backend,
+                            reason="stream_garbage",
+                        ) from None
+                    out.extend(events.feed(obj))
+            except UpstreamError as exc:
+                self._pending = exc
+                break
+            if events.done:
+                self.usage = events.usage
+                self.done = True
+        return out
+
+    def _release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._resp.release()
+
+    async def aclose(self) -> None:
+        if self.done and not self._released:
+            # After the final event read the body's end so the connection can be reused;
+            # bounded, so an upstream that keeps the body open costs a connection, not a hang.
+            try:
+                async with asyncio.timeout(_DRAIN_SECONDS):
+                    async for _ in self._chunks:
+                        pass
+            except Exception:
+                pass
+        self._release()
