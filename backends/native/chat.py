@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from backends.base import TokenUsage
+from backends.capabilities import Capabilities
 from backends.chat_capabilities import ChatCapabilities
 from backends.errors import UpstreamProtocolError
 from schemas.chat import ChatCompletionRequest
@@ -259,20 +260,13 @@ class ChatTranslator(ABC):
         self.kind = kind
 
     def refuse(self, param: str, why: str) -> UnsupportedParameterError:
-        return UnsupportedParameterError(
-            f"'{param}' is not supported by backend '{self.backend}' (type {self.kind}): {why}",
-            param=param,
-            backend=self.backend,
-        )
+        return Capabilities.refusal_error(param, self.backend, self.kind, why)
 
     def check(self, request: ChatCompletionRequest) -> None:
         """The capability table again (for callers that did not route), then rules on values."""
-        refusal = self.table.first_refusal(request)
-        if refusal is not None:
-            why = refusal.why
-            if why is None and ">" in refusal.key:
-                why = f"at most {refusal.key.split('>', 1)[1]} on this backend"
-            raise self.refuse(refusal.param, why or f"backend type {self.kind} does not support {refusal.key}")
+        error = self.table.refusal(request, self.backend, self.kind)
+        if error is not None:
+            raise error
         for i, message in enumerate(request.messages):
             if isinstance(message, FunctionMessage):
                 raise self.refuse("messages", f"messages[{i}]: the deprecated function role (send a tool message)")
