@@ -32,7 +32,27 @@ from schemas.chat_messages import (
     ToolMessage,
 )
 from schemas.chat_messages import FunctionCallChoice as FunctionCallChoice
-from schemas.completions import CHARS_PER_TOKEN, INT64_MAX
+from schemas.common import (
+    CHARS_PER_TOKEN,
+    GUIDED_FIELDS,
+    ChoiceCount,
+    Count,
+    CountOrMinusOne,
+    GuidedChoice,
+    Int64,
+    JsonObject,
+    LogitBias,
+    NonEmpty,
+    Penalty,
+    PositiveFloat,
+    Stop,
+    Temperature,
+    TokenId,
+    UnitInterval,
+    check_guides,
+    check_logit_bias_keys,
+    check_stream_options,
+)
 from schemas.errors import FieldRuleError
 
 __all__ = [
@@ -44,20 +64,10 @@ __all__ = [
     "StructuredOutputs",
 ]
 
-INT64_MIN = -(2**63)
 MAX_TOP_LOGPROBS = 20
-MAX_STOP_SEQUENCES = 4
-MAX_TOOLS = 128
+MAX_TOOLS = 128  # OpenAI's limit on tools (and deprecated functions) per request
 # What an unset max_tokens/max_completion_tokens counts as for rate limits and the max_tokens cap.
-UNSET_OUTPUT_ESTIMATE = 16  # OpenAI's limit on tools (and deprecated functions) per request
-
-Int64 = Annotated[StrictInt, Field(ge=INT64_MIN, le=INT64_MAX)]
-Count = Annotated[StrictInt, Field(ge=0, le=INT64_MAX)]
-TokenId = Annotated[StrictInt, Field(ge=0, le=INT64_MAX)]
-StopSequence = Annotated[str, Field(min_length=1)]
-NonEmpty = Annotated[str, Field(min_length=1)]
-Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
-UnitInterval = Annotated[float, Field(ge=0.0, le=1.0)]
+UNSET_OUTPUT_ESTIMATE = 16
 
 
 class _Strict(BaseModel):
@@ -101,9 +111,9 @@ class WebSearchOptions(_Strict):
 class ChatStructuredOutputs(_Strict):
     """vLLM's ``structured_outputs`` (0.11+): exactly one constraint, plus its options."""
 
-    json_: str | dict[str, Any] | None = Field(default=None, alias="json")
+    json_: str | JsonObject | None = Field(default=None, alias="json")
     regex: NonEmpty | None = None
-    choice: Annotated[list[NonEmpty], Field(min_length=1)] | None = None
+    choice: GuidedChoice | None = None
     grammar: NonEmpty | None = None
     json_object: StrictBool | None = None
     structural_tag: NonEmpty | None = None
@@ -153,16 +163,16 @@ class ChatCompletionRequest(_Strict):
     audio: AudioOutput | None = None
     store: StrictBool | None = None
     stream: StrictBool | None = None
-    stop: StopSequence | Annotated[list[StopSequence], Field(min_length=1, max_length=MAX_STOP_SEQUENCES)] | None = None
-    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    stop: Stop | None = None
+    logit_bias: LogitBias | None = None
     logprobs: StrictBool | None = None
     max_tokens: Count | None = None  # deprecated by OpenAI in favour of max_completion_tokens
-    n: Annotated[StrictInt, Field(ge=1, le=128)] | None = None
+    n: ChoiceCount | None = None
     prediction: Prediction | None = None
     seed: Int64 | None = None
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
     stream_options: ChatStreamOptions | None = None
-    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    temperature: Temperature | None = None
     top_p: UnitInterval | None = None
     tools: Annotated[list[Tool], Field(min_length=1, max_length=MAX_TOOLS)] | None = None
     tool_choice: ToolChoice | None = None
@@ -181,10 +191,10 @@ class ChatCompletionRequest(_Strict):
     add_special_tokens: StrictBool | None = None
     documents: list[dict[str, str]] | None = None
     chat_template: NonEmpty | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
-    top_k: Annotated[StrictInt, Field(ge=-1, le=INT64_MAX)] | None = None
+    chat_template_kwargs: JsonObject | None = None
+    top_k: CountOrMinusOne | None = None
     min_p: UnitInterval | None = None
-    repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None
+    repetition_penalty: PositiveFloat | None = None
     length_penalty: float | None = None
     stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: StrictBool | None = None
@@ -192,9 +202,9 @@ class ChatCompletionRequest(_Strict):
     min_tokens: Count | None = None
     skip_special_tokens: StrictBool | None = None
     spaces_between_special_tokens: StrictBool | None = None
-    guided_json: str | dict[str, Any] | None = None
+    guided_json: str | JsonObject | None = None
     guided_regex: NonEmpty | None = None
-    guided_choice: Annotated[list[NonEmpty], Field(min_length=1)] | None = None
+    guided_choice: GuidedChoice | None = None
     guided_grammar: NonEmpty | None = None
     guided_decoding_backend: NonEmpty | None = None
     guided_whitespace_pattern: str | None = None
@@ -235,18 +245,12 @@ class ChatCompletionRequest(_Strict):
 
     @model_validator(mode="after")
     def check_stream_options(self) -> ChatCompletionRequest:
-        if self.stream_options is not None and not self.stream:
-            raise FieldRuleError("stream_options", "stream_options is only allowed when stream is true")
+        check_stream_options(self.stream_options, self.stream)
         return self
 
     @model_validator(mode="after")
     def check_logit_bias_keys(self) -> ChatCompletionRequest:
-        for key in self.logit_bias or {}:
-            # str.isdigit() alone accepts superscripts and non-ASCII digits.
-            if not (key.isascii() and key.isdigit()):
-                raise FieldRuleError(
-                    "logit_bias", f"logit_bias keys must be token ids (non-negative integers as strings); got {key!r}"
-                )
+        check_logit_bias_keys(self.logit_bias)
         return self
 
     @model_validator(mode="after")
@@ -318,27 +322,17 @@ class ChatCompletionRequest(_Strict):
     @model_validator(mode="after")
     def check_one_constraint(self) -> ChatCompletionRequest:
         """One output constraint at a time: guided_*, structured_outputs or a JSON response_format."""
-        set_guides = [
-            name
-            for name in ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
-            if getattr(self, name) is not None
-        ]
+        constraints = [name for name in ("response_format", *GUIDED_FIELDS) if getattr(self, name) is not None]
         if self.response_format is not None and self.response_format.type == "text":
-            set_guides.remove("response_format")  # plain text constrains nothing
+            constraints.remove("response_format")  # plain text constrains nothing
         if self.structured_outputs is not None:
-            set_guides.append("structured_outputs")
-        if len(set_guides) > 1:
-            raise FieldRuleError(
-                set_guides[1], f"only one structured-output constraint may be set; got {', '.join(set_guides)}"
-            )
-        if self.guided_whitespace_pattern is not None and self.guided_json is None:
-            raise FieldRuleError("guided_whitespace_pattern", "guided_whitespace_pattern only applies with guided_json")
-        guided = [g for g in set_guides if g.startswith("guided_")]
-        if self.guided_decoding_backend is not None and not guided:
-            raise FieldRuleError(
-                "guided_decoding_backend",
-                "guided_decoding_backend needs one of guided_json, guided_regex, guided_choice or guided_grammar",
-            )
+            constraints.append("structured_outputs")
+        check_guides(
+            constraints,
+            guided_json=self.guided_json,
+            whitespace_pattern=self.guided_whitespace_pattern,
+            decoding_backend=self.guided_decoding_backend,
+        )
         return self
 
     # --- helpers for the request path ------------------------------------------------------------

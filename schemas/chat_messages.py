@@ -10,9 +10,11 @@ Shapes follow OpenAI's ``CreateChatCompletionRequest`` (spec chat-protocol.md se
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
+
+from schemas.common import JsonObject
 
 __all__ = [
     "AllowedToolsChoice",
@@ -197,7 +199,7 @@ ChatMessage = Annotated[
 class FunctionDefinition(_Strict):
     name: Name
     description: str | None = None
-    parameters: dict[str, Any] | None = None  # a JSON schema; omitted means "no parameters"
+    parameters: JsonObject | None = None  # a JSON schema; omitted means "no parameters"
     strict: StrictBool | None = None
 
 
@@ -284,7 +286,7 @@ class JSONSchemaSpec(_Strict):
     name: Name
     description: str | None = None
     # ``schema`` shadows a BaseModel attribute, hence the alias.
-    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    schema_: JsonObject | None = Field(default=None, alias="schema")
     strict: StrictBool | None = None
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)

@@ -12,20 +12,32 @@ gateway never forwards a ``null`` upstream (see :meth:`CompletionRequest.upstrea
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    StrictBool,
-    StrictInt,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
+from schemas.common import (
+    CHARS_PER_TOKEN,
+    GUIDED_FIELDS,
+    INT64_MAX,
+    ChoiceCount,
+    Count,
+    CountOrMinusOne,
+    GuidedChoice,
+    Int64,
+    JsonObject,
+    LogitBias,
+    NonEmpty,
+    Penalty,
+    PositiveFloat,
+    Stop,
+    Temperature,
+    TokenId,
+    UnitInterval,
+    check_guides,
+    check_logit_bias_keys,
+    check_stream_options,
+)
 from schemas.errors import FieldRuleError
 
 __all__ = [
@@ -47,48 +59,7 @@ __all__ = [
 ]
 
 DEFAULT_MAX_TOKENS = 16
-CHARS_PER_TOKEN = 4  # the gateway cannot tokenize: ~4 characters per token, for estimates only
-INT64_MAX = 2**63 - 1
-INT64_MIN = -(2**63)
-MAX_STOP_SEQUENCES = 4
-# The widest integer the upstream serialiser (orjson) writes: beyond it a request would fail
-# on its way out (a 500), so arbitrary JSON values are bounded to it at the door.
-_JSON_INT_MIN, _JSON_INT_MAX = INT64_MIN, 2**64 - 1
 
-# Every integer field is bounded (int64): Python ints are unbounded, the wire and the
-# upstreams are not. Per-backend bounds (e.g. logprobs) are in the capability tables.
-Int64 = Annotated[StrictInt, Field(ge=INT64_MIN, le=INT64_MAX)]
-Count = Annotated[StrictInt, Field(ge=0, le=INT64_MAX)]
-TokenId = Count
-
-
-def _json_safe(value: Any) -> Any:
-    """Refuse what cannot be re-serialised faithfully: integers orjson cannot write, and
-    non-finite floats (JSON has none; orjson would write ``null``, changing the meaning).
-
-    Depth needs no check here: pydantic's JSON parser refuses deep nesting (limit 200)
-    before orjson's own (254) could be reached.
-    """
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, bool) or item is None or isinstance(item, str):
-            continue
-        if isinstance(item, int):
-            if not _JSON_INT_MIN <= item <= _JSON_INT_MAX:
-                raise ValueError(f"integer {item} is out of range (-2^63 to 2^64-1)")
-        elif isinstance(item, float):
-            if not math.isfinite(item):
-                raise ValueError("numbers must be finite (no NaN or Infinity)")
-        elif isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return value
-
-
-# A JSON object whose numbers survive re-serialisation (a JSON Schema, for instance).
-JsonObject = Annotated[dict[str, Any], AfterValidator(_json_safe)]
 # The four prompt forms: text, a batch of texts, token ids, a batch of token-id lists.
 Prompt = (
     str
@@ -96,7 +67,6 @@ Prompt = (
     | Annotated[list[TokenId], Field(min_length=1)]
     | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)]
 )
-StopSequence = Annotated[str, Field(min_length=1)]
 
 
 class StreamOptions(BaseModel):
@@ -114,9 +84,9 @@ class StructuredOutputs(BaseModel):
 
     # ``json`` on the wire (a BaseModel attribute name in Python).
     json_: str | JsonObject | None = Field(None, alias="json")
-    regex: Annotated[str, Field(min_length=1)] | None = None
-    choice: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = None
-    grammar: Annotated[str, Field(min_length=1)] | None = None
+    regex: NonEmpty | None = None
+    choice: GuidedChoice | None = None
+    grammar: NonEmpty | None = None
     json_object: StrictBool | None = None
     disable_fallback: StrictBool | None = None
     disable_any_whitespace: StrictBool | None = None
@@ -147,34 +117,34 @@ class CompletionRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
     # --- OpenAI ---------------------------------------------------------------
-    model: Annotated[str, Field(min_length=1)]
+    model: NonEmpty
     # Required but nullable (OpenAI): ``null`` is the default, "the start of a document",
     # carried as ``""``; backends that cannot generate from no text refuse it by name.
     prompt: Prompt
     best_of: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
     echo: StrictBool | None = None
-    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
-    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: LogitBias | None = None
     # OpenAI's maximum is 5, vLLM's is the server's --max-logprobs: the capability table decides.
     logprobs: Count | None = None
     max_tokens: Count | None = None
-    n: Annotated[StrictInt, Field(ge=1, le=128)] | None = None
-    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    n: ChoiceCount | None = None
+    presence_penalty: Penalty | None = None
     seed: Int64 | None = None
-    stop: StopSequence | Annotated[list[StopSequence], Field(min_length=1, max_length=MAX_STOP_SEQUENCES)] | None = None
+    stop: Stop | None = None
     stream: StrictBool | None = None
     stream_options: StreamOptions | None = None
     suffix: str | None = None
-    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
-    top_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    temperature: Temperature | None = None
+    top_p: UnitInterval | None = None
     user: str | None = None
 
     # --- vLLM sampling extras (seed API) ---------------------------------------
-    top_k: Annotated[StrictInt, Field(ge=-1, le=INT64_MAX)] | None = None
-    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    top_k: CountOrMinusOne | None = None
+    min_p: UnitInterval | None = None
     use_beam_search: StrictBool | None = None
     length_penalty: float | None = None
-    repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None
+    repetition_penalty: PositiveFloat | None = None
     # vLLM (and Hugging Face) accept True, False or "never"; the capability table decides.
     early_stopping: StrictBool | Literal["never"] | None = None
     stop_token_ids: list[TokenId] | None = None
@@ -184,19 +154,19 @@ class CompletionRequest(BaseModel):
     skip_special_tokens: StrictBool | None = None
     spaces_between_special_tokens: StrictBool | None = None
     add_special_tokens: StrictBool | None = None
-    truncate_prompt_tokens: Annotated[StrictInt, Field(ge=-1, le=INT64_MAX)] | None = None
+    truncate_prompt_tokens: CountOrMinusOne | None = None
     truncation_side: Literal["left", "right"] | None = None
     allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None
     # -1: every token of the vocabulary (>= 0.11); bounded per backend like logprobs.
-    prompt_logprobs: Annotated[StrictInt, Field(ge=-1, le=INT64_MAX)] | None = None
+    prompt_logprobs: CountOrMinusOne | None = None
     return_tokens_as_token_ids: StrictBool | None = None
     return_token_ids: StrictBool | None = None
     structured_outputs: StructuredOutputs | None = None
     guided_json: str | JsonObject | None = None
-    guided_regex: Annotated[str, Field(min_length=1)] | None = None
-    guided_choice: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = None
-    guided_grammar: Annotated[str, Field(min_length=1)] | None = None
-    guided_decoding_backend: Annotated[str, Field(min_length=1)] | None = None
+    guided_regex: NonEmpty | None = None
+    guided_choice: GuidedChoice | None = None
+    guided_grammar: NonEmpty | None = None
+    guided_decoding_backend: NonEmpty | None = None
     guided_whitespace_pattern: str | None = None
 
     # --- single-field rules ------------------------------------------------------
@@ -209,15 +179,7 @@ class CompletionRequest(BaseModel):
     # --- cross-field rules ------------------------------------------------------
     @model_validator(mode="after")
     def check_logit_bias_keys(self) -> CompletionRequest:
-        if self.logit_bias:
-            for key in self.logit_bias:
-                # str.isdigit() alone accepts superscripts and non-ASCII digits; the length
-                # bound keeps int(key) inside int64 for the upstreams that take numbers.
-                if not (key.isascii() and key.isdigit() and len(key) <= 19 and int(key) <= INT64_MAX):
-                    raise FieldRuleError(
-                        "logit_bias",
-                        f"logit_bias keys must be token ids (non-negative integers as strings); got {key!r}",
-                    )
+        check_logit_bias_keys(self.logit_bias)
         return self
 
     @model_validator(mode="after")
@@ -233,8 +195,7 @@ class CompletionRequest(BaseModel):
 
     @model_validator(mode="after")
     def check_stream_options(self) -> CompletionRequest:
-        if self.stream_options is not None and not self.stream:
-            raise FieldRuleError("stream_options", "stream_options is only allowed when stream is true")
+        check_stream_options(self.stream_options, self.stream)
         return self
 
     @model_validator(mode="after")
@@ -258,11 +219,7 @@ class CompletionRequest(BaseModel):
             raise FieldRuleError(
                 "structured_outputs", f"only one structured-output constraint may be set; got {', '.join(kinds)}"
             )
-        guides = [
-            name
-            for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
-            if getattr(self, name) is not None
-        ]
+        guides = [name for name in GUIDED_FIELDS if getattr(self, name) is not None]
         if guides:
             raise FieldRuleError(
                 "structured_outputs", f"structured_outputs and {guides[0]} are two forms of one constraint; send one"
@@ -277,22 +234,12 @@ class CompletionRequest(BaseModel):
 
     @model_validator(mode="after")
     def check_guided_count(self) -> CompletionRequest:
-        set_guides = [
-            name
-            for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
-            if getattr(self, name) is not None
-        ]
-        if len(set_guides) > 1:
-            raise FieldRuleError(
-                set_guides[1], f"only one structured-output constraint may be set; got {', '.join(set_guides)}"
-            )
-        if self.guided_whitespace_pattern is not None and self.guided_json is None:
-            raise FieldRuleError("guided_whitespace_pattern", "guided_whitespace_pattern only applies with guided_json")
-        if self.guided_decoding_backend is not None and not set_guides:
-            raise FieldRuleError(
-                "guided_decoding_backend",
-                "guided_decoding_backend needs one of guided_json, guided_regex, guided_choice or guided_grammar",
-            )
+        check_guides(
+            [name for name in GUIDED_FIELDS if getattr(self, name) is not None],
+            guided_json=self.guided_json,
+            whitespace_pattern=self.guided_whitespace_pattern,
+            decoding_backend=self.guided_decoding_backend,
+        )
         return self
 
     @model_validator(mode="after")
