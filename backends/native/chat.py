@@ -25,8 +25,6 @@ same machinery as completions; :class:`NativeBackend` (``backends.native.base``)
 from __future__ import annotations
 
 import hashlib
-import time
-import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -35,6 +33,7 @@ from backends.base import TokenUsage
 from backends.capabilities import Capabilities
 from backends.chat_capabilities import ChatCapabilities
 from backends.errors import UpstreamProtocolError
+from backends.native.common import answer_head
 from schemas.chat import ChatCompletionRequest
 from schemas.chat_messages import AssistantMessage, FunctionMessage, NamedFunctionChoice, TextPart
 from schemas.errors import UnsupportedParameterError
@@ -95,19 +94,14 @@ def text_of(content: Any) -> str:
 
 
 def estimate_prompt_tokens(request: ChatCompletionRequest) -> int:
-    """About 4 characters a token plus 3 per message (OpenAI's rule of thumb), at least 1."""
-    chars = sum(len(text_of(getattr(m, "content", None))) for m in request.messages)
-    return max(1, chars // 4 + 3 * len(request.messages) + 3)
+    """The prompt's size when a server reports none: the same estimate the rate limits reserve
+    (:meth:`ChatCompletionRequest.prompt_estimate`), at least 1."""
+    return max(1, request.prompt_estimate())
 
 
 def chat_head(public_model: str) -> dict[str, Any]:
     """The fields every chunk of one chat answer shares (``object`` is the chunk's)."""
-    return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": public_model,
-    }
+    return answer_head(public_model, "chatcmpl-", "chat.completion.chunk")
 
 
 def _bytes(token: str) -> list[int]:

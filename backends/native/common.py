@@ -41,6 +41,7 @@ __all__ = [
     "Sampling",
     "StopCutter",
     "TokenLogprob",
+    "answer_head",
     "build_choice",
     "completion_head",
     "empty_prompt_rule",
@@ -446,11 +447,12 @@ def build_choice(
 # --- JSON -----------------------------------------------------------------------------------------
 
 
+def answer_head(public_model: str, id_prefix: str, object_: str) -> dict[str, Any]:
+    """The fields every answer and chunk of one request share: a fresh id, now, the client's model."""
+    created = int(time.time())
+    return {"id": f"{id_prefix}{uuid.uuid4().hex}", "object": object_, "created": created, "model": public_model}
+
+
 def completion_head(public_model: str) -> dict[str, Any]:
-    """The fields every answer and chunk of one request share."""
-    return {
-        "id": f"cmpl-{uuid.uuid4().hex}",
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": public_model,
-    }
+    """The fields every answer and chunk of one completions request share."""
+    return answer_head(public_model, "cmpl-", "text_completion")

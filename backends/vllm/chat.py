@@ -37,7 +37,7 @@ from typing import Any
 
 from backends.emulation.best_of import is_greedy
 from backends.vllm.chat_capabilities import VLLMChatFeatures
-from backends.vllm.dialect import map_finish_reason, translate_structured
+from backends.vllm.dialect import answer_envelope, map_finish_reason, translate_structured
 from backends.vllm.stream import rename_reasoning
 from schemas.chat import ChatCompletionRequest
 
@@ -95,15 +95,4 @@ def normalise_chat_body(obj: dict[str, Any], public_model: str, backend: str) ->
                 "finish_reason": finish,
             }
         )
-    out: dict[str, Any] = {
-        "id": obj.get("id"),
-        "object": "chat.completion",
-        "created": obj.get("created"),
-        "model": public_model,
-        "choices": choices,
-    }
-    fingerprint = obj.get("system_fingerprint")
-    if fingerprint is not None:
-        out["system_fingerprint"] = fingerprint
-    out["usage"] = obj.get("usage")
-    return out
+    return answer_envelope(obj, "chat.completion", public_model, choices)

@@ -212,9 +212,15 @@ def normalise_body(
         for name in extras:
             out_choice[name] = choice.get(name)
         choices.append(out_choice)
+    return answer_envelope(obj, "text_completion", public_model, choices)
+
+
+def answer_envelope(obj: dict[str, Any], object_: str, public_model: str, choices: list[Any]) -> dict[str, Any]:
+    """A rebuilt vLLM answer in OpenAI's shape: its id, created, fingerprint and usage around
+    ``choices``, with the client's model name (vLLM-only top-level fields are not carried)."""
     out: dict[str, Any] = {
         "id": obj.get("id"),
-        "object": "text_completion",
+        "object": object_,
         "created": obj.get("created"),
         "model": public_model,
         "choices": choices,
