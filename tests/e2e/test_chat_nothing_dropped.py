@@ -129,7 +129,7 @@ async def chat_gateway() -> AsyncIterator[ChatGateway]:
         yield gateway
 
 
-def test_every_field_has_a_value_that_asks_for_something() -> None:
+async def test_every_field_has_a_value_that_asks_for_something() -> None:
     assert set(ASKS) == set(CHAT_FIELDS) - {"messages", "model"}
 
 
