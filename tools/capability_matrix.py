@@ -1,9 +1,12 @@
 """The capability matrix of every backend type, rendered from the capability tables as markdown.
 
-``python -m tools.capability_matrix`` prints it; ``--write README.md`` replaces the block
-between ``<!-- capability-matrix -->`` markers in place. ``tests/backends/native`` checks that the
-README's block is exactly what this renders, so the README cannot drift from the tables
-the router enforces.
+``python -m tools.capability_matrix`` prints it; ``--write README.md --write docs/capabilities.md``
+replaces, in each file, every block whose markers it holds: the completions matrix
+(``<!-- capability-matrix -->``), the chat matrix (``<!-- chat-capability-matrix -->``, rows from
+:meth:`ChatCapabilities.rows`: fields, then value forms such as ``tool_choice=required``) and
+README's pointer to it (``<!-- chat-capability-link -->``; the chat table is too long for a
+five-minute README). ``tests/tools/test_capability_matrix.py`` checks that the files hold exactly
+what this renders, so the docs cannot drift from the tables the router enforces.
 
 A cell ``native ≤ 20`` means the backend honours the field up to that value (its own
 bound, e.g. vLLM's ``--max-logprobs`` default) and refuses more by name.
@@ -21,17 +24,48 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from backends.capabilities import ALL_FIELDS, Capabilities
+from backends.chat_capabilities import (
+    CHAT_FIELDS,
+    LLAMACPP_CHAT,
+    MOCK_CHAT,
+    OLLAMA_CHAT,
+    OPENAI_CHAT,
+    TGI_CHAT,
+    ChatCapabilities,
+)
 from backends.mock import MOCK_CAPABILITIES
 from backends.native.llamacpp import LLAMACPP_CAPABILITIES
 from backends.native.ollama import OLLAMA_CAPABILITIES
 from backends.native.tgi import TGI_CAPABILITIES
 from backends.openai.adapter import OPENAI_CAPABILITIES
+from backends.vllm.chat_capabilities import CHAT_BOUNDARIES, VLLMChatFeatures, vllm_chat_capabilities
 from backends.vllm.versions import BOUNDARIES, VLLMFeatures, capabilities_for
 
-__all__ = ["BEGIN", "END", "columns", "render", "replace_block"]
+__all__ = [
+    "BEGIN",
+    "CHAT_BEGIN",
+    "CHAT_DOC",
+    "CHAT_END",
+    "CHAT_LINK_BEGIN",
+    "CHAT_LINK_END",
+    "END",
+    "blocks",
+    "chat_columns",
+    "chat_keys",
+    "columns",
+    "render",
+    "render_chat",
+    "render_chat_link",
+    "replace_block",
+]
 
 BEGIN = "<!-- capability-matrix: rendered by `python -m tools.capability_matrix`; do not edit by hand -->"
 END = "<!-- /capability-matrix -->"
+CHAT_BEGIN = "<!-- chat-capability-matrix: rendered by `python -m tools.capability_matrix`; do not edit by hand -->"
+CHAT_END = "<!-- /chat-capability-matrix -->"
+CHAT_LINK_BEGIN = "<!-- chat-capability-link: rendered by `python -m tools.capability_matrix` -->"
+CHAT_LINK_END = "<!-- /chat-capability-link -->"
+CHAT_DOC = "docs/capabilities.md"
 
 
 def columns() -> list[tuple[str, str, Capabilities]]:
@@ -74,23 +108,99 @@ def render() -> str:
     return "\n".join(lines) + "\n"
 
 
-def replace_block(text: str, block: str) -> str:
-    """``text`` with its matrix block (markers included) replaced by ``block``."""
-    start = text.index(BEGIN)
-    end = text.index(END, start) + len(END) + 1
-    return text[:start] + block + text[end:]
+def chat_columns() -> list[tuple[str, str, ChatCapabilities]]:
+    """``(backend type, column title, chat table)``: the tables the chat translators refuse by.
+
+    vLLM's depend on the version and on whether the server runs a tool parser (``tool_parser:``):
+    an unknown version without one (the table that cannot fail open) and the newest boundary with one.
+    """
+    newest = max(*BOUNDARIES.values(), *CHAT_BOUNDARIES.values())
+    return [
+        ("openai", "`openai`", OPENAI_CHAT),
+        ("vllm", "`vllm` (version unknown, no `tool_parser`)", vllm_chat_capabilities(VLLMChatFeatures.of(None))),
+        (
+            "vllm",
+            f"`vllm` ≥ {newest.major}.{newest.minor} with `tool_parser`",
+            vllm_chat_capabilities(VLLMChatFeatures.of(newest, "hermes")),
+        ),
+        ("mock", "`mock`", MOCK_CHAT),
+        ("tgi", "`tgi`", TGI_CHAT),
+        ("ollama", "`ollama`", OLLAMA_CHAT),
+        ("llamacpp", "`llamacpp`", LLAMACPP_CHAT),
+    ]
+
+
+def chat_keys(tables: Sequence[ChatCapabilities]) -> list[str]:
+    """Every row of the chat matrix: the fields in schema order, then every form any table names."""
+    forms = {key for table in tables for key, _ in table.rows() if key not in CHAT_FIELDS}
+    return [*CHAT_FIELDS, *sorted(forms)]
+
+
+def render_chat() -> str:
+    cols = chat_columns()
+    lines = [CHAT_BEGIN, "", "| field or form | " + " | ".join(title for _, title, _ in cols) + " |"]
+    lines.append("|---" * (len(cols) + 1) + "|")
+    notes: dict[str, list[str]] = {}  # note -> backend types
+    for key in chat_keys([table for _, _, table in cols]):
+        field, _, form = key.partition("=")
+        cells = []
+        for kind, _, table in cols:
+            cell = table.level(field, form or None).value
+            if not form and (limit := table.limits.get(field)) is not None:
+                cell += f" ≤ {limit}"
+            for rule in table.exclusive:
+                if not form and field == rule.fields[-1]:
+                    cell += "*"
+                    note = f"`{'` with `'.join(rule.fields)}`: {rule.why}"
+                    if kind not in notes.setdefault(note, []):
+                        notes[note].append(kind)
+            cells.append(cell)
+        lines.append(f"| `{key}` | " + " | ".join(cells) + " |")
+    lines += ["", "\\* refused (400 `unsupported_parameter`) together with another field:", ""]
+    lines += [f"- {note} ({', '.join(f'`{k}`' for k in kinds)})." for note, kinds in notes.items()]
+    lines += ["", CHAT_END]
+    return "\n".join(lines) + "\n"
+
+
+def render_chat_link() -> str:
+    return (
+        f"{CHAT_LINK_BEGIN}\n\nChat (`/v1/chat/completions`) has its own table, fields and value forms per backend "
+        f"type: [chat capability matrix]({CHAT_DOC}).\n\n{CHAT_LINK_END}\n"
+    )
+
+
+def blocks() -> list[tuple[str, str, str]]:
+    """``(begin marker, end marker, rendered block)`` of every block this tool keeps."""
+    return [(BEGIN, END, render()), (CHAT_LINK_BEGIN, CHAT_LINK_END, render_chat_link()),
+            (CHAT_BEGIN, CHAT_END, render_chat())]  # fmt: skip
+
+
+def replace_block(text: str, block: str, begin: str = BEGIN, end: str = END) -> str:
+    """``text`` with its block between ``begin`` and ``end`` (markers included) replaced by ``block``."""
+    start = text.index(begin)
+    stop = text.index(end, start) + len(end) + 1
+    return text[:start] + block + text[stop:]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--write", metavar="FILE", help="replace the matrix block in FILE (e.g. README.md)")
+    parser.add_argument(
+        "--write",
+        metavar="FILE",
+        action="append",
+        help="replace the blocks FILE holds (README.md, docs/capabilities.md)",
+    )
+    parser.add_argument("--chat", action="store_true", help="print the chat matrix instead of the completions one")
     args = parser.parse_args(argv)
-    block = render()
-    if args.write:
-        path = Path(args.write)
-        path.write_text(replace_block(path.read_text(encoding="utf-8"), block), encoding="utf-8")
-    else:
-        sys.stdout.write(block)
+    for name in args.write or ():
+        path = Path(name)
+        text = path.read_text(encoding="utf-8")
+        for begin, end, block in blocks():
+            if begin in text:
+                text = replace_block(text, block, begin, end)
+        path.write_text(text, encoding="utf-8")
+    if not args.write:
+        sys.stdout.write(render_chat() if args.chat else render())
     return 0
 
 

@@ -232,8 +232,8 @@ class ChatTurn:
         }
         if piece.reasoning:
             message["reasoning_content"] = piece.reasoning
-        if calls:
-            message["tool_calls"] = calls
+        if calls:  # a whole message's calls carry no ``index`` (that key is for stream deltas only)
+            message["tool_calls"] = [{k: v for k, v in call.items() if k != "index"} for call in calls]
         return {
             "index": 0,
             "message": message,

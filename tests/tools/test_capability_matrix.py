@@ -1,25 +1,86 @@
-"""README's capability matrix is exactly what the capability tables render."""
+"""README's capability matrix and docs/capabilities.md's chat matrix are exactly what the capability tables render."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from schemas.config import BACKEND_TYPES
-from tools.capability_matrix import BEGIN, END, columns, main, render, replace_block
+import pytest
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+from backends.capabilities import Level
+from backends.chat_capabilities import CHAT_FIELDS
+from schemas.config import BACKEND_TYPES
+from tools.capability_matrix import (
+    BEGIN,
+    CHAT_BEGIN,
+    CHAT_DOC,
+    CHAT_END,
+    CHAT_LINK_BEGIN,
+    CHAT_LINK_END,
+    END,
+    blocks,
+    chat_columns,
+    chat_keys,
+    columns,
+    main,
+    render,
+    render_chat,
+    render_chat_link,
+    replace_block,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+STALE = "stale: run `python -m tools.capability_matrix --write README.md --write docs/capabilities.md`"
+
+
+def block_of(text: str, begin: str, end: str) -> str:
+    start = text.index(begin)
+    return text[start : text.index(end, start) + len(end) + 1]
 
 
 def test_readme_shows_the_rendered_matrix() -> None:
     text = README.read_text(encoding="utf-8")
-    start = text.index(BEGIN)
-    end = text.index(END, start) + len(END) + 1
-    assert text[start:end] == render(), "README is stale: run `python -m tools.capability_matrix --write README.md`"
+    assert block_of(text, BEGIN, END) == render(), "README is " + STALE
+
+
+def test_readme_links_the_chat_matrix_right_after_the_completions_one() -> None:
+    text = README.read_text(encoding="utf-8")
+    assert block_of(text, CHAT_LINK_BEGIN, CHAT_LINK_END) == render_chat_link(), "README is " + STALE
+    assert text.index(CHAT_LINK_BEGIN) == text.index(END) + len(END) + 2  # one blank line between
+    assert len(text.splitlines()) <= 260, "README is a five-minute read: long tables belong in docs/"
+
+
+def test_docs_show_the_rendered_chat_matrix() -> None:
+    text = (ROOT / CHAT_DOC).read_text(encoding="utf-8")
+    assert block_of(text, CHAT_BEGIN, CHAT_END) == render_chat(), CHAT_DOC + " is " + STALE
 
 
 def test_every_backend_type_has_a_column() -> None:
-    kinds = {kind for kind, _, _ in columns()}
-    assert kinds | {"vllm-pool"} == set(BACKEND_TYPES)  # vllm-pool workers are vLLM servers: vLLM's columns
+    assert {kind for kind, _, _ in columns()} | {"vllm-pool"} == set(BACKEND_TYPES)
+    assert {kind for kind, _, _ in chat_columns()} | {"vllm-pool"} == set(BACKEND_TYPES)  # pool workers are vLLM
+
+
+def test_chat_rows_are_every_field_then_every_form_of_every_table() -> None:
+    tables = [table for _, _, table in chat_columns()]
+    keys = chat_keys(tables)
+    assert keys[: len(CHAT_FIELDS)] == list(CHAT_FIELDS)
+    assert {key for table in tables for key, _ in table.rows()} == set(keys)
+    forms = keys[len(CHAT_FIELDS) :]
+    assert forms == sorted(forms) and all("=" in key for key in forms)
+
+
+@pytest.mark.parametrize("key", ["tgi_top_logprobs", "ollama_tool_choice_required", "vllm_unknown_auto"])
+def test_chat_cells_say_what_the_tables_enforce(key: str) -> None:
+    rows = {line.split(" | ")[0].strip("| `"): line for line in render_chat().splitlines() if line.startswith("| `")}
+    titles = [title for _, title, _ in chat_columns()]
+    cells = {name: [c.strip() for c in line.strip("|").split("|")[1:]] for name, line in rows.items()}
+    if key == "tgi_top_logprobs":
+        assert cells["top_logprobs"][titles.index("`tgi`")] == "native ≤ 5"
+    elif key == "ollama_tool_choice_required":
+        assert cells["tool_choice=required"][titles.index("`ollama`")] == Level.UNSUPPORTED.value
+    else:  # no tool parser: "auto" refused; with one (newest column) the field's level
+        assert cells["tool_choice=auto"][1] == Level.UNSUPPORTED.value
+        assert cells["tool_choice=auto"][2] == Level.NATIVE.value
 
 
 def test_write_replaces_only_the_block(tmp_path: Path) -> None:
@@ -28,3 +89,13 @@ def test_write_replaces_only_the_block(tmp_path: Path) -> None:
     assert main(["--write", str(target)]) == 0
     assert target.read_text(encoding="utf-8") == "before\n" + render() + "after\n"
     assert replace_block(target.read_text(encoding="utf-8"), render()) == target.read_text(encoding="utf-8")
+
+
+def test_write_renders_every_block_each_file_holds(tmp_path: Path) -> None:
+    readme, doc = tmp_path / "README.md", tmp_path / "capabilities.md"
+    readme.write_text(f"a\n{BEGIN}\nx\n{END}\n\n{CHAT_LINK_BEGIN}\ny\n{CHAT_LINK_END}\nb\n", encoding="utf-8")
+    doc.write_text(f"# t\n{CHAT_BEGIN}\nz\n{CHAT_END}\n", encoding="utf-8")
+    assert main(["--write", str(readme), "--write", str(doc)]) == 0
+    assert readme.read_text(encoding="utf-8") == f"a\n{render()}\n{render_chat_link()}b\n"
+    assert doc.read_text(encoding="utf-8") == "# t\n" + render_chat()
+    assert len(blocks()) == 3

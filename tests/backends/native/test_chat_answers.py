@@ -124,10 +124,12 @@ async def test_ollama_tool_calls_get_string_arguments_and_stable_ids(mock: respx
     again = orjson.loads((await backend.chat(chat_call("ollama", tools=[WEATHER, TIME]))).body)
     message = first["choices"][0]["message"]
     assert message["content"] is None and first["choices"][0]["finish_reason"] == "tool_calls"
-    assert [(c["index"], c["id"], c["type"], c["function"]) for c in message["tool_calls"]] == [
-        (0, "call_x1", "function", {"name": "get_weather", "arguments": '{"city":"Paris"}'}),
-        (1, message["tool_calls"][1]["id"], "function", {"name": "get_time", "arguments": '{"tz":"Europe/Paris"}'}),
+    # In list order; a whole message's calls have no "index" (OpenAI's shape: that key is for stream deltas).
+    assert [(c["id"], c["type"], c["function"]) for c in message["tool_calls"]] == [
+        ("call_x1", "function", {"name": "get_weather", "arguments": '{"city":"Paris"}'}),
+        (message["tool_calls"][1]["id"], "function", {"name": "get_time", "arguments": '{"tz":"Europe/Paris"}'}),
     ]
+    assert all("index" not in c for c in message["tool_calls"])
     assert message["tool_calls"][1]["id"].startswith("call_")
     assert again["choices"][0]["message"]["tool_calls"] == message["tool_calls"]  # minted ids are stable
 
