@@ -100,8 +100,8 @@ class Caps:
                 raise self._over(
                     "max_tokens",
                     param,
-                    f"'{param}' is unset (a reply may then run to the model's context length); set it to at "
-                    f"most {self.max_tokens}: it is",
+                    f"'{param}' is unset, so the reply may run to the model's context length",
+                    advice=f"set it to at most {self.max_tokens}",
                 )
             if request.output_limit > self.max_tokens:
                 unset = "" if request.output_limit_set else " (the default when unset)"
@@ -134,8 +134,9 @@ class Caps:
                         cap="prompt_array",
                     )
 
-    def _over(self, cap: str, param: str, what: str) -> CapExceededError:
+    def _over(self, cap: str, param: str, what: str, *, advice: str | None = None) -> CapExceededError:
         source = dict(self.sources).get(cap, "this deployment")
+        tail = f"; {advice}" if advice else ""
         return CapExceededError(
-            f"{what}, over the {cap} cap of {getattr(self, cap)} set for {source}.", param=param, cap=cap
+            f"{what}, over the {cap} cap of {getattr(self, cap)} set for {source}{tail}.", param=param, cap=cap
         )

@@ -42,6 +42,7 @@ async def test_max_tokens_cap_names_the_chat_field(secure_gateway: MakeSecureGat
     status, body = await post(gw.url, {"model": MOCK_MODEL, "messages": MESSAGES})
     assert status == 400 and body["error"]["param"] == "max_completion_tokens", body
     assert "unset" in body["error"]["message"]
+    assert body["error"]["message"].endswith("; set it to at most 50."), body  # one sentence, with the bound
     status, body = await post(gw.url, {"model": MOCK_MODEL, "messages": MESSAGES, "max_tokens": 5, "n": 3})
     assert status == 400 and body["error"]["param"] == "n", body
     status, body = await post(gw.url, {"model": MOCK_MODEL, "messages": MESSAGES, "max_completion_tokens": 50})
