@@ -6,6 +6,9 @@ pre-rendered responses, so one request costs a parse, a dict lookup and one writ
   POST /v1/completions  text_completion with usage; ``max_tokens`` tokens (default 16).
                         ``"stream": true``: SSE, one chunk per token, a usage chunk when
                         ``stream_options.include_usage``, then ``data: [DONE]`` (chunked).
+  POST /v1/chat/completions  the same in OpenAI's chat shapes (``chat.completion``; stream
+                        chunks ``chat.completion.chunk`` with ``role`` in the first delta);
+                        the output limit is ``max_completion_tokens`` or ``max_tokens``.
   GET  /v1/models       the model list.       GET /health, /version  liveness.
   GET  /stats           {"requests", "connections", "open", "peak_open", "paths"} as JSON:
                         compare requests with connections to prove keep-alive reuse.
@@ -45,7 +48,11 @@ def _json(status: str, body: bytes, keep_alive: bool) -> bytes:
 
 
 class Renderer:
-    """Renders and caches response bodies per (model, tokens, prompt tokens, usage)."""
+    """Renders and caches response bodies per (endpoint, model, tokens, prompt tokens, usage).
+
+    Chat and completions bodies carry the same tokens, so the two endpoints cost the fake
+    upstream about the same and a chat/completions ratio measures the proxy, not this server.
+    """
 
     def __init__(self) -> None:
         self.cache: dict[tuple[Any, ...], Any] = {}
@@ -54,37 +61,51 @@ class Renderer:
     def _usage(pt: int, k: int) -> dict[str, int]:
         return {"prompt_tokens": pt, "completion_tokens": k, "total_tokens": pt + k}
 
-    def nonstream(self, model: str, k: int, pt: int) -> bytes:
-        key = ("n", model, k, pt)
+    @staticmethod
+    def _head(chat: bool, model: str, chunk: bool) -> dict[str, Any]:
+        kind = ("chat.completion.chunk" if chunk else "chat.completion") if chat else "text_completion"
+        return {"id": "chatcmpl-bench" if chat else "cmpl-bench", "object": kind, "created": CREATED, "model": model}
+
+    def nonstream(self, model: str, k: int, pt: int, chat: bool = False) -> bytes:
+        key = ("n", chat, model, k, pt)
         body = self.cache.get(key)
         if body is None:
-            choice = {"text": "".join(f" tok{i}" for i in range(k)), "index": 0, "logprobs": None,
-                      "finish_reason": "length"}
-            body = orjson.dumps({"id": "cmpl-bench", "object": "text_completion", "created": CREATED,
-                                 "model": model, "choices": [choice], "usage": self._usage(pt, k)})
+            text = "".join(f" tok{i}" for i in range(k))
+            first: dict[str, Any] = {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
+            choice = first | {"index": 0, "logprobs": None, "finish_reason": "length"}
+            body = orjson.dumps(self._head(chat, model, False) | {"choices": [choice], "usage": self._usage(pt, k)})
             if len(self.cache) < 4096:
                 self.cache[key] = body
         return body
 
-    def stream(self, model: str, k: int, pt: int, usage: bool) -> list[bytes]:
+    def stream(self, model: str, k: int, pt: int, usage: bool, chat: bool = False) -> list[bytes]:
         """HTTP chunks, one per SSE event, without the final [DONE]."""
-        key = ("s", model, k, pt, usage)
+        key = ("s", chat, model, k, pt, usage)
         chunks = self.cache.get(key)
         if chunks is None:
             chunks = []
+            head = self._head(chat, model, True)
             for i in range(k):
-                choice = {"text": f" tok{i}", "index": 0, "logprobs": None,
-                          "finish_reason": "length" if i == k - 1 else None}
-                event = {"id": "cmpl-bench", "object": "text_completion", "created": CREATED,
-                         "model": model, "choices": [choice]}
-                chunks.append(_chunk(b"data: " + orjson.dumps(event) + b"\n\n"))
+                delta = {"role": "assistant", "content": f" tok{i}"} if i == 0 else {"content": f" tok{i}"}
+                first = {"delta": delta} if chat else {"text": f" tok{i}"}  # role only in the first delta
+                choice = first | {"index": 0, "logprobs": None, "finish_reason": "length" if i == k - 1 else None}
+                chunks.append(_chunk(b"data: " + orjson.dumps(head | {"choices": [choice]}) + b"\n\n"))
             if usage:
-                event = {"id": "cmpl-bench", "object": "text_completion", "created": CREATED,
-                         "model": model, "choices": [], "usage": self._usage(pt, k)}
+                event = head | {"choices": [], "usage": self._usage(pt, k)}
                 chunks.append(_chunk(b"data: " + orjson.dumps(event) + b"\n\n"))
             if len(self.cache) < 4096:
                 self.cache[key] = chunks
         return chunks
+
+
+def _prompt_tokens(req: dict[str, Any], chat: bool) -> int:
+    """Words in the prompt (or in the messages' string contents): a stand-in for a tokenizer."""
+    if chat:
+        messages = req.get("messages") or []
+        return max(1, sum(len(m["content"].split()) for m in messages
+                          if isinstance(m, dict) and isinstance(m.get("content"), str)))
+    prompt = req.get("prompt", "")
+    return max(1, len(prompt.split()) if isinstance(prompt, str) else len(prompt))
 
 
 class Upstream(asyncio.Protocol):
@@ -168,13 +189,14 @@ class Upstream(asyncio.Protocol):
         STATS["requests"] += 1
         paths = STATS["paths"]
         paths[path] = paths.get(path, 0) + 1
-        if method == b"POST" and path in ("/v1/completions", "/completions"):
+        chat = path in ("/v1/chat/completions", "/chat/completions")
+        if method == b"POST" and (chat or path in ("/v1/completions", "/completions")):
             try:
                 req = orjson.loads(body)
-                k = max(1, min(int(req.get("max_tokens") or self.default_k), 100_000))
+                limit = (req.get("max_completion_tokens") if chat else None) or req.get("max_tokens")
+                k = max(1, min(int(limit or self.default_k), 100_000))
                 model = str(req.get("model") or "bench")
-                prompt = req.get("prompt", "")
-                pt = max(1, len(prompt.split()) if isinstance(prompt, str) else len(prompt))
+                pt = _prompt_tokens(req, chat)
             except Exception:
                 out = _json("400 Bad Request", b'{"error":{"message":"invalid request body"}}', keep_alive)
             else:
@@ -182,7 +204,7 @@ class Upstream(asyncio.Protocol):
                     options = req.get("stream_options") or {}
                     usage = isinstance(options, dict) and bool(options.get("include_usage"))
                     head = SSE_HEAD + (b"\r\n" if keep_alive else b"Connection: close\r\n\r\n")
-                    chunks = self.render.stream(model, k, pt, usage)
+                    chunks = self.render.stream(model, k, pt, usage, chat)
                     if self.token_delay > 0:
                         self.busy = True
                         task = asyncio.ensure_future(self.slow_stream(head, chunks, keep_alive))
@@ -191,7 +213,7 @@ class Upstream(asyncio.Protocol):
                         return
                     out = head + b"".join(chunks) + DONE
                 else:
-                    out = _json("200 OK", self.render.nonstream(model, k, pt), keep_alive)
+                    out = _json("200 OK", self.render.nonstream(model, k, pt, chat), keep_alive)
         elif method == b"GET" and path in ("/v1/models", "/models"):
             models = [{"id": "bench", "object": "model", "created": CREATED, "owned_by": "bench"}]
             out = _json("200 OK", orjson.dumps({"object": "list", "data": models}), keep_alive)

@@ -1,13 +1,15 @@
-"""Closed-loop HTTP/1.1 load generator for POST /v1/completions (loopback only).
+"""Closed-loop HTTP/1.1 load generator for POST /v1/completions or /v1/chat/completions (loopback only).
 
 ``-c`` keep-alive connections each send one pre-encoded request, read the whole
 response (Content-Length or chunked), and send the next, for ``--warmup`` +
 ``--duration`` seconds; only responses that finish inside the measured window
 count. Streams record time to the first ``data:`` event (TTFT) and must end with
-``data: [DONE]``. Raw asyncio Protocol on uvloop, minimal parsing, so one core
+``data: [DONE]``. ``--chat`` sends a chat body (the prompt as one user message, the
+same ``max_tokens``) to a ``/v1/chat/completions`` URL. Raw asyncio Protocol on uvloop, minimal parsing, so one core
 drives well over 10k req/s. Prints one JSON line.
 
   python bench/loadgen.py --url http://127.0.0.1:18001/v1/completions -c 64 -d 10 --stream --max-tokens 64
+  python bench/loadgen.py --url http://127.0.0.1:18001/v1/chat/completions --chat -c 64 -d 10
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ class Run:
         self.host, self.port = u.hostname or "127.0.0.1", u.port or 80
         body: dict[str, Any] = {"model": args.model, "prompt": args.prompt, "max_tokens": args.max_tokens,
                                 "temperature": 0}
+        if args.chat:  # same words, same limit: the two endpoints differ only in their shapes
+            body = {"model": args.model, "messages": [{"role": "user", "content": args.prompt}],
+                    "max_tokens": args.max_tokens, "temperature": 0}
         if args.stream:
             body["stream"] = True
             if args.include_usage:
@@ -310,7 +315,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--url", required=True, help="http://127.0.0.1:PORT/v1/completions")
+    ap.add_argument("--url", required=True, help="http://127.0.0.1:PORT/v1/completions (or /v1/chat/completions)")
+    ap.add_argument("--chat", action="store_true", help="send a chat body (messages) instead of a prompt")
     ap.add_argument("-c", "--concurrency", type=int, default=1)
     ap.add_argument("-d", "--duration", type=float, default=10.0)
     ap.add_argument("-w", "--warmup", type=float, default=2.0)

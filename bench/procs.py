@@ -160,21 +160,27 @@ def wait_http(port: int, method: str, path: str, proc: subprocess.Popen[bytes] |
     raise RuntimeError(f"{method} {path} not 200 after {limit:.0f}s: {last}")
 
 
-def check(port: int, model: str) -> dict[str, Any]:
-    """One non-stream and one stream completion through a target: shape, model echo, [DONE]."""
+def check(port: int, model: str, chat: bool = False) -> dict[str, Any]:
+    """One non-stream and one stream completion through a target: shape, model echo, [DONE].
+
+    ``chat``: the same on /v1/chat/completions (``chat_nonstream_ok``, ``chat_stream_ok``).
+    """
     out: dict[str, Any] = {}
-    status, data = request(port, "POST", "/v1/completions", {"model": model, "prompt": "hi", "max_tokens": 4})
-    try:
-        body = orjson.loads(data)
-        out["nonstream_ok"] = status == 200 and bool(body["choices"][0]["text"]) and "usage" in body
-    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
-        out["nonstream_ok"] = False
-    if not out["nonstream_ok"]:
-        out["nonstream_error"] = f"HTTP {status}: {data[:300]!r}"
-    status, data = request(port, "POST", "/v1/completions",
-                        {"model": model, "prompt": "hi", "max_tokens": 4, "stream": True})
-    events = [line for line in data.split(b"\n") if line.startswith(b"data:")]
-    out["stream_ok"] = status == 200 and len(events) >= 5 and events[-1].strip() == b"data: [DONE]"
-    if not out["stream_ok"]:
-        out["stream_error"] = f"HTTP {status}: {data[:300]!r}"
+    endpoints = [("", "/v1/completions", {"prompt": "hi"})]
+    endpoints += [("chat_", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})] if chat else []
+    for prefix, path, fields in endpoints:
+        status, data = request(port, "POST", path, {"model": model, **fields, "max_tokens": 4})
+        try:
+            choice = orjson.loads(data)["choices"][0]
+            text = choice["message"]["content"] if prefix else choice["text"]
+            out[prefix + "nonstream_ok"] = status == 200 and bool(text) and "usage" in orjson.loads(data)
+        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+            out[prefix + "nonstream_ok"] = False
+        if not out[prefix + "nonstream_ok"]:
+            out[prefix + "nonstream_error"] = f"HTTP {status}: {data[:300]!r}"
+        status, data = request(port, "POST", path, {"model": model, **fields, "max_tokens": 4, "stream": True})
+        events = [line for line in data.split(b"\n") if line.startswith(b"data:")]
+        out[prefix + "stream_ok"] = status == 200 and len(events) >= 5 and events[-1].strip() == b"data: [DONE]"
+        if not out[prefix + "stream_ok"]:
+            out[prefix + "stream_error"] = f"HTTP {status}: {data[:300]!r}"
     return out

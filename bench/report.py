@@ -54,6 +54,68 @@ def summarise(results: list[dict[str, Any]], targets: list[str], scens: list[dic
     return rows
 
 
+def _pairs(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(r["target"], r["scenario"]): r for r in rows}
+
+
+def chat_vs_completions(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each chat cell against the completions cell of the same target in the same run.
+
+    ``x_rps`` is chat/completions throughput (>= 0.9 is the target: chat costs no more per
+    request); ``x_cpu`` is chat/completions proxy CPU per request (lower is better).
+    """
+    by = _pairs(rows)
+    out = []
+    for r in rows:
+        base = by.get((r["target"], r["scenario"].removeprefix("chat_")))
+        if not r["scenario"].startswith("chat_") or base is None or not base["rps"]:
+            continue
+        cpu, cpu0 = r.get("cpu_us_per_req"), base.get("cpu_us_per_req")
+        out.append({"target": r["target"], "scenario": r["scenario"], "chat_rps": r["rps"], "rps": base["rps"],
+                    "x_rps": round(r["rps"] / base["rps"], 3), "chat_cpu_us": cpu, "cpu_us": cpu0,
+                    "x_cpu": round(cpu / cpu0, 3) if cpu and cpu0 else None})
+    return out
+
+
+def workers_vs_one(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each ``gateway-wN`` cell against ``gateway`` (one process) in the same run and scenario.
+
+    ``x_rps``: throughput N vs 1; ``x_cpu``: CPU per upstream request summed over every gateway
+    process (control process and workers) N vs 1.
+    """
+    by = _pairs(rows)
+    out = []
+    for r in rows:
+        base = by.get(("gateway", r["scenario"]))
+        if not r["target"].startswith("gateway-w") or base is None or not base["rps"]:
+            continue
+        cpu, cpu0 = r.get("cpu_us_per_req"), base.get("cpu_us_per_req")
+        out.append({"target": r["target"], "scenario": r["scenario"], "rps": r["rps"], "rps_1": base["rps"],
+                    "x_rps": round(r["rps"] / base["rps"], 3), "cpu_us": cpu, "cpu_us_1": cpu0,
+                    "x_cpu": round(cpu / cpu0, 3) if cpu and cpu0 else None})
+    return out
+
+
+def comparisons(rows: list[dict[str, Any]]) -> str:
+    """The chat/completions and N-workers/one-worker tables (empty when the run has neither)."""
+    out = []
+    chat = chat_vs_completions(rows)
+    if chat:
+        out += ["", "| chat vs completions (same run) | target | chat req/s | completions req/s | x rps (>= 0.9) "
+                "| chat CPU us/req | completions CPU us/req | x CPU |", "|---|---|---|---|---|---|---|---|"]
+        out += [f"| {c['scenario']} | {c['target']} | {fmt(c['chat_rps'])} | {fmt(c['rps'])} | {ratio(c['x_rps'])} | "
+                f"{fmt(c['chat_cpu_us'], 0)} | {fmt(c['cpu_us'], 0)} | "
+                f"{ratio(c['x_cpu']) if c['x_cpu'] is not None else '-'} |" for c in chat]
+    workers = workers_vs_one(rows)
+    if workers:
+        out += ["", "| workers vs one process (same run) | target | req/s | req/s N=1 | x rps | CPU us/req (all "
+                "processes) | CPU us/req N=1 | x CPU |", "|---|---|---|---|---|---|---|---|"]
+        out += [f"| {w['scenario']} | {w['target']} | {fmt(w['rps'])} | {fmt(w['rps_1'])} | {ratio(w['x_rps'])} | "
+                f"{fmt(w['cpu_us'], 0)} | {fmt(w['cpu_us_1'], 0)} | "
+                f"{ratio(w['x_cpu']) if w['x_cpu'] is not None else '-'} |" for w in workers]
+    return "\n".join(out)
+
+
 def table(rows: list[dict[str, Any]], info: dict[str, Any], mem: list[dict[str, Any]]) -> str:
     refs = [r for r in ("direct", "thin", "litellm") if any(row.get(f"x_{r}") for row in rows)]
     head = ["scenario", "target", "req/s", "p50 ms", "p90 ms", "p99 ms", "TTFT p50", "err",
@@ -84,6 +146,8 @@ def table(rows: list[dict[str, Any]], info: dict[str, Any], mem: list[dict[str, 
     if any(r.get("little") for r in rows):
         notes.append(f"- †: under {LITTLE_BELOW} completions per connection in the window, so req/s is Little's law "
                      "(connections / mean latency); the window count is rps_window in the JSON")
+    extra = comparisons(rows)
+    out += extra.split("\n") if extra else []
     out += ["", *notes] if notes else []
     if mem:
         out += ["", "| mem_streams target | open streams | RSS idle MB | peak RSS MB | KB/stream | streams/s | "

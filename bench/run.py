@@ -10,7 +10,9 @@ pass-through, and through ``gateway serve`` (and LiteLLM when given), on pinned 
 The fake upstream (bench/fake_upstream.py) and the client (bench/loadgen.py) share core 1;
 each proxy runs alone on core 0 (``taskset``; no pinning on a 1-core machine). Scenarios:
 ``ns_c1`` (non-stream, 16 tokens, 1 connection), ``ns_c64``, ``st_c64`` (stream, 64 tokens,
-64 connections); any ``ns|st_c<N>[_t<tokens>]`` works. Each closed-loop run is --warmup +
+64 connections); any ``[chat_]ns|st_c<N>[_t<tokens>]`` works: ``chat_`` sends the same words
+and limit as one user message to /v1/chat/completions (``chat_ns_c64``, ``chat_st_c64``), and the
+table adds each chat cell's ratio to the completions cell of the same target and run. Each closed-loop run is --warmup +
 --duration seconds; with --repeats the table shows medians. ``gateway`` runs
 ``<venv>/bin/gateway serve --config <generated yaml> --port P`` with a ``type: openai`` backend
 named ``upstream`` serving model ``bench`` (``gateway-vllm``: the same with ``type: vllm``);
@@ -60,11 +62,12 @@ LITELLM_ENV = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_MODEL_COST_MAP_U
 
 
 def scenario(name: str) -> dict[str, Any]:
-    m = re.fullmatch(r"(ns|st)_c(\d+)(?:_t(\d+))?", name)
+    m = re.fullmatch(r"(chat_)?(ns|st)_c(\d+)(?:_t(\d+))?", name)
     if not m:
-        sys.exit(f"bad scenario {name!r}: want ns_c1, ns_c64, st_c64, st_c64_t128 ...")
-    stream = m.group(1) == "st"
-    return {"id": name, "stream": stream, "c": int(m.group(2)), "tokens": int(m.group(3) or (64 if stream else 16))}
+        sys.exit(f"bad scenario {name!r}: want ns_c1, ns_c64, st_c64, st_c64_t128, chat_ns_c64 ...")
+    stream = m.group(2) == "st"
+    return {"id": name, "stream": stream, "c": int(m.group(3)), "tokens": int(m.group(4) or (64 if stream else 16)),
+            "chat": bool(m.group(1))}
 
 
 def gateway_config(path: Path, port: int, upstream_port: int, kind: str, transport: str | None) -> None:
@@ -133,10 +136,12 @@ def launch(spec: dict[str, Any], args: argparse.Namespace, logs: Path) -> tuple[
 
 def loadgen(args: argparse.Namespace, port: int, sc: dict[str, Any], duration: float, warmup: float,
             ) -> list[str]:
-    argv = [PY, str(HERE / "loadgen.py"), "--url", f"http://127.0.0.1:{port}/v1/completions", "-c", str(sc["c"]),
+    path = "/v1/chat/completions" if sc.get("chat") else "/v1/completions"
+    argv = [PY, str(HERE / "loadgen.py"), "--url", f"http://127.0.0.1:{port}{path}", "-c", str(sc["c"]),
             "-d", str(duration), "-w", str(warmup), "--max-tokens", str(sc["tokens"]),
             "--procs", str(args.client_procs)]
     argv += ["--auth", AUTH[port]] if port in AUTH else []
+    argv += ["--chat"] if sc.get("chat") else []
     return pin(args.client_cpus) + argv + (["--stream"] if sc["stream"] else [])
 
 
@@ -289,7 +294,7 @@ def main() -> None:
                     continue
                 pid = proc.pid
                 entry["rss_start_mb"] = memory_mb(pid)["rss_mb"]
-            entry["check"] = check(port, "bench")
+            entry["check"] = check(port, "bench", chat=any(sc["chat"] for sc in scens))
             for sc in scens:
                 for rep in range(args.repeats):
                     res = measure(args, port, pid, sc) | {"target": name, "scenario": sc["id"], "rep": rep}
