@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from backends.vllm.pool import launcher
+import backends.vllm.pool.launcher as launcher  # the module itself (its file is the launcher script), not the package
 
 __all__ = ["WorkerProcess", "group_alive", "spawn", "stop", "tail"]
 
