@@ -26,13 +26,17 @@ from typing import Any, Self
 from schemas.completions import NESTED_FIELDS, NEUTRAL_VALUES, CompletionRequest
 from schemas.errors import UnsupportedParameterError
 
-__all__ = ["ALL_FIELDS", "EMPTY_PROMPT", "Capabilities", "Level", "Rule", "empty_prompt"]
+__all__ = ["ALL_FIELDS", "AUDIT_USER_NOTE", "EMPTY_PROMPT", "Capabilities", "Level", "Rule", "empty_prompt"]
 
 ALL_FIELDS: tuple[str, ...] = (*CompletionRequest.model_fields, *NESTED_FIELDS)
 _NESTED_BY_PARENT: dict[str, frozenset[str]] = {
     parent: frozenset(n for n in NESTED_FIELDS if n.startswith(parent + "."))
     for parent in {n.split(".")[0] for n in NESTED_FIELDS}
 }
+
+
+# How ``user`` is honoured where the server has no end-user field (both endpoints' tables say it).
+AUDIT_USER_NOTE = "recorded in the gateway's audit log; the server has no such field"
 
 
 class Level(StrEnum):
@@ -83,6 +87,8 @@ class Capabilities:
     rules: tuple[Rule, ...] = ()
     # field -> the largest value this backend honours (a negative value means "all", over any limit).
     limits: Mapping[str, int] = dataclass_field(default_factory=lambda: MappingProxyType({}))
+    # How the gateway honours a field, where the level alone does not say (the matrix footnotes it).
+    notes: Mapping[str, str] = dataclass_field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod
     def of(cls, default: Level, **levels: Level) -> Capabilities:
@@ -103,6 +109,13 @@ class Capabilities:
             raise ValueError(f"unknown request fields: {sorted(unknown)}")
         return replace(self, limits=MappingProxyType({**self.limits, **limits}))
 
+    def with_notes(self, notes: Mapping[str, str]) -> Self:
+        """The same table with notes on how some fields are honoured (e.g. ``user``: the audit log)."""
+        unknown = set(notes) - set(self.levels)
+        if unknown:
+            raise ValueError(f"unknown request fields: {sorted(unknown)}")
+        return replace(self, notes=MappingProxyType({**self.notes, **notes}))
+
     @classmethod
     def _from_table(
         cls, table: Mapping[str, Level], rules: tuple[Rule, ...] = (), limits: Mapping[str, int] | None = None
@@ -121,7 +134,8 @@ class Capabilities:
         table = dict(self.levels)
         table.update({name: Level(level) for name, level in overrides.items()})
         rules = tuple(r for r in self.rules if r.field not in overrides)
-        return self._from_table(table, rules, self.limits).with_reasons(self.reasons)
+        notes = {name: note for name, note in self.notes.items() if name not in overrides}
+        return self._from_table(table, rules, self.limits).with_reasons(self.reasons).with_notes(notes)
 
     def with_reasons(self, reasons: Mapping[str, str]) -> Self:
         """The same table with refusal reasons attached (kept only for unsupported fields)."""

@@ -27,7 +27,7 @@ from dataclasses import field as dataclass_field
 from types import MappingProxyType
 from typing import Any
 
-from backends.capabilities import Capabilities, Level
+from backends.capabilities import AUDIT_USER_NOTE, Capabilities, Level
 from schemas.chat import ChatCompletionRequest
 from schemas.chat_messages import TextResponseFormat
 from schemas.errors import UnsupportedParameterError
@@ -148,6 +148,7 @@ class ChatCapabilities:
         limits: Mapping[str, int] | None = None,
         exclusive: tuple[Exclusive, ...] = (),
         reasons: Mapping[str, str] | None = None,
+        notes: Mapping[str, str] | None = None,
     ) -> ChatCapabilities:
         unknown = set(levels) - set(CHAT_FIELDS)
         unknown |= {key.split("=")[0] for key in forms or {}} - set(CHAT_FIELDS)
@@ -157,12 +158,16 @@ class ChatCapabilities:
         table = {name: levels.get(name, default) for name in CHAT_FIELDS}
         unsupported = frozenset(name for name, level in table.items() if level is U)
         return cls(
-            Capabilities(MappingProxyType(table), unsupported),
+            Capabilities(MappingProxyType(table), unsupported).with_notes(notes or {}),
             MappingProxyType(dict(forms or {})),
             MappingProxyType(dict(limits or {})),
             exclusive,
             MappingProxyType(dict(reasons or {})),
         )
+
+    def note(self, field: str) -> str | None:
+        """How the gateway honours ``field`` here, where its level alone does not say."""
+        return self.fields.notes.get(field)
 
     def level(self, field: str, form: str | None = None) -> Level:
         if form is not None and (level := self.forms.get(f"{field}={form}")) is not None:
@@ -254,7 +259,7 @@ TGI_CHAT = ChatCapabilities.build(
         "messages": N, "model": T, "max_completion_tokens": T, "frequency_penalty": N, "top_logprobs": N,
         "response_format": T, "stream": N, "stop": N, "logprobs": N, "max_tokens": N, "n": E, "seed": N,
         "stream_options": N, "temperature": N, "top_p": N, "tools": N, "tool_choice": N,
-        "parallel_tool_calls": N, "user": T,
+        "parallel_tool_calls": N, "user": E,
     },
     {
         "messages=input_audio": U, "messages=file": U, "tools=custom": U, "tool_choice=custom": U,
@@ -268,6 +273,7 @@ TGI_CHAT = ChatCapabilities.build(
         "logit_bias": "TGI accepts logit_bias but does not apply it",
         "top_logprobs>5": "TGI returns at most max_top_n_tokens (default 5) alternatives",
     },
+    notes={"user": AUDIT_USER_NOTE},
 )  # fmt: skip
 
 # --- Ollama native /api/chat: options{}, format, images[]; unlisted fields are unsupported ------
@@ -278,7 +284,7 @@ OLLAMA_CHAT = ChatCapabilities.build(
         "messages": T, "model": T, "reasoning_effort": T, "max_completion_tokens": T, "frequency_penalty": T,
         "presence_penalty": T, "top_logprobs": T, "response_format": T, "stream": T, "stop": T, "logprobs": T,
         "max_tokens": T, "n": E, "seed": T, "stream_options": E, "temperature": T, "top_p": T, "tools": T,
-        "tool_choice": T, "parallel_tool_calls": N, "user": T, "top_k": T, "min_p": T, "repetition_penalty": T,
+        "tool_choice": T, "parallel_tool_calls": N, "user": E, "top_k": T, "min_p": T, "repetition_penalty": T,
     },
     {
         "messages=remote_image_url": U, "messages=input_audio": U, "messages=file": U, "tools=custom": U,
@@ -293,6 +299,7 @@ OLLAMA_CHAT = ChatCapabilities.build(
         "tool_choice=function": "Ollama cannot force a tool call (it has no tool_choice)",
         "parallel_tool_calls=false": "Ollama cannot limit a reply to one tool call",
     },
+    notes={"user": AUDIT_USER_NOTE},
 )  # fmt: skip
 
 # --- llama.cpp server /v1/chat/completions ----------------------------------------------------
@@ -303,7 +310,7 @@ LLAMACPP_CHAT = ChatCapabilities.build(
         "messages": N, "model": T, "max_completion_tokens": T, "frequency_penalty": N, "presence_penalty": N,
         "top_logprobs": N, "response_format": N, "stream": N, "stop": N, "logit_bias": N, "logprobs": N,
         "max_tokens": N, "n": E, "seed": N, "stream_options": N, "temperature": N, "top_p": N, "tools": N,
-        "tool_choice": N, "parallel_tool_calls": N, "user": T, "top_k": N, "min_p": N, "repetition_penalty": T,
+        "tool_choice": N, "parallel_tool_calls": N, "user": E, "top_k": N, "min_p": N, "repetition_penalty": T,
         "ignore_eos": N,
     },
     {
@@ -318,4 +325,5 @@ LLAMACPP_CHAT = ChatCapabilities.build(
     reasons={
         "tool_choice=function": "llama.cpp reads tool_choice as a string and would downgrade a named choice to auto",
     },
+    notes={"user": AUDIT_USER_NOTE},
 )  # fmt: skip

@@ -38,7 +38,7 @@ class RequestRecord:
 
     __slots__ = (
         "_audit", "_closed", "_metrics", "backend", "endpoint", "key", "model", "prompt_estimate", "reached", "relayed",
-        "request_id", "reservation", "started", "status", "usage",
+        "request_id", "reservation", "started", "status", "usage", "user",
     )  # fmt: skip
 
     def __init__(
@@ -66,6 +66,9 @@ class RequestRecord:
         self.relayed: int | None = None  # stream events sent to the client (None: not streaming yet)
         # A stream's final status when it differs from its 200 head (an error event midway).
         self.status: int | None = None
+        # The request's ``user`` (OpenAI's end-user id), for the audit line only: client-supplied,
+        # so never a metric label. Kept raw here; the audit log bounds and escapes it.
+        self.user: str | None = None
 
     def used_tokens(self) -> int | None:
         """Tokens to settle the key's reservation with; None keeps what was reserved."""
@@ -108,4 +111,5 @@ class RequestRecord:
                 completion_tokens=usage.completion_tokens if usage is not None else None,
                 latency=seconds,
                 endpoint=endpoint.value,
+                user=self.user,
             )

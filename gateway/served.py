@@ -25,6 +25,10 @@ class ServedRequest(Protocol):
     @property
     def best_of(self) -> int | None: ...
     @property
+    def user(self) -> str | None:
+        """OpenAI's end-user id: the audit line records it (``gateway.security.audit``)."""
+
+    @property
     def sequences(self) -> int:
         """Sequences generated per prompt (``max(n, best_of)``)."""
 

@@ -87,6 +87,7 @@ def render() -> str:
     lines = [BEGIN, "", "| field | " + " | ".join(title for _, title, _ in cols) + " |"]
     lines.append("|---" * (len(cols) + 1) + "|")
     notes: dict[tuple[str, str], list[str]] = {}  # (field, why) -> backend types
+    how: dict[tuple[str, str], list[str]] = {}  # (field, how the gateway honours it) -> backend types
     for name in ALL_FIELDS:
         cells = []
         for kind, _, table in cols:
@@ -99,13 +100,31 @@ def render() -> str:
                     cell = cell + "*" if not cell.endswith("*") else cell
                     if kind not in notes.setdefault((name, rule.why), []):
                         notes[(name, rule.why)].append(kind)
-            cells.append(cell)
+            cells.append(cell + _noted(name, kind, table.notes.get(name), how))
         lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
-    lines += ["", "\\* refused (400 `unsupported_parameter`) for some values:", ""]
+    # One list for both kinds of footnote, right under its heading: README is held to its length.
+    lines += ["", "\\* refused (400 `unsupported_parameter`) for some values" + _HOW_HEADING * bool(how) + ":"]
     for (name, why), kinds in notes.items():
         lines.append(f"- `{name}` on {', '.join(f'`{k}`' for k in kinds)}: {why}.")
-    lines += ["", END]
+    lines += [*_how_lines(how), "", END]
     return "\n".join(lines) + "\n"
+
+
+def _noted(field: str, kind: str, note: str | None, how: dict[tuple[str, str], list[str]]) -> str:
+    """``†`` for a cell whose table notes how the field is honoured; the note is kept for the footnote."""
+    if note is None:
+        return ""
+    kinds = how.setdefault((field, note), [])
+    if kind not in kinds:
+        kinds.append(kind)
+    return "†"
+
+
+def _how_lines(how: dict[tuple[str, str], list[str]]) -> list[str]:
+    return [f"- † `{f}` on {', '.join(f'`{k}`' for k in kinds)}: {note}." for (f, note), kinds in how.items()]
+
+
+_HOW_HEADING = "; † how the gateway honours a field"
 
 
 def chat_columns() -> list[tuple[str, str, ChatCapabilities]]:
@@ -141,6 +160,7 @@ def render_chat() -> str:
     lines = [CHAT_BEGIN, "", "| field or form | " + " | ".join(title for _, title, _ in cols) + " |"]
     lines.append("|---" * (len(cols) + 1) + "|")
     notes: dict[str, list[str]] = {}  # note -> backend types
+    how: dict[tuple[str, str], list[str]] = {}  # (field, how the gateway honours it) -> backend types
     for key in chat_keys([table for _, _, table in cols]):
         field, _, form = key.partition("=")
         cells = []
@@ -154,11 +174,12 @@ def render_chat() -> str:
                     note = f"`{'` with `'.join(rule.fields)}`: {rule.why}"
                     if kind not in notes.setdefault(note, []):
                         notes[note].append(kind)
-            cells.append(cell)
+            cells.append(cell + ("" if form else _noted(field, kind, table.note(field), how)))
         lines.append(f"| `{key}` | " + " | ".join(cells) + " |")
-    lines += ["", "\\* refused (400 `unsupported_parameter`) together with another field:", ""]
+    heading = "\\* refused (400 `unsupported_parameter`) together with another field"
+    lines += ["", heading + _HOW_HEADING * bool(how) + ":"]
     lines += [f"- {note} ({', '.join(f'`{k}`' for k in kinds)})." for note, kinds in notes.items()]
-    lines += ["", CHAT_END]
+    lines += [*_how_lines(how), "", CHAT_END]
     return "\n".join(lines) + "\n"
 
 

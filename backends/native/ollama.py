@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from backends.base import TokenUsage
-from backends.capabilities import Level
+from backends.capabilities import AUDIT_USER_NOTE, Level
 from backends.emulation.fanout import FANOUT_RULES
 from backends.errors import UpstreamProtocolError
 from backends.native.base import NativeBackend, error_message, stream_error
@@ -54,12 +54,12 @@ OLLAMA_CAPABILITIES = NativeCapabilities.build(
     {
         "model": T, "prompt": T, "best_of": E, "echo": E, "frequency_penalty": T, "logprobs": T,
         "max_tokens": T, "n": E, "presence_penalty": T, "seed": T, "stop": T, "stream": T,
-        "stream_options": E, "suffix": T, "temperature": T, "top_p": T, "user": T, "top_k": T,
+        "stream_options": E, "suffix": T, "temperature": T, "top_p": T, "user": E, "top_k": T,
         "min_p": T, "repetition_penalty": T, "guided_json": T,
     },
     rules=(TOKEN_PROMPT_RULE, _EMPTY_PROMPT_RULE, ECHO_LOGPROBS_RULE, *FANOUT_RULES),
     limits={"logprobs": 20},
-)  # fmt: skip
+).with_notes({"user": AUDIT_USER_NOTE})  # fmt: skip
 
 _FINISH = {"stop": "stop", "length": "length"}
 

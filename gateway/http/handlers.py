@@ -118,6 +118,7 @@ async def _serve(
     try:
         # Everything that can refuse the request without an upstream, before the key's budget is touched.
         req: ServedRequest = PARSERS[endpoint](body)
+        record.user = req.user
         entry = state.router.lookup(req.model)
         record.model = entry.name
         guard.check(record.key, req, entry.name)

@@ -6,9 +6,15 @@ status, as the metrics do), token counts from the upstream's usage and the laten
 
     {"event":"completion","time":1700000000.123,"request_id":"req-...","key":"team-a",
      "model":"gpt-x","backend":"openai-main","status":200,"prompt_tokens":12,
-     "completion_tokens":30,"latency_ms":412.7,"endpoint":"completions"}
+     "completion_tokens":30,"latency_ms":412.7,"endpoint":"completions","user":"user-1234"}
 
 ``endpoint`` is ``completions`` or ``chat``; ``event`` stays ``completion`` for both.
+
+``user`` is the request's ``user`` field (OpenAI's end-user id for abuse monitoring; null when
+unset). The gateway honours it here on every backend, the ones whose server has no such field
+included. It is client-supplied text: cut to :data:`USER_MAX` characters and its control
+characters (C0, DEL, C1, U+2028/U+2029) written as ``\\uXXXX`` text, so a line viewed raw or
+pasted into a terminal shows what was sent and nothing else. It never becomes a metric label.
 
 Lines go to the ``gateway.security.audit`` logger. When nothing has configured that logger, it gets
 a handler of its own writing bare JSON lines to stderr (not the text format of the other
@@ -20,14 +26,24 @@ installed at all.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import time
 
 import orjson
 
-__all__ = ["AuditLog"]
+__all__ = ["USER_MAX", "AuditLog", "audit_user"]
 
 LOGGER = "gateway.audit"
+USER_MAX = 256  # characters of ``user`` kept: OpenAI's ids are short; the line stays bounded
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def audit_user(user: str | None) -> str | None:
+    """``user`` as the audit line carries it: at most :data:`USER_MAX` characters, control characters escaped."""
+    if user is None:
+        return None
+    return _CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", user[:USER_MAX])
 
 
 class AuditLog:
@@ -53,6 +69,7 @@ class AuditLog:
         completion_tokens: int | None,
         latency: float,
         endpoint: str = "completions",
+        user: str | None = None,
     ) -> None:
         line = orjson.dumps(
             {
@@ -67,6 +84,7 @@ class AuditLog:
                 "completion_tokens": completion_tokens,
                 "latency_ms": round(latency * 1000, 1),
                 "endpoint": endpoint,
+                "user": audit_user(user),
             }
         )
         self._log.info(line.decode())

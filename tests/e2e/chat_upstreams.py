@@ -172,7 +172,9 @@ def _config(upstreams: dict[str, GoldenChatUpstream]) -> str:
     ]
     models = [f"  - {{name: {model_of(k)}, routes: [{{backend: b-{k}, model: up-{k}}}]}}" for k in KINDS]
     models.append(f"  - {{name: {OLD_VLLM}, routes: [{{backend: b-vllm-old, model: up-vllm}}]}}")
-    return "server: {host: 127.0.0.1, port: 0}\nbackends:\n" + "\n".join([*backends, "models:", *models]) + "\n"
+    # The audit log on: ``user`` is honoured there on every backend (tests/e2e/test_chat_nothing_dropped.py).
+    head = "server: {host: 127.0.0.1, port: 0, audit_log: true}\nbackends:\n"
+    return head + "\n".join([*backends, "models:", *models]) + "\n"
 
 
 @asynccontextmanager

@@ -6,24 +6,28 @@ cover them all) and each backend type, a request with that field set goes throug
 ``param`` names the field, or the field it needs alongside, with nothing sent upstream) or
 reach the upstream: the value visible in the body the upstream recorded, under its own name or
 its native one (:data:`NATIVE_NAMES`), or, for an emulated field, done by the gateway (``n``:
-several upstream calls). The backend's chat table must agree: unsupported exactly when refused.
+several upstream calls; ``user``: recorded in the request's audit line, on every backend type,
+forwarded too where the server has the field). The backend's chat table must agree: unsupported
+exactly when refused.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import aiohttp
 import pytest
 import pytest_asyncio
 
-from backends.capabilities import Level
+from backends.capabilities import AUDIT_USER_NOTE, Level
 from backends.chat_capabilities import CHAT_FIELDS, LLAMACPP_CHAT, MOCK_CHAT, OLLAMA_CHAT, OPENAI_CHAT, TGI_CHAT
 from backends.vllm.chat_capabilities import VLLMChatFeatures, vllm_chat_capabilities
 from backends.vllm.versions import parse_version
 from schemas.chat import ChatCompletionRequest
+from tests.conftest import eventually
 from tests.e2e.chat_upstreams import KINDS, VLLM_VERSION, ChatGateway, model_of, start_chat_gateway
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -109,9 +113,9 @@ NATIVE_VALUES: dict[tuple[str, str], Any] = {
 HONOURED_BY_NATURE: dict[tuple[str, str], str] = {
     ("tgi", "parallel_tool_calls"): "TGI makes at most one tool call: false is what it does anyway",
 }
-# Findings: accepted (the table says translated) yet nothing reaches the upstream. Strict xfail,
-# so the day they are forwarded or refused (or the table says what happens) this list must shrink.
-DROPPED = {("tgi", "user"), ("ollama", "user"), ("llamacpp", "user")}
+# Honoured by the gateway itself on every backend type: the request's audit line carries the value
+# (``gateway.security.audit``); where the server has no such field the table says so in a note.
+AUDITED = {"user"}
 TABLES = {
     "openai": OPENAI_CHAT,
     "vllm": vllm_chat_capabilities(VLLMChatFeatures.of(parse_version(VLLM_VERSION), "hermes")),
@@ -121,6 +125,29 @@ TABLES = {
     "mock": MOCK_CHAT,
 }
 BASE = [{"role": "user", "content": "Hi"}]
+
+
+class AuditLines(logging.Handler):
+    """The audit lines the gateway wrote, by request id."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_request: dict[str, dict[str, Any]] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        line = json.loads(record.getMessage())
+        self.by_request[line["request_id"]] = line
+
+
+@pytest.fixture(scope="module")
+def audit_lines() -> Iterator[AuditLines]:
+    handler = AuditLines()
+    logger = logging.getLogger("gateway.audit")
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -169,28 +196,20 @@ def reached(sent: list[dict[str, Any]], field: str, value: Any) -> bool:
     return _named(body, NATIVE_NAMES.get(field, ()))
 
 
-CASES = [
-    pytest.param(
-        kind,
-        field,
-        marks=[pytest.mark.xfail(strict=True, reason=f"finding: {field} accepted on {kind} but never sent upstream")]
-        if (kind, field) in DROPPED
-        else [],
-    )
-    for kind in KINDS
-    for field in ASKS
-]
+CASES = [(kind, field) for kind in KINDS for field in ASKS]
 
 
 @pytest.mark.parametrize(("kind", "field"), CASES)
-async def test_every_field_is_sent_or_refused_by_name(chat_gateway: ChatGateway, kind: str, field: str) -> None:
+async def test_every_field_is_sent_or_refused_by_name(
+    chat_gateway: ChatGateway, audit_lines: AuditLines, kind: str, field: str
+) -> None:
     chat_gateway.reset()
     value, needs = ASKS[field]
     messages = [*BASE, {"role": "assistant", "content": "Hel"}] if field == "continue_final_message" else BASE
     body = {"model": model_of(kind), "messages": messages, **needs, field: value}
     async with aiohttp.ClientSession() as session:
         async with session.post(f"{chat_gateway.url}/v1/chat/completions", json=body) as resp:
-            status, raw = resp.status, await resp.read()
+            status, raw, request_id = resp.status, await resp.read(), resp.headers["x-request-id"]
     level = TABLES[kind].level(field)
     if status == 400:
         error = json.loads(raw)["error"]
@@ -202,6 +221,13 @@ async def test_every_field_is_sent_or_refused_by_name(chat_gateway: ChatGateway,
         return
     assert status == 200, raw
     assert level is not Level.UNSUPPORTED, f"{kind} accepted {field} its table marks unsupported"
+    if field in AUDITED:
+        await eventually(lambda: request_id in audit_lines.by_request)  # written as the request closes
+        assert audit_lines.by_request[request_id][field] == value, audit_lines.by_request[request_id]
+        if level is Level.EMULATED:  # the audit line is all there is: the table must say so
+            assert TABLES[kind].note(field) == AUDIT_USER_NOTE, (kind, field)
+            assert not reached(chat_gateway.sent(kind), field, value), "emulated, yet sent upstream"
+            return
     if kind == "mock":
         return  # the simulator in-process: its answer is the evidence (tests/backends/test_mock_chat.py)
     sent = chat_gateway.sent(kind)

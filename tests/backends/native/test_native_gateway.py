@@ -5,7 +5,7 @@ says what must happen, and :func:`test_every_field_through_the_gateway` checks e
 
 - ``translated``: the field reaches the upstream in its native form (:data:`CASES` names where);
 - ``emulated``: the gateway does it (several upstream calls, text put back or cut, a usage
-  chunk, ...) and the client sees OpenAI's behaviour;
+  chunk, ``user`` recorded in the audit line, ...) and the client sees OpenAI's behaviour;
 - ``unsupported``: 400 ``unsupported_parameter`` naming the field and the backend, and no
   upstream call; the field's neutral value passes.
 
@@ -15,6 +15,7 @@ the README matrix rendered from them) in step.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +27,7 @@ import pytest
 import pytest_asyncio
 import respx
 
-from backends.capabilities import ALL_FIELDS, Level
+from backends.capabilities import ALL_FIELDS, AUDIT_USER_NOTE, Level
 from backends.native.common import NativeCapabilities
 from backends.native.llamacpp import LLAMACPP_CAPABILITIES
 from backends.native.ollama import OLLAMA_CAPABILITIES
@@ -71,6 +72,20 @@ def _models_yaml() -> str:
         f"  - name: {model_of(kind)}\n    routes: [{{backend: {kind}-a, model: {UPSTREAM_MODEL[kind]}}}]\n"
         for kind in KINDS
     )
+
+
+class AuditLines(logging.Handler):
+    """Every audit line the module's gateway wrote (its audit log is on)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[dict[str, Any]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(orjson.loads(record.getMessage()))
+
+
+AUDIT = AuditLines()
 
 
 class Upstreams:
@@ -127,16 +142,19 @@ def upstreams(routes: Upstreams) -> Upstreams:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def native_gateway() -> AsyncIterator[str]:
     text = (
-        "server: {host: 127.0.0.1, port: 0}\nbackends:\n"
+        "server: {host: 127.0.0.1, port: 0, audit_log: true}\nbackends:\n"
         + _backends_yaml()
         + "  - name: sim\n    type: mock\nmodels:\n"
         + _models_yaml()
     )
+    logger = logging.getLogger("gateway.audit")
+    logger.addHandler(AUDIT)
     runner, url = await serve_app(create_app(parse_config(text, "<test config>", env={})))
     try:
         yield url
     finally:
         await runner.cleanup()
+        logger.removeHandler(AUDIT)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -267,7 +285,11 @@ def _stream_usage(kind: str, chunks: Any, sent: Sent) -> None:
 
 @expect
 def _user(kind: str, resp: Any, sent: Sent) -> None:
+    # No native server has an end-user field: the gateway honours it in the request's audit line
+    # (written before the answer leaves), and the table says so.
     assert b"client-7" not in orjson.dumps(sent[0])
+    assert any(line["user"] == "client-7" and line["model"] == model_of(kind) for line in AUDIT.lines), AUDIT.lines
+    assert TABLES[kind].level("user") is Level.EMULATED and TABLES[kind].notes["user"] == AUDIT_USER_NOTE
 
 
 @expect

@@ -10,6 +10,7 @@ import aiohttp
 import orjson
 import pytest
 
+from gateway.security.audit import USER_MAX, audit_user
 from tests.conftest import MOCK_MODEL, OPENAI_MODEL
 from tests.fakes import Behaviour
 from tests.gateway.security.conftest import AUTH_A, AUTH_B, KEY_A, MakeSecureGateway, auth_section
@@ -72,3 +73,29 @@ async def test_audit_without_auth(secure_gateway: MakeSecureGateway, audit_lines
     assert await post(gw.url, {"model": MOCK_MODEL, "prompt": "hi"}, {}) == 200
     [line] = audit_lines.records
     assert line["key"] is None and line["model"] == MOCK_MODEL and line["backend"] == "sim"
+
+
+async def test_user_is_recorded_bounded_and_escaped_never_a_label(
+    secure_gateway: MakeSecureGateway, audit_lines: Lines
+) -> None:
+    gw = await secure_gateway(server="audit_log: true")
+    forged = 'u-1\n{"event":"completion","key":"admin"}\x1b[2J\x85\u2028'
+    assert await post(gw.url, {"model": MOCK_MODEL, "prompt": "hi", "user": forged}, {}) == 200
+    assert await post(gw.url, {"model": MOCK_MODEL, "prompt": "hi", "user": "x" * 5000}, {}) == 200
+    assert await post(gw.url, {"model": MOCK_MODEL, "prompt": "hi"}, {}) == 200
+    escaped, long, unset = audit_lines.records
+    assert escaped["user"] == 'u-1\\u000a{"event":"completion","key":"admin"}\\u001b[2J\\u0085\\u2028'
+    assert long["user"] == "x" * USER_MAX
+    assert unset["user"] is None
+    async with aiohttp.ClientSession() as session:
+        async with session.get(gw.url + "/metrics") as resp:
+            metrics = await resp.text()
+    assert "u-1" not in metrics and "x" * 64 not in metrics
+
+
+def test_audit_user_escapes_every_control_character() -> None:
+    controls = "".join(map(chr, [*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029]))
+    written = audit_user("a" + controls + "é€😀")
+    assert written is not None and written.isprintable() and written.endswith("é€😀")
+    assert written.count("\\u") == len(controls)
+    assert audit_user(None) is None
