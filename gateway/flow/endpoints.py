@@ -16,6 +16,7 @@ from types import MappingProxyType
 from typing import Any
 
 from backends.base import Backend, Call, ChatCall, CompletionResult, CompletionStream, UpstreamCall
+from backends.tool_call_order import SequentialToolCalls
 from gateway.served import ServedRequest
 from schemas.endpoints import ENDPOINT_PATHS, Endpoint
 from schemas.errors import UnsupportedParameterError
@@ -46,7 +47,14 @@ def _chat(backend: Backend, call: ChatCall) -> Awaitable[CompletionResult]:
 
 
 def _chat_stream(backend: Backend, call: ChatCall) -> Awaitable[CompletionStream]:
-    return backend.chat_stream(call)
+    if call.request.tools:
+        return _sequential(backend, call)
+    return backend.chat_stream(call)  # no tools, no tool calls: nothing to reorder, nothing paid
+
+
+async def _sequential(backend: Backend, call: ChatCall) -> CompletionStream:
+    """Every backend's chat stream with tool calls, re-emitted one call after another (as OpenAI's)."""
+    return SequentialToolCalls(await backend.chat_stream(call))
 
 
 @dataclass(frozen=True, slots=True)

@@ -270,9 +270,9 @@ async def test_openai_client_parses_and_reassembles_every_stream(chat_gateway: C
 
 # The client's ``stream()`` helper closes a tool call when the next index appears: it assumes
 # calls arrive one after another, as OpenAI sends them. The openai/vllm/llama.cpp goldens
-# interleave two calls' fragments (the gateway relays them as they come), so only the
-# backends whose streams finish each call first are asked to pass it.
-SEQUENTIAL_CALLS = [model_of(kind) for kind in ("tgi", "ollama", "mock")]
+# interleave two calls' fragments; the gateway re-emits every chat stream with calls in order
+# (backends/tool_call_order.py), so every backend type is asked to pass it.
+SEQUENTIAL_CALLS = [model_of(kind) for kind in KINDS]
 
 
 @pytest.mark.parametrize("model", SEQUENTIAL_CALLS)

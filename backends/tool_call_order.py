@@ -1,0 +1,274 @@
+"""Streamed tool calls leave the gateway one after another, the way OpenAI sends them.
+
+A chat stream may carry several tool calls per choice, each delta fragment tagged with its
+call's ``index``. Interleaving them (call 0, call 1, call 0, ...) is legal by index, and vLLM's
+and llama.cpp's parsers do it; but OpenAI sends each call whole before the next, and clients
+are built on that: the official client's ``chat.completions.stream()`` helper (and others made
+the same way) closes a call, parsing its arguments, as soon as another index appears, so with
+interleaved fragments its final completion is wrong. :class:`SequentialToolCalls` re-emits
+every chat stream out of the gateway in OpenAI's order, per choice (``n > 1`` has several):
+
+- the first call seen is relayed live; fragments of any other call are held, merged into one
+  fragment per call (``id``/``type``/``name`` from its first fragment, arguments concatenated,
+  byte for byte);
+- a call is complete when its arguments close as JSON (the depth of ``{``/``[`` outside
+  strings returns to zero) or at the choice's ``finish_reason``; then the lowest held call is
+  released (its merged fragment, with ``id``/``type``/``name``: its first delta) and goes live;
+- at ``finish_reason`` whatever is still held is released, in index order, in one chunk that
+  carries the finish reason (the event it came in keeps its other content, finish reason
+  moved); a stream that ends without one releases it all before it ends.
+
+Cost: the request path wraps only streams whose request offers ``tools``
+(``gateway.flow.endpoints``), so a stream that cannot carry tool calls pays nothing.
+Inside, a read without ``"tool_calls"`` while no call is open is passed on after one
+``bytes`` search; only events of a stream with calls open are parsed.
+
+The wrapped stream's contract (:class:`~backends.base.CompletionStream`) is kept: whole
+events, ``finished``/``usage`` copied from the inner stream after each read, ``aclose()`` closes it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from backends.base import CompletionStream
+
+__all__ = ["SequentialToolCalls"]
+
+_TOOL_CALLS = b'"tool_calls"'  # JSON structure only: inside generated text the quotes are escaped
+_KEEP_FIRST = frozenset({"index", "id", "type"})  # a call's identity, never concatenated
+
+
+class _Arguments:
+    """Whether a call's streamed arguments have closed as JSON; fed fragment by fragment."""
+
+    __slots__ = ("depth", "escaped", "in_string", "opened")
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.in_string = False
+        self.escaped = False
+        self.opened = False
+
+    def feed(self, text: str) -> bool:
+        """Take the next fragment; True once the arguments are one closed JSON object or array."""
+        depth, in_string, escaped = self.depth, self.in_string, self.escaped
+        for ch in text:
+            if in_string:
+                if escaped:
+                    escaped = False
+                elif ch == "\\":
+                    escaped = True
+                elif ch == '"':
+                    in_string = False
+            elif ch == '"':
+                in_string = True
+            elif ch == "{" or ch == "[":
+                depth += 1
+                self.opened = True
+            elif ch == "}" or ch == "]":
+                depth -= 1
+        self.depth, self.in_string, self.escaped = depth, in_string, escaped
+        return self.opened and depth <= 0 and not in_string
+
+
+def _arguments_of(fragment: dict[str, Any]) -> str:
+    function = fragment.get("function")
+    arguments = function.get("arguments") if isinstance(function, dict) else None
+    return arguments if isinstance(arguments, str) else ""
+
+
+def _merge(into: dict[str, Any], fragment: dict[str, Any]) -> None:
+    """``fragment`` accumulated into ``into`` as a client would: strings concatenated, objects merged."""
+    for key, value in fragment.items():
+        have = into.get(key)
+        if have is None:
+            into[key] = dict(value) if isinstance(value, dict) else value
+        elif isinstance(value, dict) and isinstance(have, dict):
+            _merge(have, value)
+        elif isinstance(value, str) and isinstance(have, str) and key not in _KEEP_FIRST:
+            into[key] = have + value
+
+
+class _Choice:
+    """One choice's calls: the live one, the held ones (merged) and the ones already done."""
+
+    __slots__ = ("arguments", "done", "held", "live")
+
+    def __init__(self) -> None:
+        self.live: int | None = None
+        self.arguments = _Arguments()
+        self.held: dict[int, dict[str, Any]] = {}
+        self.done: set[int] = set()
+
+    def take(self, fragments: list[Any]) -> list[Any]:
+        """The fragments to relay now, in order; the others are held."""
+        out: list[Any] = []
+        for fragment in fragments:
+            index = fragment.get("index") if isinstance(fragment, dict) else None
+            if not isinstance(index, int):
+                out.append(fragment)  # not a call fragment we can place: as it came
+                continue
+            if self.live is None and index not in self.done:
+                self.live, self.arguments = index, _Arguments()
+            if index == self.live:
+                out.append(fragment)
+                if self.arguments.feed(_arguments_of(fragment)):
+                    self._advance(out)
+            elif index in self.done:
+                out.append(fragment)  # late bytes of a closed call (trailing space): never dropped
+            else:
+                held = self.held.get(index)
+                if held is None:
+                    self.held[index] = _copy(fragment)
+                else:
+                    _merge(held, fragment)
+        return out
+
+    def _advance(self, out: list[Any]) -> None:
+        """The live call is complete: release the lowest held call, which goes live (and so on)."""
+        while True:
+            assert self.live is not None
+            self.done.add(self.live)
+            self.live = None
+            if not self.held:
+                return
+            index = min(self.held)
+            merged = self.held.pop(index)
+            out.append(merged)
+            self.live, self.arguments = index, _Arguments()
+            if not self.arguments.feed(_arguments_of(merged)):
+                return
+
+    def release(self) -> list[dict[str, Any]]:
+        """Every held call, merged, in index order (the choice is finishing)."""
+        return [self.held[index] for index in sorted(self.held)]
+
+
+def _copy(fragment: dict[str, Any]) -> dict[str, Any]:
+    merged: dict[str, Any] = {}
+    _merge(merged, fragment)
+    return merged
+
+
+class SequentialToolCalls(CompletionStream):
+    """A chat stream with each choice's tool calls re-emitted one after another (module docstring)."""
+
+    def __init__(self, inner: CompletionStream) -> None:
+        self._inner = inner
+        self._choices: dict[Any, _Choice] = {}  # by choice index, while it has calls and no finish yet
+        self._envelope: dict[str, Any] | None = None  # the last parsed chunk, for a release at the end
+        self._ended = False
+
+    async def __anext__(self) -> bytes:
+        while True:
+            inner = self._inner
+            try:
+                block = await inner.__anext__()
+            except StopAsyncIteration:
+                self.finished, self.usage = inner.finished, inner.usage
+                tail = self._release_all()
+                if tail:
+                    return tail
+                raise
+            except BaseException:
+                self.finished, self.usage = inner.finished, inner.usage
+                raise
+            self.finished, self.usage = inner.finished, inner.usage  # read by the consumer after each block
+            if not self._choices and _TOOL_CALLS not in block:
+                return block  # no call open and none starting: as it came
+            out = self._reorder(block)
+            if inner.finished:
+                out += self._release_all()  # the consumer sends this block last
+            if out:
+                return out
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+        self.finished, self.usage = self._inner.finished, self._inner.usage
+
+    def _reorder(self, block: bytes) -> bytes:
+        out: list[bytes] = []
+        for event in block.split(b"\n\n"):
+            if not event:
+                continue
+            if not self._choices and _TOOL_CALLS not in event:
+                out.append(event + b"\n\n")
+                continue
+            try:
+                obj = orjson.loads(event[5:] if event.startswith(b"data:") else event)
+            except orjson.JSONDecodeError:
+                obj = None
+            choices = obj.get("choices") if isinstance(obj, dict) else None
+            if not isinstance(choices, list) or not choices:
+                out.append(event + b"\n\n")  # a usage chunk, or nothing this class reorders
+                continue
+            out.extend(self._event(obj, choices, event))
+        return b"".join(out)
+
+    def _event(self, obj: dict[str, Any], choices: list[Any], raw: bytes) -> list[bytes]:
+        """One chunk: its call fragments placed, then (after it) a release for each choice finishing."""
+        self._envelope = obj
+        changed = False
+        after: list[bytes] = []
+        kept: list[Any] = []
+        for choice in choices:
+            if not isinstance(choice, dict):
+                kept.append(choice)
+                continue
+            index = choice.get("index")
+            delta = choice.get("delta")
+            fragments = delta.get("tool_calls") if isinstance(delta, dict) else None
+            state = self._choices.get(index)
+            if isinstance(fragments, list) and fragments:
+                if state is None:
+                    state = self._choices[index] = _Choice()
+                now = state.take(fragments)
+                if len(now) != len(fragments) or any(a is not b for a, b in zip(now, fragments, strict=True)):
+                    changed = True
+                    assert isinstance(delta, dict)
+                    if now:
+                        delta["tool_calls"] = now
+                    else:
+                        del delta["tool_calls"]
+            finish = choice.get("finish_reason")
+            if finish is not None and state is not None:
+                del self._choices[index]
+                held = state.release()
+                if held:
+                    changed = True
+                    choice["finish_reason"] = None
+                    after.append(self._chunk(index, held, finish))
+            if changed and _empty(choice):
+                continue  # all it carried was held: nothing left to say
+            kept.append(choice)
+        if not changed:
+            return [raw + b"\n\n"]
+        head = [b"data: " + orjson.dumps({**obj, "choices": kept}) + b"\n\n"] if kept or obj.get("usage") else []
+        return head + after
+
+    def _chunk(self, index: Any, calls: list[dict[str, Any]], finish: Any) -> bytes:
+        """A chunk releasing ``calls`` of choice ``index`` (with its finish reason, if any)."""
+        envelope = self._envelope or {}
+        choice = {"index": index, "delta": {"tool_calls": calls}, "logprobs": None, "finish_reason": finish}
+        chunk = {key: value for key, value in envelope.items() if key != "usage"}
+        chunk["choices"] = [choice]
+        if "usage" in envelope:
+            chunk["usage"] = None
+        return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+    def _release_all(self) -> bytes:
+        """What is still held when the stream ends without a finish reason: released, never dropped."""
+        if self._ended:
+            return b""
+        self._ended = True
+        out = [self._chunk(index, held, None) for index, state in self._choices.items() if (held := state.release())]
+        self._choices.clear()
+        return b"".join(out)
+
+
+def _empty(choice: dict[str, Any]) -> bool:
+    delta = choice.get("delta")
+    return choice.get("finish_reason") is None and choice.get("logprobs") is None and not delta
