@@ -21,7 +21,8 @@ the capability table refused, by name, what the server cannot honour):
 
 Answer side: :func:`normalise_chat_body` rebuilds a non-streamed ``chat.completion`` in
 OpenAI's shape (vLLM-only fields such as ``prompt_logprobs``, ``stop_reason``,
-``kv_transfer_params``, empty ``tool_calls`` lists dropped), maps ``finish_reason`` like
+``kv_transfer_params``, empty ``tool_calls`` lists dropped, the ``""`` content of a forced
+call as ``null``), maps ``finish_reason`` like
 completions (:func:`~backends.vllm.dialect.map_finish_reason`) and names the reasoning text
 :data:`REASONING_FIELD`; streams do the same in ``backends.vllm.stream.VLLMChatStreamRelay``.
 
@@ -78,15 +79,20 @@ def normalise_chat_body(obj: dict[str, Any], public_model: str, backend: str) ->
         if not isinstance(message, dict):
             message = {}
         rename_reasoning(message)
+        tool_calls = message.get("tool_calls")
+        content = message.get("content")
+        if tool_calls and content == "":
+            # vLLM builds named/required answers with ``content or ""``; OpenAI sends null beside calls.
+            content = None
         out_message: dict[str, Any] = {
             "role": message.get("role") or "assistant",
-            "content": message.get("content"),
+            "content": content,
             "refusal": message.get("refusal"),
         }
         if message.get(REASONING_FIELD) is not None:
             out_message[REASONING_FIELD] = message[REASONING_FIELD]
-        if message.get("tool_calls"):  # vLLM sends [] when there are none; OpenAI leaves the key out
-            out_message["tool_calls"] = message["tool_calls"]
+        if tool_calls:  # vLLM sends [] when there are none; OpenAI leaves the key out
+            out_message["tool_calls"] = tool_calls
         choices.append(
             {
                 "index": choice.get("index", 0),
