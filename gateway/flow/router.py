@@ -29,9 +29,10 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Protocol
+from typing import Any, Protocol
 
 from backends.base import Backend
+from backends.capabilities import AUDIT_USER_NOTE, Capabilities
 from gateway.flow.admission import Limiter
 from gateway.flow.endpoints import EndpointOps
 from gateway.flow.health import CircuitBreaker
@@ -39,7 +40,7 @@ from gateway.flow.retry import RetryPolicy
 from gateway.served import ServedRequest
 from schemas.config import GatewayConfig, ModelConfig
 from schemas.endpoints import ENDPOINT_PATHS, Endpoint
-from schemas.errors import NotFoundError
+from schemas.errors import NotFoundError, UnsupportedParameterError
 
 __all__ = [
     "BackendGuard",
@@ -228,6 +229,11 @@ class Router:
         self, config: GatewayConfig, backends: Mapping[str, Backend], guards: Mapping[str, BackendGuard]
     ) -> None:
         self.models: dict[str, ModelEntry] = {m.name: self._entry(m, backends, guards) for m in config.models}
+        # ``user`` is honoured on a server without an end-user field only by the audit line: with
+        # the audit log off nothing would record it, so those backends refuse it by name.
+        self._user_unrecorded: frozenset[str] = (
+            frozenset() if config.server.audit_log else frozenset(n for n, b in backends.items() if _records_user(b))
+        )
 
     @staticmethod
     def _entry(model: ModelConfig, backends: Mapping[str, Backend], guards: Mapping[str, BackendGuard]) -> ModelEntry:
@@ -254,6 +260,8 @@ class Router:
         """Routes able to serve ``request`` on ``ops``'s endpoint, in try order; raises if there are none."""
         routes = entry.routes_for(ops)
         refusal = ops.refusal
+        if self._user_unrecorded and request.user is not None:
+            refusal = _refusing_user(refusal, self._user_unrecorded)
         if len(routes) == 1:  # the common case, without allocations beyond the list
             route = routes[0]
             error = refusal(route.backend, request)
@@ -266,3 +274,28 @@ class Router:
             assert error is not None  # not eligible: it refuses something
             raise error
         return entry.strategy.order(eligible) if len(eligible) > 1 else eligible
+
+
+_UNRECORDED_USER = (
+    "the server has no end-user field and the gateway records `user` only in its audit log, "
+    "which is off (server.audit_log: true turns it on)"
+)
+
+
+def _records_user(backend: Backend) -> bool:
+    """Whether ``backend`` honours ``user`` only through the gateway's audit line."""
+    chat = backend.chat_capabilities
+    return backend.capabilities.notes.get("user") == AUDIT_USER_NOTE or (
+        chat is not None and chat.note("user") == AUDIT_USER_NOTE
+    )
+
+
+def _refusing_user(
+    refusal: Callable[[Backend, Any], UnsupportedParameterError | None], names: frozenset[str]
+) -> Callable[[Backend, Any], UnsupportedParameterError | None]:
+    def refuse(backend: Backend, request: ServedRequest) -> UnsupportedParameterError | None:
+        if backend.name in names:
+            return Capabilities.refusal_error("user", backend.name, backend.kind, _UNRECORDED_USER)
+        return refusal(backend, request)
+
+    return refuse
