@@ -9,7 +9,7 @@ how the stream is framed (SSE or NDJSON), and implements three mappings:
 - :meth:`NativeBackend.event`: one native stream event -> :class:`Event` (or None to skip).
 
 Everything else is shared: ``n``, ``best_of`` and prompt batches by fan-out
-(``backends.emulation.fanout``), the OpenAI choice and logprobs (``backends.native.common``),
+(``backends.emulation.fanout``), the OpenAI choice and logprobs (``backends.native.choice``),
 error statuses (``backends.errors``), and the stream contract of ``backends.base``: a
 stream that ends without its final event, or with a native error event, raises an
 ``UpstreamProtocolError`` after the chunks that came before it.
@@ -43,14 +43,8 @@ from backends.errors import (
     error_from_upstream_body,
 )
 from backends.native.chat import ChatTranslator, ChatTurn, chat_head, estimate_prompt_tokens
-from backends.native.common import (
-    ChoiceTracker,
-    Event,
-    Generation,
-    build_choice,
-    completion_head,
-    upstream_failed,
-)
+from backends.native.choice import ChoiceTracker, build_choice
+from backends.native.common import Event, Generation, completion_head, upstream_failed
 from backends.native.stream import ChatEvents, Events, Finished, NativeChoiceStream, TextEvents
 from backends.transport import make_transport
 from backends.transport.base import HTTPTransport, UpstreamResponse, get_ok, send_ok

@@ -23,7 +23,8 @@ from backends.base import TokenUsage
 from backends.emulation.fanout import ChoiceStream, PartResult
 from backends.errors import UpstreamError, UpstreamProtocolError
 from backends.native.chat import ChatPiece, ChatTranslator, ChatTurn, estimate_prompt_tokens
-from backends.native.common import ChoiceTracker, Event
+from backends.native.choice import ChoiceTracker
+from backends.native.common import Event
 from backends.transport.base import UpstreamResponse
 from backends.transport.sse import EventBuffer, sse_data
 from schemas.chat import ChatCompletionRequest

@@ -8,7 +8,8 @@ import pytest
 
 from backends.capabilities import Capabilities
 from backends.mock import MOCK_CAPABILITIES
-from backends.native.common import ChoiceTracker, StopCutter, TokenLogprob, fit_tokens, legacy_logprobs
+from backends.native.choice import ChoiceTracker, StopCutter, legacy_logprobs
+from backends.native.common import TokenLogprob, fit_tokens
 from backends.native.llamacpp import LLAMACPP_CAPABILITIES, choice_grammar
 from backends.native.ollama import OLLAMA_CAPABILITIES
 from backends.native.tgi import TGI_CAPABILITIES, choice_regex
