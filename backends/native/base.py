@@ -44,7 +44,7 @@ from backends.errors import (
 )
 from backends.native.chat import ChatTranslator, ChatTurn, chat_head, estimate_prompt_tokens
 from backends.native.choice import ChoiceTracker, build_choice
-from backends.native.common import Event, Generation, completion_head, upstream_failed
+from backends.native.common import Event, Generation, completion_head
 from backends.native.stream import ChatEvents, Events, Finished, NativeChoiceStream, TextEvents
 from backends.transport import make_transport
 from backends.transport.base import HTTPTransport, UpstreamResponse, get_ok, send_ok
@@ -54,7 +54,7 @@ from schemas.config import LlamaCppBackendConfig, OllamaBackendConfig, TGIBacken
 from schemas.endpoints import Endpoint
 from schemas.errors import UnsupportedParameterError
 
-__all__ = ["NativeBackend", "NativeConfig", "error_message", "stream_error"]
+__all__ = ["NativeBackend", "NativeConfig", "error_message"]
 
 NativeConfig = TGIBackendConfig | OllamaBackendConfig | LlamaCppBackendConfig
 Header = Callable[[str], str | None]
@@ -159,13 +159,7 @@ class NativeBackend(Backend):
         self._check(call.request)
         plan = fanout.plan(call.request)
         choices, usage = await fanout.complete(plan, lambda part: self._complete_part(part, call))
-        body = {
-            **completion_head(call.public_model),
-            "choices": choices,
-            "system_fingerprint": None,
-            "usage": usage.as_json(),
-        }
-        return CompletionResult(orjson.dumps(body), usage)
+        return _answer(completion_head(call.public_model), choices, usage)
 
     async def _complete_part(self, part: Part[CompletionRequest], call: UpstreamCall) -> PartResult:
         request = part.request
@@ -182,10 +176,7 @@ class NativeBackend(Backend):
         self._check(call.request)
         plan = fanout.plan(call.request)
         streams = await fanout.open_streams(plan, lambda part: self._open_part(part, call))
-        options = call.request.stream_options
-        return FanoutStream(
-            plan, streams, completion_head(call.public_model), include_usage=bool(options and options.include_usage)
-        )
+        return FanoutStream(plan, streams, completion_head(call.public_model), include_usage=call.request.include_usage)
 
     async def _open_part(self, part: Part[CompletionRequest], call: UpstreamCall) -> ChoiceStream:
         request = part.request
@@ -228,14 +219,7 @@ class NativeBackend(Backend):
             return PartResult(self._turn(part, call).message(piece), usage)
 
         choices, usage = await fanout.complete(plan, one)
-        body = {
-            **chat_head(call.public_model),
-            "object": "chat.completion",
-            "choices": choices,
-            "system_fingerprint": None,
-            "usage": usage.as_json(),
-        }
-        return CompletionResult(orjson.dumps(body), usage)
+        return _answer({**chat_head(call.public_model), "object": "chat.completion"}, choices, usage)
 
     async def chat_stream(self, call: ChatCall) -> CompletionStream:
         translator = self._translator(call.request)
@@ -248,10 +232,7 @@ class NativeBackend(Backend):
             return self._choice_stream(resp, events, translator.framing)
 
         streams = await fanout.open_streams(plan, open_one)
-        options = call.request.stream_options
-        return FanoutStream(
-            plan, streams, chat_head(call.public_model), include_usage=bool(options and options.include_usage)
-        )
+        return FanoutStream(plan, streams, chat_head(call.public_model), include_usage=call.request.include_usage)
 
     async def health(self) -> bool:
         headers = {k: v for k, v in self._headers.items() if k != "Content-Type"}
@@ -261,6 +242,7 @@ class NativeBackend(Backend):
         await self._transport.close()
 
 
-def stream_error(backend: NativeBackend, message: str) -> UpstreamProtocolError:
-    """A native error event in a stream, as the error the gateway ends the stream with."""
-    return upstream_failed(backend.name, message)
+def _answer(head: dict[str, Any], choices: list[dict[str, Any]], usage: TokenUsage) -> CompletionResult:
+    """A whole non-streaming answer (either endpoint): the head, the fanned-in choices, usage."""
+    body = {**head, "choices": choices, "system_fingerprint": None, "usage": usage.as_json()}
+    return CompletionResult(orjson.dumps(body), usage)

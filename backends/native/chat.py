@@ -32,8 +32,7 @@ from typing import Any, ClassVar, Literal
 from backends.base import TokenUsage
 from backends.capabilities import Capabilities
 from backends.chat_capabilities import ChatCapabilities
-from backends.errors import UpstreamProtocolError
-from backends.native.common import answer_head
+from backends.native.common import answer_head, no_logprobs
 from schemas.chat import ChatCompletionRequest
 from schemas.chat_messages import AssistantMessage, FunctionMessage, NamedFunctionChoice, TextPart
 from schemas.errors import UnsupportedParameterError
@@ -172,13 +171,7 @@ class ChatTurn:
         if not self._want_logprobs:
             return None
         if piece.logprobs is None and piece.content:
-            raise UpstreamProtocolError(
-                f"backend '{self._backend}' answered without the logprobs the request asked for "
-                "(the server does not support them)",
-                param="logprobs",
-                backend=self._backend,
-                reason="no_logprobs",
-            )
+            raise no_logprobs(self._backend)
         entries = [{**e, "top_logprobs": e["top_logprobs"][: self._k]} for e in piece.logprobs or ()]
         return {"content": entries, "refusal": None}
 

@@ -16,8 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from backends.errors import UpstreamProtocolError
-from backends.native.common import Generation, TokenLogprob, first_stop, fit_tokens, stops_of
+from backends.native.common import Generation, TokenLogprob, first_stop, fit_tokens, no_logprobs, stops_of
 from schemas.completions import CompletionRequest
 
 __all__ = ["ChoiceTracker", "StopCutter", "build_choice", "legacy_logprobs"]
@@ -146,15 +145,7 @@ class ChoiceTracker:
         start = self._offset + len(prefix)  # where this piece's generated text begins
         self._offset = start + len(text)
         if self._want_logprobs and tokens is None and text:
-            # An upstream that ignores the field (an Ollama without logprobs) would give an empty
-            # success; the reference says the sampled token's logprob is always returned.
-            raise UpstreamProtocolError(
-                f"backend '{self._backend}' answered without the logprobs the request asked for "
-                "(the server does not support them)",
-                param="logprobs",
-                backend=self._backend,
-                reason="no_logprobs",
-            )
+            raise no_logprobs(self._backend)
         logprobs = legacy_logprobs(tokens or [], start, self._k) if self._want_logprobs else None
         return {"text": prefix + text, "logprobs": logprobs, "finish_reason": finish}
 

@@ -33,6 +33,7 @@ __all__ = [
     "TOKEN_PROMPT_RULE",
     "Event",
     "Generation",
+    "HasStop",
     "NativeCapabilities",
     "Rule",
     "Sampling",
@@ -44,8 +45,10 @@ __all__ = [
     "first_stop",
     "fit_tokens",
     "guided_json_schema",
+    "logit_bias_pairs",
     "logprob_tokens",
     "native_seed",
+    "no_logprobs",
     "stops_of",
     "upstream_failed",
     "upstream_max_tokens",
@@ -128,6 +131,20 @@ class Event:
     stop_word: str = ""
 
 
+def no_logprobs(backend: str) -> UpstreamProtocolError:
+    """Text generated without the logprobs the request asked for (either endpoint).
+
+    An upstream that ignores the field (an Ollama without logprobs) would otherwise give an
+    empty success; the reference says the sampled token's logprob is always returned.
+    """
+    return UpstreamProtocolError(
+        f"backend '{backend}' answered without the logprobs the request asked for (the server does not support them)",
+        param="logprobs",
+        backend=backend,
+        reason="no_logprobs",
+    )
+
+
 def upstream_failed(backend: str, message: str) -> UpstreamProtocolError:
     """A native error event in a stream (either endpoint), as the error the gateway ends the stream with."""
     return UpstreamProtocolError(f"the upstream failed mid-stream: {message}", backend=backend, reason="stream_error")
@@ -136,7 +153,15 @@ def upstream_failed(backend: str, message: str) -> UpstreamProtocolError:
 # --- request helpers --------------------------------------------------------------------------
 
 
-def stops_of(request: CompletionRequest) -> list[str]:
+class HasStop(Protocol):
+    """A completions or chat request: both carry ``stop`` with the same meaning."""
+
+    @property
+    def stop(self) -> str | list[str] | None: ...
+
+
+def stops_of(request: HasStop) -> list[str]:
+    """``stop`` as a list (a lone string is one stop sequence)."""
     stop = request.stop
     if stop is None:
         return []
@@ -196,6 +221,11 @@ def guided_json_schema(request: CompletionRequest) -> dict[str, Any] | bool:
     if not isinstance(value, dict | bool):
         raise InvalidRequestError("guided_json must be a JSON Schema object", param="guided_json")
     return value
+
+
+def logit_bias_pairs(bias: Mapping[str, float]) -> list[list[int | float]]:
+    """``logit_bias`` as ``[[token_id, bias], ...]``: the form every llama.cpp build reads."""
+    return [[int(token), value] for token, value in bias.items()]
 
 
 def native_seed(seed: int) -> int:

@@ -28,7 +28,7 @@ from backends.base import TokenUsage, UpstreamCall
 from backends.capabilities import AUDIT_USER_NOTE, Level
 from backends.emulation.fanout import FANOUT_RULES
 from backends.errors import UpstreamProtocolError
-from backends.native.base import NativeBackend, error_message, stream_error
+from backends.native.base import NativeBackend, error_message
 from backends.native.common import (
     ECHO_LOGPROBS_RULE,
     Event,
@@ -38,9 +38,11 @@ from backends.native.common import (
     explicit_sampling,
     fit_tokens,
     guided_json_schema,
+    logit_bias_pairs,
     logprob_tokens,
     native_seed,
     stops_of,
+    upstream_failed,
     upstream_max_tokens,
 )
 from backends.native.llamacpp_chat import LlamaCppChat
@@ -103,7 +105,7 @@ class LlamaCppBackend(NativeBackend):
         if request.logprobs is not None:
             body["n_probs"] = max(request.logprobs, 1)
         if request.logit_bias:
-            body["logit_bias"] = [[int(token), bias] for token, bias in request.logit_bias.items()]
+            body["logit_bias"] = logit_bias_pairs(request.logit_bias)
         if request.ignore_eos:
             body["ignore_eos"] = True
         if request.guided_json is not None:
@@ -141,7 +143,7 @@ class LlamaCppBackend(NativeBackend):
 
     def event(self, obj: dict[str, Any]) -> Event | None:
         if "error" in obj:
-            raise stream_error(self, error_message(obj))
+            raise upstream_failed(self.name, error_message(obj))
         text = obj.get("content")
         text = text if isinstance(text, str) else ""
         tokens = self._tokens(obj, text)

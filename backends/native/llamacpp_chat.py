@@ -26,7 +26,7 @@ from typing import Any
 
 from backends.chat_capabilities import LLAMACPP_CHAT
 from backends.native.chat_openai_shaped import OpenAIShapedChat, openai_messages, openai_tools
-from backends.native.common import explicit_sampling, native_seed
+from backends.native.common import explicit_sampling, logit_bias_pairs, native_seed, stops_of
 from schemas.chat import ChatCompletionRequest
 
 __all__ = ["LlamaCppChat"]
@@ -48,12 +48,12 @@ class LlamaCppChat(OpenAIShapedChat):
         if request.seed is not None:
             body["seed"] = native_seed(request.seed)
         if request.stop is not None:
-            body["stop"] = [request.stop] if isinstance(request.stop, str) else list(request.stop)
+            body["stop"] = stops_of(request)
         if request.logprobs:
             body["logprobs"] = True
             body["top_logprobs"] = max(request.top_logprobs or 0, 1)
         if request.logit_bias:
-            body["logit_bias"] = [[int(token), bias] for token, bias in request.logit_bias.items()]
+            body["logit_bias"] = logit_bias_pairs(request.logit_bias)
         if request.ignore_eos:
             body["ignore_eos"] = True
         tools = openai_tools(request, strict=True)

@@ -25,7 +25,7 @@ from backends.base import TokenUsage
 from backends.capabilities import AUDIT_USER_NOTE, Level
 from backends.emulation.fanout import FANOUT_RULES
 from backends.errors import UpstreamProtocolError
-from backends.native.base import NativeBackend, error_message, stream_error
+from backends.native.base import NativeBackend, error_message
 from backends.native.common import (
     ECHO_LOGPROBS_RULE,
     TOKEN_PROMPT_RULE,
@@ -40,6 +40,7 @@ from backends.native.common import (
     logprob_tokens,
     native_seed,
     stops_of,
+    upstream_failed,
     upstream_max_tokens,
 )
 from backends.native.ollama_chat import OllamaChat
@@ -126,7 +127,7 @@ class OllamaBackend(NativeBackend):
 
     def event(self, obj: dict[str, Any]) -> Event | None:
         if "error" in obj:
-            raise stream_error(self, error_message(obj))
+            raise upstream_failed(self.name, error_message(obj))
         text = obj.get("response")
         text = text if isinstance(text, str) else ""
         if not obj.get("done"):

@@ -47,7 +47,7 @@ from backends.native.chat import (
     estimate_prompt_tokens,
     text_of,
 )
-from backends.native.common import explicit_sampling, native_seed, upstream_failed
+from backends.native.common import explicit_sampling, native_seed, stops_of, upstream_failed
 from schemas.chat import ChatCompletionRequest
 from schemas.chat_messages import (
     AssistantMessage,
@@ -139,7 +139,7 @@ class OllamaChat(ChatTranslator):
         limit = request.max_output_tokens
         options: dict[str, Any] = {"num_predict": -1 if limit is None else limit, **explicit_sampling(request)}
         if request.stop is not None:
-            options["stop"] = [request.stop] if isinstance(request.stop, str) else list(request.stop)
+            options["stop"] = stops_of(request)
         if request.seed is not None:
             options["seed"] = native_seed(request.seed)
         body: dict[str, Any] = {

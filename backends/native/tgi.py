@@ -33,7 +33,7 @@ from backends.capabilities import AUDIT_USER_NOTE, Level
 from backends.emulation.best_of import is_greedy
 from backends.emulation.fanout import FANOUT_RULES
 from backends.errors import UpstreamProtocolError, UpstreamStatusError, error_from_upstream_body
-from backends.native.base import NativeBackend, error_message, stream_error
+from backends.native.base import NativeBackend, error_message
 from backends.native.common import (
     ECHO_LOGPROBS_RULE,
     TOKEN_PROMPT_RULE,
@@ -44,6 +44,7 @@ from backends.native.common import (
     empty_prompt_rule,
     guided_json_schema,
     stops_of,
+    upstream_failed,
     upstream_max_tokens,
 )
 from backends.native.tgi_chat import TGIChat
@@ -168,7 +169,7 @@ class TGIBackend(NativeBackend):
 
     def event(self, obj: dict[str, Any]) -> Event | None:
         if "error" in obj:
-            raise stream_error(self, error_message(obj))
+            raise upstream_failed(self.name, error_message(obj))
         token = _token(obj.get("token"), obj.get("top_tokens"))
         text = token.text if token is not None else ""
         tokens = [token] if token is not None else []

@@ -31,6 +31,7 @@ from typing import Any
 from backends.chat_capabilities import TGI_CHAT
 from backends.emulation.best_of import is_greedy
 from backends.native.chat_openai_shaped import OpenAIShapedChat, openai_messages, openai_tools
+from backends.native.common import stops_of
 from schemas.chat import ChatCompletionRequest
 from schemas.chat_messages import JSONSchemaResponseFormat
 
@@ -66,7 +67,7 @@ class TGIChat(OpenAIShapedChat):
         if request.frequency_penalty:
             body["frequency_penalty"] = request.frequency_penalty
         if request.stop is not None:
-            body["stop"] = [request.stop] if isinstance(request.stop, str) else list(request.stop)
+            body["stop"] = stops_of(request)
         if request.logprobs:
             body["logprobs"] = True
             body["top_logprobs"] = request.top_logprobs or 0

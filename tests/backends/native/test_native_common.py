@@ -7,7 +7,9 @@ from typing import Any
 import pytest
 
 from backends.capabilities import Capabilities
+from backends.errors import UpstreamProtocolError
 from backends.mock import MOCK_CAPABILITIES
+from backends.native.chat import ChatPiece, ChatTurn
 from backends.native.choice import ChoiceTracker, StopCutter, legacy_logprobs
 from backends.native.common import TokenLogprob, fit_tokens
 from backends.native.llamacpp import LLAMACPP_CAPABILITIES, choice_grammar
@@ -15,6 +17,7 @@ from backends.native.ollama import OLLAMA_CAPABILITIES
 from backends.native.tgi import TGI_CAPABILITIES, choice_regex
 from backends.openai.adapter import OPENAI_CAPABILITIES
 from backends.vllm.adapter import VLLM_CAPABILITIES
+from schemas.chat import ChatCompletionRequest
 from schemas.completions import CompletionRequest
 
 
@@ -141,3 +144,25 @@ def test_an_override_takes_over_the_fields_rules() -> None:
 @pytest.mark.parametrize("table", [OPENAI_CAPABILITIES, VLLM_CAPABILITIES, MOCK_CAPABILITIES])
 def test_the_fast_paths_pay_nothing_for_rules(table: Capabilities) -> None:
     assert type(table) is Capabilities
+
+
+# --- logprobs asked for, none sent ------------------------------------------------------------------
+
+
+def test_text_without_the_logprobs_asked_for_is_an_error_naming_logprobs() -> None:
+    """Both endpoints refuse the empty success an upstream that ignores the field would give."""
+    tracker = ChoiceTracker(req(logprobs=1), "", strips_stop=True, backend="ol")
+    with pytest.raises(UpstreamProtocolError) as completions:
+        tracker.last("Hello", None, "stop", "")
+    chat_request = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "logprobs": True}
+    )
+    turn = ChatTurn(chat_request, backend="ol", call_ids="r:0")
+    with pytest.raises(UpstreamProtocolError) as chat:
+        turn.message(ChatPiece(content="Hello", finish="stop"))
+    for error in (completions.value, chat.value):
+        assert error.param == "logprobs"
+        assert error.reason == "no_logprobs"
+        assert "backend 'ol' answered without the logprobs the request asked for" in str(error)
+    # Nothing generated, nothing missing: no error.
+    assert ChoiceTracker(req(logprobs=1), "", strips_stop=True).last("", None, "stop", "")["text"] == ""
