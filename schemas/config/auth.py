@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from schemas.config.common import Name, _Strict
+from schemas.config.common import Name, _Strict, unique_name
 
 # --- security and tenancy (gateway.security: auth, ratelimit, caps) ------------------------------
 Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-fA-F]{64}$")]
@@ -118,11 +118,7 @@ class AuthConfig(_Strict):
         names: dict[str, int] = {}
         digests: dict[str, int] = {}
         for i, key in enumerate(self.keys):
-            if key.name in names:
-                raise ValueError(
-                    f"auth.keys[{i}].name: duplicate key name {key.name!r} (first at auth.keys[{names[key.name]}])"
-                )
-            names[key.name] = i
+            unique_name(names, key.name, i, "auth.keys", "key")
             if key.sha256 in digests:
                 raise ValueError(f"auth.keys[{i}]: the same secret as auth.keys[{digests[key.sha256]}]")
             digests[key.sha256] = i

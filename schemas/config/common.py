@@ -134,6 +134,13 @@ _MANAGED_HEADERS = frozenset(
 )
 
 
+def unique_name(seen: dict[str, int], name: str, index: int, path: str, what: str) -> None:
+    """Record ``name`` as the one at ``path[index]``; a name given twice is an error naming both places."""
+    if name in seen:
+        raise ValueError(f"{path}[{index}].name: duplicate {what} name {name!r} (first at {path}[{seen[name]}])")
+    seen[name] = index
+
+
 def _check_headers(headers: dict[str, SecretStr]) -> dict[str, SecretStr]:
     """Refuse header names that could not be sent once and as written; values are never echoed."""
     seen: dict[str, str] = {}

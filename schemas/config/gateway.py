@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 
 from schemas.config.auth import AuthConfig, CostCaps
 from schemas.config.backends import BackendConfig
-from schemas.config.common import _Strict
+from schemas.config.common import _Strict, unique_name
 from schemas.config.models import ModelConfig
 from schemas.config.pool import VLLMPoolBackendConfig
 from schemas.config.server import ServerConfig
@@ -28,18 +28,10 @@ class GatewayConfig(_Strict):
     def _names_and_references(self) -> GatewayConfig:
         seen: dict[str, int] = {}
         for i, backend in enumerate(self.backends):
-            if backend.name in seen:
-                first = seen[backend.name]
-                raise ValueError(f"backends[{i}].name: duplicate backend name {backend.name!r} "
-                    f"(first at backends[{first}])")
-            seen[backend.name] = i
+            unique_name(seen, backend.name, i, "backends", "backend")
         model_seen: dict[str, int] = {}
         for i, model in enumerate(self.models):
-            if model.name in model_seen:
-                raise ValueError(
-                    f"models[{i}].name: duplicate model name {model.name!r} (first at models[{model_seen[model.name]}])"
-                )
-            model_seen[model.name] = i
+            unique_name(model_seen, model.name, i, "models", "model")
             for j, route in enumerate(model.routes):
                 if route.backend not in seen:
                     raise ValueError(

@@ -203,6 +203,15 @@ def test_duplicate_model_name() -> None:
     )
 
 
+def test_duplicate_key_name() -> None:
+    text = (
+        "backends: [{name: sim, type: mock}]\n"
+        "models: [{name: m1, routes: [{backend: sim, model: x}]}]\n"
+        "auth: {keys: [{name: team, key: aaaaaaaaaaaaaaaa-1}, {name: team, key: bbbbbbbbbbbbbbbb-2}]}\n"
+    )
+    assert only_problem(text) == ("auth.keys[1].name", "duplicate key name 'team' (first at auth.keys[0])")
+
+
 def test_route_to_undefined_backend() -> None:
     path, message = only_problem(edit("backend: sim", "backend: tgi-box"))
     assert path == "models[1].routes[1].backend"
