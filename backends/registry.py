@@ -19,6 +19,7 @@ from backends.openai.adapter import OpenAIBackend
 from backends.vllm.adapter import VLLMBackend
 from backends.vllm.pool import ReportsPool, VLLMEndpointsBackend, VLLMPoolBackend
 from backends.vllm.pool.metrics import PoolCollector
+from backends.vllm.pool.shared import PoolClients, PoolOwnership
 from schemas.config import (
     BackendConfig,
     LlamaCppBackendConfig,
@@ -30,7 +31,15 @@ from schemas.config import (
     VLLMPoolBackendConfig,
 )
 
-__all__ = ["backend_class", "build_backend", "build_backends", "metric_collectors"]
+__all__ = [
+    "PoolClients",
+    "PoolOwnership",
+    "backend_class",
+    "build_backend",
+    "build_backends",
+    "build_worker_backends",
+    "metric_collectors",
+]
 
 
 def backend_class(config: BackendConfig) -> type[Backend]:
@@ -63,6 +72,13 @@ def build_backend(config: BackendConfig) -> Backend:
 
 def build_backends(configs: list[BackendConfig]) -> dict[str, Backend]:
     return {config.name: build_backend(config) for config in configs}
+
+
+def build_worker_backends(configs: list[BackendConfig], row: int) -> tuple[dict[str, Backend], PoolClients]:
+    """A worker of ``gateway serve --workers N``: its ``vllm-pool`` backends route over the pools the
+    control process runs (``PoolOwnership``), fed by the returned ``PoolClients``; the rest as usual."""
+    pools = PoolClients([c for c in configs if isinstance(c, VLLMPoolBackendConfig)], row)
+    return {c.name: pools.clients.get(c.name) or build_backend(c) for c in configs}, pools
 
 
 def metric_collectors(backends: Mapping[str, Backend]) -> Sequence[Collector]:

@@ -12,6 +12,8 @@ whose per-listener queue loses its connections when a worker dies).
   control process exits when they have, killing any still there ``drain_timeout + 15`` s later.
 - SIGHUP is forwarded to every worker (config reload happens in each); nothing is restarted.
 - It merges the workers' metrics (:mod:`gateway.workers.merge`) for any worker's ``/metrics``.
+- It owns the ``vllm-pool`` backends (:mod:`gateway.workers.pools`): started before the first
+  worker, stopped after the last one drained; the workers route over them.
 """
 
 from __future__ import annotations
@@ -28,8 +30,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from backends.registry import PoolOwnership
 from gateway.workers.channel import read_frame, write_frame
 from gateway.workers.merge import MetricsMerger
+from gateway.workers.pools import PoolWatchers
+from schemas.config import VLLMPoolBackendConfig
 
 __all__ = ["Control"]
 
@@ -55,7 +60,14 @@ def bind(host: str, port: int, backlog: int = 2048) -> socket.socket:
 
 class Control:
     def __init__(
-        self, config_path: str, workers: int, sock: socket.socket, *, drain_timeout: float, log_level: str = "INFO"
+        self,
+        config_path: str,
+        workers: int,
+        sock: socket.socket,
+        *,
+        drain_timeout: float,
+        log_level: str = "INFO",
+        pools: list[VLLMPoolBackendConfig] | None = None,
     ) -> None:
         self._config_path = config_path
         self._workers = workers
@@ -66,6 +78,8 @@ class Control:
         self._stopping = False
         self._merger = MetricsMerger()
         self._ids = itertools.count(1)
+        self._pool_configs = pools or []
+        self._pools: PoolWatchers | None = None
         self.restarts = 0
 
     async def run(self) -> int:
@@ -78,8 +92,12 @@ class Control:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         loop.add_signal_handler(signal.SIGHUP, self._forward, signal.SIGHUP)
-        slots = [asyncio.create_task(self._keep(k, channel)) for k in range(self._workers)]
+        slots: list[asyncio.Task[None]] = []
         try:
+            if self._pool_configs:
+                self._pools = PoolWatchers(PoolOwnership(self._pool_configs, self._workers, workdir))
+                await self._pools.start()  # spawns the vLLM processes; the workers find them
+            slots = [asyncio.create_task(self._keep(k, channel)) for k in range(self._workers)]
             await stop.wait()
             log.info("shutting down: draining %d worker(s)", len(self._procs))
             self._stopping = True
@@ -95,6 +113,8 @@ class Control:
         finally:
             for task in slots:
                 task.cancel()
+            if self._pools is not None:
+                await self._pools.close()  # only now: the workers' calls to vLLM have finished
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
             server.close()
@@ -138,8 +158,13 @@ class Control:
         """One worker's channel (see gateway.workers.channel); its end retires the worker's gauges."""
         ident = next(self._ids)
         try:
+            first = True
             while True:
                 message = await read_frame(reader)
+                if first and message.get("op") == "watch" and self._pools is not None:
+                    await self._pools.watch(reader, writer)  # a worker's pool feed (gateway.workers.pools)
+                    return
+                first = False
                 op = message.get("op")
                 snap = message.get("snapshot")
                 if isinstance(snap, list):

@@ -9,7 +9,10 @@ guarantee with a file per process and ~2.5x the cost of every metric update; see
 
 Merge rules, by family type: counters, histograms and summaries are summed (``*_created``
 samples take the earliest); gauges are summed (requests in flight, queue depth: the gateway's
-total) except the state gauges in :data:`MAX_GAUGES`, which take the worst worker's value; a gone
+total) except the families in :data:`MAX_GAUGES`, which take the largest worker's value: state
+gauges (the worst worker's), and the ``vllm-pool`` figures the control process publishes to every
+worker alike (state, restarts, scraped queue and KV cache: summing would count them N times; the
+pool's calls in flight and routing decisions are each worker's own, so they are summed); a gone
 worker's gauges are dropped, its counters kept.
 """
 
@@ -29,7 +32,17 @@ Snapshot = list[list[Any]]
 _Key = tuple[str, tuple[tuple[str, str], ...]]
 
 # Gauges saying a state (0 closed .. 2 open; degraded 0/1): the gateway's state is the worst worker's.
-MAX_GAUGES = frozenset({"gateway_circuit_state", "gateway_ratelimit_store_degraded"})
+# The pool series every worker copies from the control process's view: one value, not N.
+MAX_GAUGES = frozenset(
+    {
+        "gateway_circuit_state",
+        "gateway_ratelimit_store_degraded",
+        "gateway_pool_worker_state",
+        "gateway_pool_worker_restarts",
+        "gateway_pool_worker_queue",
+        "gateway_pool_worker_kv_cache_usage",
+    }
+)
 _KEPT = frozenset({"counter", "histogram", "summary", "gaugehistogram"})
 
 
@@ -55,7 +68,7 @@ class _Family:
             self.samples[key] = value
         elif sample.endswith("_created"):
             self.samples[key] = min(old, value)
-        elif self.type == "gauge" and family in MAX_GAUGES:
+        elif family in MAX_GAUGES:
             self.samples[key] = max(old, value)
         elif self.type in _KEPT or self.type == "gauge":
             self.samples[key] = old + value

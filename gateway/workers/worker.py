@@ -19,9 +19,11 @@ import socket
 import sys
 from collections.abc import Callable
 
+from backends.registry import build_worker_backends
 from gateway.configfile import ConfigError, load_config
 from gateway.workers.caps import split_caps
 from gateway.workers.channel import ControlClient
+from gateway.workers.pools import PoolFeed
 
 __all__ = ["add_worker_parser", "worker_main"]
 
@@ -91,7 +93,9 @@ def worker_main(args: argparse.Namespace) -> int:
     from gateway.state import STATE
 
     spread_starts()  # N workers must not all send their first request to the same route
-    app = create_app(config)
+    # vllm-pool backends: the control process runs them; this worker routes over their endpoints.
+    built, pools = build_worker_backends(config.backends, index)
+    app = create_app(config, backends=built)
     # SIGHUP (forwarded by the control process) reloads the file in every worker, each taking
     # its share of the caps as at start.
     enable_reload(app, args.config, adapt=lambda reloaded: split_caps(reloaded, args.workers))
@@ -102,6 +106,9 @@ def worker_main(args: argparse.Namespace) -> int:
         control = ControlClient(args.control, index, metrics.registry)
         await control.start()
         metrics.gateway_view = control.scrape
+        feed = PoolFeed(args.control, pools) if pools else None
+        if feed is not None:
+            await feed.start()  # the pools' endpoints are known before the first request
         try:
             await serve(
                 app,
@@ -113,6 +120,8 @@ def worker_main(args: argparse.Namespace) -> int:
                 access_log=logging.getLogger("gateway.access") if server.access_log else None,
             )
         finally:
+            if feed is not None:
+                await feed.close()
             await control.close()  # the last push: nothing this worker counted is lost
 
     log.info("worker %d (of %d) serving", index, args.workers)

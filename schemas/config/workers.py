@@ -14,20 +14,14 @@ __all__ = ["worker_problems"]
 def worker_problems(config: GatewayConfig, workers: int) -> list[str]:
     """Every reason ``config`` cannot be served by ``workers`` processes, each naming its YAML path.
 
-    A ``vllm-pool`` backend is refused: its supervisor would start once per worker.
+    A ``vllm-pool`` backend is fine: the control process runs its supervisor once
+    (``gateway.workers.pools``) and the workers route over its vLLM processes.
     Per-key limits (``rpm``, ``tpm``, ``max_concurrent``) counted in the in-memory store would hold
     per worker, so N workers would allow N times the limit: with N > 1 they need the Redis store.
     """
     if workers <= 1:
         return []
-    problems = [
-        # The pool's supervisor would run once per worker (N sets of vLLM processes): until the
-        # control process owns it, a pool is served by one worker.
-        f"backends[{i}] ({b.name}): type vllm-pool runs its vLLM workers in the gateway process; "
-        f"serve it with --workers 1 (not {workers})"
-        for i, b in enumerate(config.backends)
-        if b.type == "vllm-pool"
-    ]
+    problems: list[str] = []
     if config.auth is None or config.auth.store_url is not None:
         return problems
     for i, key in enumerate(config.auth.keys):

@@ -1,6 +1,7 @@
 """Choosing a worker: least load, refined by the worker's own queue, prefix affinity, prefix hash.
 
-Load of an endpoint = requests in flight from this gateway + requests waiting in the
+Load of an endpoint = requests in flight from this gateway (every worker process of it with
+``--workers N``: ``backends.vllm.pool.inflight``) + requests waiting in the
 worker's own queue (``vllm:num_requests_waiting``, scraped) + its KV-cache usage (0..1,
 scraped), so equal in-flight counts are broken towards the emptier cache. Ties go
 round-robin, so an idle pool still spreads.
@@ -102,10 +103,23 @@ class Endpoint:
     def ident(self) -> tuple[int, int]:
         return (self.index, self.generation)
 
+    def begin(self) -> None:
+        """A call of this process starts on the endpoint."""
+        self.in_flight += 1
+
+    def end(self) -> None:
+        self.in_flight -= 1
+
+    @property
+    def gateway_in_flight(self) -> int:
+        """Calls in flight to the endpoint from the whole gateway (this process, unless shared:
+        :class:`backends.vllm.pool.inflight.SharedEndpoint` sums every gateway worker's)."""
+        return self.in_flight
+
     @property
     def score(self) -> float:
         load = self.load
-        return self.in_flight + load.waiting + load.kv_cache_usage
+        return self.gateway_in_flight + load.waiting + load.kv_cache_usage
 
     def __repr__(self) -> str:
         return f"<Endpoint {self.index} gen={self.generation} {self.url} available={self.available}>"
@@ -183,7 +197,7 @@ def rendezvous_order(endpoints: Sequence[Endpoint], key: int) -> list[Endpoint]:
 
 def _hash_load(ep: Endpoint) -> int:
     # Whole requests: with integer loads the least loaded endpoint always meets the bound.
-    return ep.in_flight + int(ep.load.waiting)
+    return ep.gateway_in_flight + int(ep.load.waiting)
 
 
 def _least_loaded(cands: list[Endpoint], start: int) -> Endpoint:

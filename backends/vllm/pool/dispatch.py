@@ -101,7 +101,7 @@ class Dispatcher:
         return not self.in_flight()
 
     def _release(self, ep: Endpoint) -> None:
-        ep.in_flight -= 1
+        ep.end()
         if self.closed and not self.in_flight():
             self._idle.set()
 
@@ -122,7 +122,7 @@ class Dispatcher:
                 raise NoReadyWorkerError(f"backend {self.name!r} is shutting down", backend=self.name)
             ep = self.balancer.pick(keys, tried)
             if ep is not None and ep.adapter is not None:
-                ep.in_flight += 1
+                ep.begin()
                 return ep, ep.adapter
             if last is not None and any(e.available for e in self.endpoints):
                 raise last  # every available endpoint failed this call already

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from backends.base import Backend
 from backends.capabilities import Capabilities
@@ -28,11 +29,12 @@ from backends.transport.base import HTTPTransport
 from backends.vllm.adapter import VLLM_CAPABILITIES, VLLMBackend
 from backends.vllm.chat_capabilities import VLLMChatFeatures, vllm_chat_capabilities
 from backends.vllm.pool.dispatch import DispatchedBackend, Dispatcher
+from backends.vllm.pool.inflight import InFlightTable
 from backends.vllm.pool.status import PoolStatus, default_log_dir, write_status
 from backends.vllm.pool.supervisor import Supervisor
 from schemas.config import VLLMBackendConfig, VLLMPoolBackendConfig
 
-__all__ = ["VLLMPoolBackend", "pool_log_dir"]
+__all__ = ["VLLMPoolBackend", "endpoint_config", "pool_log_dir", "worker_count"]
 
 log = logging.getLogger("gateway.pool")
 
@@ -72,20 +74,13 @@ class VLLMPoolBackend(DispatchedBackend):
         self._transport: HTTPTransport | None = None
         self._status_written = 0.0
         self._last_states: tuple[str, ...] = ()
+        # With ``--workers N`` the control process owns the pool: it is told of every change
+        # (to publish the endpoints to the gateway workers) and reads their calls in flight here.
+        self.listeners: list[Callable[[], None]] = []
+        self.in_flight_table: InFlightTable | None = None
 
     def _worker_config(self, url: str) -> VLLMBackendConfig:
-        c = self.config
-        return VLLMBackendConfig(
-            name=c.name,
-            type="vllm",
-            base_url=url,
-            capabilities=c.capabilities,
-            timeout=c.timeout,
-            max_connections=c.max_connections,
-            transport=c.transport,
-            stream_usage=c.stream_usage,
-            tool_parser=c.tool_parser,
-        )
+        return endpoint_config(self.config, url)
 
     async def _make_adapter(self, url: str) -> Backend:
         """The ``vllm`` adapter of a worker that just became ready, started (it reads the version).
@@ -106,7 +101,7 @@ class VLLMPoolBackend(DispatchedBackend):
     async def start(self) -> None:
         c = self.config
         # One keep-alive transport for all workers (pooled per host:port).
-        limit = c.max_connections * max(1, _worker_count(c))
+        limit = c.max_connections * max(1, worker_count(c))
         template = self._worker_config("http://127.0.0.1/v1")
         self._transport = make_transport(template.model_copy(update={"max_connections": limit}))
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -128,17 +123,46 @@ class VLLMPoolBackend(DispatchedBackend):
             await self._transport.close()
         self._write_status()
 
-
     # --- status ---------------------------------------------------------------------------
     def pool_status(self) -> PoolStatus:
+        workers = [w.status() for w in self.supervisor.workers]
+        table = self.in_flight_table
+        if table is not None:  # the gateway workers route; this process only supervises
+            for w in workers:
+                if w.index < table.cols:
+                    w.in_flight_by = [table.cells[row * table.cols + w.index] for row in range(table.rows)]
+                    w.in_flight = sum(w.in_flight_by)
         return PoolStatus(
             backend=self.name,
             kind=self.kind,
-            workers=[w.status() for w in self.supervisor.workers],
+            workers=workers,
             decisions=dict(self.dispatcher.balancer.decisions),
         )
 
+    def view(self) -> dict[str, Any]:
+        """What a gateway worker routing over this pool needs (``backends.vllm.pool.client``), JSON-friendly."""
+        endpoints = []
+        for ep in self.dispatcher.endpoints:
+            version = getattr(ep.adapter, "version", None)
+            endpoints.append(
+                {
+                    "index": ep.index,
+                    "url": ep.url,
+                    "available": ep.available,
+                    "generation": ep.generation,
+                    "version": str(version) if version is not None else None,
+                }
+            )
+        return {
+            "status": self.pool_status().to_json(),
+            "endpoints": endpoints,
+            "hopeless": self.supervisor.hopeless(),
+            "describe": self.supervisor.describe(),
+        }
+
     def _status_changed(self) -> None:
+        for listener in self.listeners:
+            listener()
         states = tuple(w.state for w in self.supervisor.workers)
         if states != self._last_states or time.monotonic() - self._status_written >= _STATUS_EVERY:
             self._last_states = states
@@ -152,7 +176,23 @@ class VLLMPoolBackend(DispatchedBackend):
             log.warning("pool %s: cannot write %s: %s", self.name, self.status_path, exc)
 
 
-def _worker_count(config: VLLMPoolBackendConfig) -> int:
+def endpoint_config(c: VLLMPoolBackendConfig, url: str, version: str | None = None) -> VLLMBackendConfig:
+    """The ``vllm`` adapter config of one pool worker at ``url`` (``version``: known already, not read again)."""
+    return VLLMBackendConfig(
+        name=c.name,
+        type="vllm",
+        base_url=url,
+        capabilities=c.capabilities,
+        timeout=c.timeout,
+        max_connections=c.max_connections,
+        transport=c.transport,
+        stream_usage=c.stream_usage,
+        tool_parser=c.tool_parser,
+        version=version,
+    )
+
+
+def worker_count(config: VLLMPoolBackendConfig) -> int:
     if config.workers:
         return config.workers
     if isinstance(config.gpus, list):

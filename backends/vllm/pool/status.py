@@ -42,6 +42,8 @@ class WorkerStatus:
     restarts: int = 0
     failures: int = 0  # in a row, reset after a long enough ready spell
     in_flight: int = 0
+    # With ``--workers N``: calls in flight to this worker from each gateway worker (index K).
+    in_flight_by: list[int] = field(default_factory=list)
     waiting: float = 0.0  # the worker's own queue (vllm:num_requests_waiting)
     running: float = 0.0
     kv_cache_usage: float = 0.0
@@ -113,23 +115,39 @@ def _fmt_uptime(seconds: float | None) -> str:
 
 def format_table(status: PoolStatus) -> str:
     """A fixed-width table, one line per worker, then the routing decisions."""
-    head = ("worker", "state", "gpus", "port", "pid", "uptime", "restarts", "in-flight", "queue", "kv-cache")
+    head: tuple[str, ...] = (
+        "worker",
+        "state",
+        "gpus",
+        "port",
+        "pid",
+        "uptime",
+        "restarts",
+        "in-flight",
+        "queue",
+        "kv-cache",
+    )
+    # --workers N: which gateway worker (g0, g1, ...) has how many of the calls in flight.
+    split = any(w.in_flight_by for w in status.workers)
+    if split:
+        head += ("by gateway worker",)
     rows = [head]
     for w in status.workers:
-        rows.append(
-            (
-                str(w.index),
-                w.state,
-                ",".join(map(str, w.gpus)) or "-",
-                str(w.port) if w.port else "-",
-                str(w.pid) if w.pid else "-",
-                _fmt_uptime(w.uptime),
-                str(w.restarts),
-                str(w.in_flight),
-                f"{w.waiting:g}",
-                f"{w.kv_cache_usage:.0%}",
-            )
+        row: tuple[str, ...] = (
+            str(w.index),
+            w.state,
+            ",".join(map(str, w.gpus)) or "-",
+            str(w.port) if w.port else "-",
+            str(w.pid) if w.pid else "-",
+            _fmt_uptime(w.uptime),
+            str(w.restarts),
+            str(w.in_flight),
+            f"{w.waiting:g}",
+            f"{w.kv_cache_usage:.0%}",
         )
+        if split:
+            row += (" ".join(f"g{k}:{n}" for k, n in enumerate(w.in_flight_by)) or "-",)
+        rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
     for w in status.workers:

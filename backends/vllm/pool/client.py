@@ -1,0 +1,164 @@
+"""A ``vllm-pool`` backend as one gateway worker of ``--workers N`` sees it: routing only.
+
+The control process owns the pool (:class:`backends.vllm.pool.pool.VLLMPoolBackend`: GPU plan,
+vLLM processes, restarts, readiness probes, metrics scrapes, version detection, ``status.json``),
+so the vLLM processes live as long as the gateway, not as long as one worker. It publishes a
+*view* of the pool (:meth:`VLLMPoolBackend.view`) whenever something changes; each worker applies
+it here (:meth:`apply`) and routes with the same balancer and dispatcher as a single-process
+gateway, over the same endpoints:
+
+- an endpoint is routable when the control process says it is ready; a new ``generation`` (a
+  restarted vLLM) gets a new adapter and a cold prefix LRU, exactly as in the pool;
+- the adapter is built with the version the control process detected (no ``GET /version`` per
+  worker);
+- load: the scraped queue and KV-cache figures from the view, plus the whole gateway's calls in
+  flight from the shared table (:mod:`backends.vllm.pool.inflight`: this worker writes its row);
+- a call that cannot connect takes the endpoint out of this worker's routing at once and asks
+  the control process (``report_suspect``) to probe it now; the next view says what it found.
+
+Not thread-safe: one event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+from backends.capabilities import Capabilities
+from backends.errors import UpstreamError
+from backends.transport import make_transport
+from backends.transport.base import HTTPTransport
+from backends.vllm.adapter import VLLM_CAPABILITIES, VLLMBackend
+from backends.vllm.chat_capabilities import VLLMChatFeatures, vllm_chat_capabilities
+from backends.vllm.pool.balancer import Endpoint
+from backends.vllm.pool.dispatch import DispatchedBackend, Dispatcher
+from backends.vllm.pool.inflight import InFlightTable, SharedEndpoint
+from backends.vllm.pool.pool import endpoint_config, worker_count
+from backends.vllm.pool.scrape import WorkerLoad
+from backends.vllm.pool.status import PoolStatus
+from schemas.config import VLLMPoolBackendConfig
+
+__all__ = ["VLLMPoolClient"]
+
+log = logging.getLogger("gateway.pool")
+
+
+class VLLMPoolClient(DispatchedBackend):
+    kind: ClassVar[str] = "vllm-pool"
+    default_capabilities: ClassVar[Capabilities] = VLLM_CAPABILITIES
+
+    def __init__(self, config: VLLMPoolBackendConfig, *, row: int) -> None:
+        super().__init__(config.name, self.default_capabilities.with_overrides(config.capabilities))
+        self.chat_capabilities = vllm_chat_capabilities(VLLMChatFeatures.of(None, config.tool_parser))
+        self.config = config
+        self.row = row  # this gateway worker's row in the in-flight table (its index K)
+        self.dispatcher = Dispatcher(
+            config.name,
+            config.routing,
+            on_failure=self._failed,
+            hopeless=lambda: self._hopeless,
+            describe=lambda: self._describe,
+        )
+        # Set by the worker's channel: tell the control process an endpoint could not be reached.
+        self.report_suspect: Callable[[int, int], None] = lambda index, generation: None
+        self.table: InFlightTable | None = None
+        self._transport: HTTPTransport | None = None
+        self._view: dict[str, Any] | None = None
+        self._status: PoolStatus | None = None
+        self._hopeless = False
+        self._describe = "no word from the control process yet"
+
+    # --- the control process's word ---------------------------------------------------------
+    def attach(self, path: str, rows: int, cols: int) -> None:
+        """Map the pool's in-flight table; this worker's row starts at zero (its predecessor's calls died with it)."""
+        if self.table is not None:
+            return
+        self.table = InFlightTable(Path(path), rows, cols)
+        if self.row < rows:
+            self.table.clear_row(self.row)
+
+    def apply(self, view: dict[str, Any]) -> None:
+        """A new view of the pool (:meth:`VLLMPoolBackend.view`); applied now if started, else at start."""
+        self._view = view
+        self._hopeless = bool(view.get("hopeless"))
+        self._describe = str(view.get("describe", ""))
+        status = view.get("status")
+        self._status = PoolStatus.from_json(status) if isinstance(status, dict) else None
+        if self._transport is not None:
+            self._sync(view)
+
+    def _sync(self, view: dict[str, Any]) -> None:
+        eps = self.dispatcher.endpoints
+        loads = {w.index: w for w in self._status.workers} if self._status is not None else {}
+        became_available = False
+        for item in view.get("endpoints", []):
+            index = int(item["index"])
+            while len(eps) <= index:
+                eps.append(SharedEndpoint(len(eps), self.config.routing.affinity_entries, self.table, self.row))
+            ep = eps[index]
+            url, generation = str(item["url"]), int(item["generation"])
+            if ep.url != url or ep.generation != generation:
+                # A new vLLM process behind the slot: cold cache, a fresh adapter.
+                ep.url, ep.generation, ep.adapter = url, generation, None
+                ep.prefixes.clear()
+                if generation > 0 and url:
+                    ep.adapter = self._adapter(url, item.get("version"))
+            was = ep.available
+            ep.available = bool(item["available"]) and ep.adapter is not None
+            became_available = became_available or (ep.available and not was)
+            w = loads.get(index)
+            if w is not None:
+                ep.load = WorkerLoad(w.waiting, w.running, w.kv_cache_usage)
+        if became_available or self._hopeless:
+            self.dispatcher.notify()
+
+    def _adapter(self, url: str, version: object) -> VLLMBackend:
+        assert self._transport is not None
+        known = version if isinstance(version, str) and version else None
+        adapter = VLLMBackend(endpoint_config(self.config, url, known), self._transport)
+        # All workers run the same vLLM: the pool's tables are the adapter's (as in the pool).
+        self.capabilities = adapter.capabilities
+        self.chat_capabilities = adapter.chat_capabilities
+        return adapter
+
+    def _failed(self, ep: Endpoint, exc: UpstreamError) -> None:
+        if exc.reason not in ("connect", "closed") or not ep.available:
+            return
+        ep.available = False  # until the control process's next view says otherwise
+        self.report_suspect(ep.index, ep.generation)
+
+    # --- Backend ------------------------------------------------------------------------
+    async def start(self) -> None:
+        c = self.config
+        limit = c.max_connections * max(1, worker_count(c))
+        template = endpoint_config(c, "http://127.0.0.1/v1")
+        self._transport = make_transport(template.model_copy(update={"max_connections": limit}))
+        if self._view is not None:
+            self._sync(self._view)
+
+    async def close(self) -> None:
+        self.dispatcher.close()
+        await self.dispatcher.drained(self.config.stop_timeout)
+        if self._transport is not None:
+            await self._transport.close()
+        if self.table is not None and self.row < self.table.rows:
+            # Calls past the drain (if any) still write their cell; the mapping goes with the process.
+            self.table.clear_row(self.row)
+
+    def pool_status(self) -> PoolStatus:
+        """The control process's status, with this worker's own calls in flight and routing decisions."""
+        mine = {ep.index: ep.in_flight for ep in self.dispatcher.endpoints}
+        status = self._status or PoolStatus(backend=self.name, kind=self.kind, workers=[])
+        for w in status.workers:
+            w.in_flight = mine.get(w.index, 0)
+            w.in_flight_by = []
+        return PoolStatus(
+            backend=self.name,
+            kind=self.kind,
+            workers=status.workers,
+            decisions=dict(self.dispatcher.balancer.decisions),
+            gateway_pid=status.gateway_pid,
+            updated_at=status.updated_at,
+        )
