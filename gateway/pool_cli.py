@@ -3,6 +3,8 @@
 A running ``vllm-pool`` backend keeps ``<log_dir>/status.json`` current (see
 ``backends.vllm.pool.status``); this command finds it from the same config file the
 gateway serves, so it needs no admin endpoint and works while the gateway is busy.
+With ``gateway serve --workers N`` the control process runs the pool and writes the file; the
+table then says how many calls each gateway worker (``g0`` .. ``gN-1``) has in flight per vLLM worker.
 Exit status: 0 when every pool asked about has a status from a live gateway, else 1.
 """
 
@@ -71,6 +73,9 @@ def pool_command(args: argparse.Namespace) -> int:
             continue
         age = time.time() - status.updated_at
         note = f"gateway pid {status.gateway_pid}, updated {age:.0f}s ago"
+        gateways = max((len(w.in_flight_by) for w in status.workers), default=0)
+        if gateways:  # --workers N: the control process runs the pool, its gateway workers route
+            note = f"control process pid {status.gateway_pid} of {gateways} gateway workers, updated {age:.0f}s ago"
         if not live:
             note += "; the gateway is NOT running (last known status)"
         print(f"pool {pool.name} ({pool.served_name}): {note}")

@@ -87,6 +87,22 @@ def test_per_key_limits_with_workers_need_redis_naming_the_keys() -> None:
     assert worker_problems(shared, 4) == []
 
 
+def test_a_vllm_pool_is_servable_with_workers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The control process runs its supervisor once (gateway.workers.pools): no longer refused.
+    pool = {"name": "p", "type": "vllm-pool", "model": "m", "command": ["vllm", "serve"], "workers": 2}
+    config = _config(backends=[pool], models=[{"name": "m", "routes": [{"backend": "p", "model": "m"}]}])
+    assert worker_problems(config, 4) == []
+    from gateway.cli import main
+
+    path = tmp_path / "gw.yaml"
+    path.write_text(
+        "backends: [{name: p, type: vllm-pool, model: m, command: [vllm, serve], workers: 2}]\n"
+        "models: [{name: m, routes: [{backend: p, model: m}]}]\n"
+    )
+    assert main(["check-config", str(path), "--workers", "4"]) == 0
+    assert "OK (1 backends, 1 models)" in capsys.readouterr().out
+
+
 def test_cli_refuses_limits_with_workers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from gateway.cli import main
 
@@ -142,6 +158,53 @@ def test_merge_sums_counters_and_histograms_and_keeps_gone_workers() -> None:
     assert _lines(text, "gateway_requests_in_flight") == [
         'gateway_requests_in_flight{endpoint="completions",model="m"} 1.0',
         'gateway_requests_in_flight{endpoint="chat",model="m"} 0.0',
+    ]
+
+
+def test_merge_counts_the_pools_published_figures_once() -> None:
+    """Every worker reports the control process's pool state, restarts, queue and KV cache: one value, not N;
+    its own calls in flight and routing decisions add up."""
+
+    def worker(in_flight: int, restarts: int, decisions: int) -> list[list[object]]:
+        labels = {"backend": "p", "worker": "0"}
+        return [
+            ["gateway_pool_worker_state", "gauge", "", [["gateway_pool_worker_state", labels | {"state": "ready"}, 1]]],
+            ["gateway_pool_worker_restarts", "counter", "", [["gateway_pool_worker_restarts_total", labels, restarts]]],
+            ["gateway_pool_worker_queue", "gauge", "", [["gateway_pool_worker_queue", labels, 3]]],
+            ["gateway_pool_worker_in_flight", "gauge", "", [["gateway_pool_worker_in_flight", labels, in_flight]]],
+            [
+                "gateway_pool_routing_decisions",
+                "counter",
+                "",
+                [["gateway_pool_routing_decisions_total", {"backend": "p", "decision": "least_load"}, decisions]],
+            ],
+        ]
+
+    merger = MetricsMerger()
+    merger.update(1, worker(2, 1, 10))
+    merger.update(2, worker(3, 1, 5))
+    text = merger.render()
+    assert _lines(text, "gateway_pool_worker_state{") == [
+        'gateway_pool_worker_state{backend="p",state="ready",worker="0"} 1.0'
+    ]
+    assert _lines(text, "gateway_pool_worker_restarts_total") == [
+        'gateway_pool_worker_restarts_total{backend="p",worker="0"} 1.0'
+    ]
+    assert _lines(text, "gateway_pool_worker_queue{") == ['gateway_pool_worker_queue{backend="p",worker="0"} 3.0']
+    assert _lines(text, "gateway_pool_worker_in_flight{") == [
+        'gateway_pool_worker_in_flight{backend="p",worker="0"} 5.0'
+    ]
+    assert _lines(text, "gateway_pool_routing_decisions_total") == [
+        'gateway_pool_routing_decisions_total{backend="p",decision="least_load"} 15.0'
+    ]
+    merger.retire(2)  # a replaced worker: the restarts stay one, its decisions stay counted
+    merger.update(3, worker(0, 1, 0))
+    text = merger.render()
+    assert _lines(text, "gateway_pool_worker_restarts_total") == [
+        'gateway_pool_worker_restarts_total{backend="p",worker="0"} 1.0'
+    ]
+    assert _lines(text, "gateway_pool_routing_decisions_total") == [
+        'gateway_pool_routing_decisions_total{backend="p",decision="least_load"} 15.0'
     ]
 
 

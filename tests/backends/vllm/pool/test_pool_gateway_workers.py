@@ -150,6 +150,7 @@ async def test_workers_route_over_one_pool_owned_by_the_control_process(tag: str
             )  # fmt: skip
             out = (await shown.communicate())[0].decode()
             assert shown.returncode == 0, out
+            assert f"control process pid {proc.pid} of {WORKERS} gateway workers" in out, out
             assert "by gateway worker" in out and "g0:" in out and f"g{WORKERS - 1}:" in out, out
             for call in calls:  # the clients hang up: every gateway worker releases its calls
                 call.cancel()

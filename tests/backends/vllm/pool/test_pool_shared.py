@@ -1,0 +1,113 @@
+"""A pool shared by the gateway workers of ``--workers N``, without processes: the in-flight table,
+least load over the whole gateway, a worker's client applying the control process's views."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from backends.errors import UpstreamConnectError, UpstreamTimeoutError
+from backends.vllm.adapter import VLLMBackend
+from backends.vllm.pool.balancer import Balancer
+from backends.vllm.pool.client import VLLMPoolClient
+from backends.vllm.pool.inflight import InFlightTable, SharedEndpoint
+from backends.vllm.versions import VLLMVersion
+from schemas.config import PoolRoutingConfig
+from tests.backends.vllm.pool.conftest import pool_config
+
+ROUTING = PoolRoutingConfig(strategy="least-load")
+
+
+def _worker(table: InFlightTable, row: int, endpoints: int = 2) -> Balancer:
+    """One gateway worker's balancer over the pool's endpoints, its counts in ``row``."""
+    balancer = Balancer(ROUTING)
+    for i in range(endpoints):
+        ep = SharedEndpoint(i, 8, table, row)
+        ep.url, ep.available = f"http://127.0.0.1:{9000 + i}/v1", True
+        balancer.endpoints.append(ep)
+    return balancer
+
+
+def test_each_worker_writes_its_row_and_reads_the_column(tmp_path: Path) -> None:
+    owner = InFlightTable(tmp_path / "t", rows=3, cols=2, create=True)
+    a, b = _worker(InFlightTable(owner.path, 3, 2), 0), _worker(InFlightTable(owner.path, 3, 2), 2)
+    b.endpoints[1].begin()
+    b.endpoints[1].begin()
+    a.endpoints[1].begin()
+    assert [ep.in_flight for ep in a.endpoints] == [0, 1]  # its own calls
+    assert [ep.gateway_in_flight for ep in a.endpoints] == [0, 3]  # the gateway's
+    assert owner.row(2) == [0, 2] and owner.column(1) == 3
+    b.endpoints[1].end()
+    assert a.endpoints[1].gateway_in_flight == 2
+    # A restarted worker 2 starts from zero: its predecessor's calls died with it.
+    InFlightTable(owner.path, 3, 2).clear_row(2)
+    assert a.endpoints[1].gateway_in_flight == 1
+
+
+def test_least_load_sees_the_calls_of_the_other_workers(tmp_path: Path) -> None:
+    table = InFlightTable(tmp_path / "t", rows=2, cols=2, create=True)
+    a, b = _worker(table, 0), _worker(table, 1)
+    for _ in range(3):
+        b.endpoints[0].begin()  # worker 1 keeps endpoint 0 busy
+    # Worker 0 has nothing in flight itself; on its own counts it would start at endpoint 0.
+    picks = []
+    for _ in range(3):
+        ep = a.pick((), set())
+        assert ep is not None
+        ep.begin()
+        picks.append(ep.index)
+    assert picks == [1, 1, 1]
+    assert a.pick((), set()) is not None and a.endpoints[0].gateway_in_flight == 3
+
+
+def test_an_endpoint_past_the_table_counts_locally(tmp_path: Path) -> None:
+    table = InFlightTable(tmp_path / "t", rows=1, cols=1, create=True)
+    ep = SharedEndpoint(1, 8, table, 0)  # the pool grew past the table's columns
+    ep.begin()
+    assert ep.gateway_in_flight == 1 and table.row(0) == [0]
+
+
+def _view(*endpoints: dict[str, Any]) -> dict[str, Any]:
+    workers = [
+        {"index": e["index"], "state": "ready" if e["available"] else "starting", "waiting": 2.0, "kv_cache_usage": 0.5}
+        for e in endpoints
+    ]
+    status = {"backend": "pool", "kind": "vllm-pool", "workers": workers, "gateway_pid": 4242}
+    return {"status": status, "endpoints": list(endpoints), "hopeless": False, "describe": "2 ready"}
+
+
+def _ep(index: int, generation: int, available: bool = True, version: str | None = "0.11.0") -> dict[str, Any]:
+    url = f"http://127.0.0.1:{9000 + index}/v1"
+    return {"index": index, "url": url, "available": available, "generation": generation, "version": version}
+
+
+async def test_client_follows_the_control_process_views(tmp_path: Path) -> None:
+    client = VLLMPoolClient(pool_config("t", tmp_path), row=1)
+    reported: list[tuple[int, int]] = []
+    client.report_suspect = lambda index, generation: reported.append((index, generation))
+    client.attach(str(InFlightTable(tmp_path / "t", 2, 2, create=True).path), 2, 2)
+    client.apply(_view(_ep(0, 1), _ep(1, 0, available=False, version=None)))
+    await client.start()
+    try:
+        eps = client.dispatcher.endpoints
+        assert [ep.available for ep in eps] == [True, False]  # not ready yet: not routable
+        first = eps[0].adapter
+        assert isinstance(first, VLLMBackend)
+        # The version the control process detected; no GET /version from this worker.
+        assert first.version == VLLMVersion(0, 11, 0)
+        assert eps[0].load.waiting == 2.0 and eps[0].load.kv_cache_usage == 0.5
+        eps[0].prefixes.add([7])
+        client.apply(_view(_ep(0, 1), _ep(1, 1)))
+        assert eps[0].adapter is first and 7 in eps[0].prefixes  # same process: kept
+        assert eps[1].available
+        client.apply(_view(_ep(0, 2), _ep(1, 1)))  # vLLM 0 was restarted
+        assert eps[0].adapter is not first and 7 not in eps[0].prefixes and eps[0].generation == 2
+        # A call that cannot connect: out of this worker's routing now, and the control process is told.
+        client._failed(eps[1], UpstreamTimeoutError("slow", reason="timeout"))
+        assert eps[1].available and reported == []
+        client._failed(eps[1], UpstreamConnectError("refused"))
+        assert not eps[1].available and reported == [(1, 1)]
+        status = client.pool_status()
+        assert status.gateway_pid == 4242 and [w.in_flight for w in status.workers] == [0, 0]
+    finally:
+        await client.close()
