@@ -202,15 +202,15 @@ class Reloader:
             log.info("config reload: reading %s", self._path)
             try:
                 config = load_config(self._path)
+                if self._overrides:  # --host/--port given to ``gateway serve`` hold across reloads
+                    config = config.model_copy(update={"server": config.server.model_copy(update=self._overrides)})
+                if self._adapt is not None:  # e.g. a worker's share of the gateway-wide caps (it may refuse)
+                    config = self._adapt(config)
             except ConfigError as exc:
                 for where, message in exc.problems:
                     log.error("config reload refused: %s: %s: %s", exc.source, where or "<root>", message)
                 log.error("config reload refused: %d problem(s); still serving the previous config", len(exc.problems))
                 return False
-            if self._overrides:  # --host/--port given to ``gateway serve`` hold across reloads
-                config = config.model_copy(update={"server": config.server.model_copy(update=self._overrides)})
-            if self._adapt is not None:  # e.g. a worker's share of the gateway-wide caps
-                config = self._adapt(config)
             problems = restart_needed(state.config, config)
             for where, message in problems:
                 log.error("config reload refused: %s: %s: %s", self._path, where, message)
@@ -338,7 +338,7 @@ def enable_reload(
 
     ``server_overrides``: the ``server`` keys the command line set (``--host``, ``--port``),
     applied to every reloaded config as they were to the first; ``adapt``: applied after them
-    (a worker's share of the caps, as for the first config).
+    (a worker's share of the caps, as for the first config); a ``ConfigError`` from it refuses the reload.
     """
     reloader = Reloader(app, Path(path), server_overrides or {}, clock, adapt)
     app[RELOAD] = reloader

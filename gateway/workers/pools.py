@@ -24,9 +24,11 @@ import contextlib
 import logging
 
 from backends.registry import PoolClients, PoolOwnership
+from gateway.configfile import ConfigError
 from gateway.workers.channel import read_frame, write_frame
+from schemas.config import GatewayConfig, VLLMPoolBackendConfig
 
-__all__ = ["PoolFeed", "PoolWatchers"]
+__all__ = ["PoolFeed", "PoolWatchers", "same_pools"]
 
 log = logging.getLogger("gateway.workers")
 
@@ -117,3 +119,24 @@ class PoolFeed:
                 await self._task
         if self._writer is not None:
             self._writer.close()
+
+
+def same_pools(started: GatewayConfig, reloaded: GatewayConfig, source: str) -> GatewayConfig:
+    """``reloaded`` if its ``vllm-pool`` sections are the ones the control process runs; else ConfigError.
+
+    A worker's SIGHUP reload would otherwise build a new or changed pool inside the worker (N
+    supervisors, vLLM tied to one worker); the control process starts pools only at start-up.
+    """
+    running = {b.name: b for b in started.backends if isinstance(b, VLLMPoolBackendConfig)}
+    problems = [
+        (
+            f"backends[{i}]",
+            f"vllm-pool {b.name!r} is new or changed; with --workers the control process runs the pools "
+            "and starts them only at start-up: restart the gateway to apply it",
+        )
+        for i, b in enumerate(reloaded.backends)
+        if isinstance(b, VLLMPoolBackendConfig) and running.get(b.name) != b
+    ]
+    if problems:
+        raise ConfigError(source, problems)
+    return reloaded

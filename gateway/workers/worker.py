@@ -23,7 +23,7 @@ from backends.registry import build_worker_backends
 from gateway.configfile import ConfigError, load_config
 from gateway.workers.caps import split_caps
 from gateway.workers.channel import ControlClient
-from gateway.workers.pools import PoolFeed
+from gateway.workers.pools import PoolFeed, same_pools
 
 __all__ = ["add_worker_parser", "worker_main"]
 
@@ -77,6 +77,7 @@ def worker_main(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1
+    started = config
     config = split_caps(config, args.workers)
     sock = socket.socket(fileno=args.fd)
     loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop
@@ -98,7 +99,10 @@ def worker_main(args: argparse.Namespace) -> int:
     app = create_app(config, backends=built)
     # SIGHUP (forwarded by the control process) reloads the file in every worker, each taking
     # its share of the caps as at start.
-    enable_reload(app, args.config, adapt=lambda reloaded: split_caps(reloaded, args.workers))
+    # Pool sections stay as the control process started them (gateway.workers.pools.same_pools).
+    enable_reload(
+        app, args.config, adapt=lambda reloaded: split_caps(same_pools(started, reloaded, args.config), args.workers)
+    )
     metrics = app[STATE].metrics
     server = config.server
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import orjson
@@ -229,3 +230,34 @@ def test_k8s_sizes_workers_from_the_pods_cpu_request() -> None:
     field = env["GATEWAY_WORKERS"]["valueFrom"]["resourceFieldRef"]
     assert field == {"containerName": container["name"], "resource": "requests.cpu", "divisor": "1"}
     assert "cpu" in container["resources"]["requests"]  # else the Downward API gives the node's CPUs
+
+
+# --- reload with pools -------------------------------------------------------------------------
+async def test_a_worker_refuses_a_reload_that_adds_or_changes_a_pool(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker's SIGHUP would build the pool inside the worker: refused, naming it, old config serving."""
+    from gateway.app import create_app
+    from gateway.configfile import load_config
+    from gateway.reload import enable_reload
+    from gateway.state import STATE
+    from gateway.workers.pools import same_pools
+
+    base = "backends:\n  - {name: b, type: mock}\n"
+    models = "models: [{name: m, routes: [{backend: b, model: m}]}]\n"
+    path = tmp_path / "gw.yaml"
+    path.write_text(base + models)
+    started = load_config(path)
+    app = create_app(started)
+    reloader = enable_reload(app, path, adapt=lambda reloaded: same_pools(started, reloaded, str(path)))
+    pool = "  - {name: p, type: vllm-pool, model: m, command: [/nonexistent/vllm], workers: 1}\n"
+    path.write_text(base + pool + models)
+    caplog.set_level(logging.ERROR, logger="gateway.reload")
+    assert not await reloader.reload()
+    errors = "\n".join(r.getMessage() for r in caplog.records)
+    assert "backends[1]: vllm-pool 'p' is new or changed" in errors and "restart the gateway" in errors
+    assert set(app[STATE].backends) == {"b"}
+    path.write_text(base + "  - {name: c, type: mock}\n" + models)  # anything else still reloads
+    assert await reloader.reload()
+    assert set(app[STATE].backends) == {"b", "c"}
+    await app[STATE].backends["c"].close()
