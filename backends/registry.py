@@ -19,7 +19,7 @@ from backends.openai.adapter import OpenAIBackend
 from backends.vllm.adapter import VLLMBackend
 from backends.vllm.pool import ReportsPool, VLLMEndpointsBackend, VLLMPoolBackend
 from backends.vllm.pool.metrics import PoolCollector
-from backends.vllm.pool.shared import PoolClients, PoolOwnership
+from backends.vllm.pool.shared import PoolClients, PoolOwnership, shared_configs
 from schemas.config import (
     BackendConfig,
     LlamaCppBackendConfig,
@@ -39,6 +39,7 @@ __all__ = [
     "build_backends",
     "build_worker_backends",
     "metric_collectors",
+    "shared_configs",
 ]
 
 
@@ -75,9 +76,10 @@ def build_backends(configs: list[BackendConfig]) -> dict[str, Backend]:
 
 
 def build_worker_backends(configs: list[BackendConfig], row: int) -> tuple[dict[str, Backend], PoolClients]:
-    """A worker of ``gateway serve --workers N``: its ``vllm-pool`` backends route over the pools the
-    control process runs (``PoolOwnership``), fed by the returned ``PoolClients``; the rest as usual."""
-    pools = PoolClients([c for c in configs if isinstance(c, VLLMPoolBackendConfig)], row)
+    """A worker of ``gateway serve --workers N``: its ``vllm-pool`` and multi-server ``vllm`` backends
+    route over the ones the control process runs (``PoolOwnership``), fed by the returned
+    ``PoolClients``; the rest as usual."""
+    pools = PoolClients(shared_configs(configs), row)
     return {c.name: pools.clients.get(c.name) or build_backend(c) for c in configs}, pools
 
 

@@ -18,7 +18,7 @@ from gateway.configfile import ConfigError, endpoint_config_problems, load_confi
 from gateway.pool_cli import add_pool_parser, pool_command
 from gateway.workers.cpus import available_cpus
 from gateway.workers.worker import add_worker_parser, worker_main
-from schemas.config import GatewayConfig, ServerConfig, VLLMPoolBackendConfig, worker_problems
+from schemas.config import GatewayConfig, ServerConfig, worker_problems
 
 __all__ = ["main"]
 
@@ -123,7 +123,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"{args.config}: not servable with {args.workers} workers:", *problems, sep="\n  ", file=sys.stderr)
         return 1
     if args.workers > 1:
-        return _serve_workers(args, server, [b for b in config.backends if isinstance(b, VLLMPoolBackendConfig)])
+        return _serve_workers(args, server, config)
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency, but not on every platform
@@ -163,8 +163,10 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve_workers(args: argparse.Namespace, server: ServerConfig, pools: list[VLLMPoolBackendConfig]) -> int:
-    """N workers on one socket under a control process (gateway.workers.control), which runs the pools."""
+def _serve_workers(args: argparse.Namespace, server: ServerConfig, config: GatewayConfig) -> int:
+    """N workers on one socket under a control process (gateway.workers.control), which runs the pools
+    and the multi-server vllm backends' discovery and probes once."""
+    from backends.registry import shared_configs
     from gateway.workers.control import Control, bind
 
     try:
@@ -174,7 +176,12 @@ def _serve_workers(args: argparse.Namespace, server: ServerConfig, pools: list[V
         return 1
     log.info("gateway control process: %d workers on http://%s:%d", args.workers, server.host, server.port)
     control = Control(
-        args.config, args.workers, sock, drain_timeout=server.drain_timeout, log_level=args.log_level, pools=pools
+        args.config,
+        args.workers,
+        sock,
+        drain_timeout=server.drain_timeout,
+        log_level=args.log_level,
+        pools=shared_configs(config.backends),
     )
     return asyncio.run(control.run())
 

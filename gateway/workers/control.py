@@ -12,8 +12,10 @@ whose per-listener queue loses its connections when a worker dies).
   control process exits when they have, killing any still there ``drain_timeout + 15`` s later.
 - SIGHUP is forwarded to every worker (config reload happens in each); nothing is restarted.
 - It merges the workers' metrics (:mod:`gateway.workers.merge`) for any worker's ``/metrics``.
-- It owns the ``vllm-pool`` backends (:mod:`gateway.workers.pools`): started before the first
-  worker, stopped after the last one drained; the workers route over them.
+- It owns the ``vllm-pool`` backends and the ``vllm`` backends over ``base_urls``/``discovery``
+  (:mod:`gateway.workers.pools`): started before the first worker, stopped after the last one
+  drained; their vLLM processes, discovery, probes, scrapes and version detection run here once,
+  and the workers route over what it publishes.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from backends.registry import PoolOwnership
 from gateway.workers.channel import read_frame, write_frame
 from gateway.workers.merge import MetricsMerger
 from gateway.workers.pools import PoolWatchers
-from schemas.config import VLLMPoolBackendConfig
+from schemas.config import VLLMBackendConfig, VLLMPoolBackendConfig
 
 __all__ = ["Control"]
 
@@ -67,7 +69,7 @@ class Control:
         *,
         drain_timeout: float,
         log_level: str = "INFO",
-        pools: list[VLLMPoolBackendConfig] | None = None,
+        pools: list[VLLMPoolBackendConfig | VLLMBackendConfig] | None = None,
     ) -> None:
         self._config_path = config_path
         self._workers = workers

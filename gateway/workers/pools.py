@@ -1,10 +1,12 @@
-"""The ``vllm-pool`` backends of ``gateway serve --workers N``: owned by the control process, routed by the workers.
+"""The shared backends of ``gateway serve --workers N``: owned by the control process, routed by the workers.
 
-The control process runs each pool once (``backends.vllm.pool.shared.PoolOwnership``: supervisor,
-launcher, probes, scrapes, version detection, ``status.json``), started before the first worker
-and stopped after the last one drained. So exactly the configured vLLM processes run, a gateway
-worker that dies leaves them running, and they die with the control process (the launcher's
-``PR_SET_PDEATHSIG`` points at it).
+The control process runs each ``vllm-pool`` once (``backends.vllm.pool.shared.PoolOwnership``:
+supervisor, launcher, probes, scrapes, version detection, ``status.json``), started before the
+first worker and stopped after the last one drained. So exactly the configured vLLM processes
+run, a gateway worker that dies leaves them running, and they die with the control process (the
+launcher's ``PR_SET_PDEATHSIG`` points at it). A ``vllm`` backend over ``base_urls`` or
+``discovery`` is shared the same way: its DNS discovery, probes, scrapes and version detection
+run once, in the control process.
 
 This module is the channel between the two ends. A worker opens a second connection to the
 control socket with ``{"op": "watch"}`` (:class:`PoolFeed`); the control process

@@ -1,11 +1,13 @@
-"""A ``vllm-pool`` backend as one gateway worker of ``--workers N`` sees it: routing only.
+"""A ``vllm-pool`` or multi-server ``vllm`` backend as one gateway worker of ``--workers N`` sees it: routing only.
 
-The control process owns the pool (:class:`backends.vllm.pool.pool.VLLMPoolBackend`: GPU plan,
-vLLM processes, restarts, readiness probes, metrics scrapes, version detection, ``status.json``),
-so the vLLM processes live as long as the gateway, not as long as one worker. It publishes a
-*view* of the pool (:meth:`VLLMPoolBackend.view`) whenever something changes; each worker applies
-it here (:meth:`apply`) and routes with the same balancer and dispatcher as a single-process
-gateway, over the same endpoints:
+The control process owns the backend (:class:`backends.vllm.pool.pool.VLLMPoolBackend`: GPU plan,
+vLLM processes, restarts, readiness probes, metrics scrapes, version detection, ``status.json``;
+:class:`backends.vllm.pool.remote.VLLMEndpointsBackend`: DNS discovery, probes, scrapes, version
+detection), so the vLLM processes live as long as the gateway, not as long as one worker, and
+each server is probed once, not N times. It publishes a *view* (``view()``, see
+:func:`backends.vllm.pool.status.endpoints_view`) whenever something changes; each worker applies
+it here (:meth:`SharedEndpointsClient.apply`) and routes with the same balancer and dispatcher as
+a single-process gateway, over the same endpoints:
 
 - an endpoint is routable when the control process says it is ready; a new ``generation`` (a
   restarted vLLM) gets a new adapter and a cold prefix LRU, exactly as in the pool;
@@ -14,7 +16,9 @@ gateway, over the same endpoints:
 - load: the scraped queue and KV-cache figures from the view, plus the whole gateway's calls in
   flight from the shared table (:mod:`backends.vllm.pool.inflight`: this worker writes its row);
 - a call that cannot connect takes the endpoint out of this worker's routing at once and asks
-  the control process (``report_suspect``) to probe it now; the next view says what it found.
+  the control process (``report_suspect``) to probe it now; the next view says what it found;
+- an endpoint the view no longer lists (a discovered server gone) is not routable; its object is
+  kept for its index, so its calls in flight and its cell of the table stay one count.
 
 Not thread-safe: one event loop.
 """
@@ -36,23 +40,26 @@ from backends.vllm.pool.balancer import Endpoint
 from backends.vllm.pool.dispatch import DispatchedBackend, Dispatcher
 from backends.vllm.pool.inflight import InFlightTable, SharedEndpoint
 from backends.vllm.pool.pool import endpoint_config, worker_count
+from backends.vllm.pool.remote import server_config
 from backends.vllm.pool.scrape import WorkerLoad
 from backends.vllm.pool.status import PoolStatus
-from schemas.config import VLLMPoolBackendConfig
+from schemas.config import VLLMBackendConfig, VLLMPoolBackendConfig
 
-__all__ = ["VLLMPoolClient"]
+__all__ = ["SharedEndpointsClient", "VLLMEndpointsClient", "VLLMPoolClient"]
 
 log = logging.getLogger("gateway.pool")
 
 
-class VLLMPoolClient(DispatchedBackend):
-    kind: ClassVar[str] = "vllm-pool"
-    default_capabilities: ClassVar[Capabilities] = VLLM_CAPABILITIES
+class SharedEndpointsClient(DispatchedBackend):
+    """What both clients share; subclasses say how a server's adapter and the transport are configured."""
 
-    def __init__(self, config: VLLMPoolBackendConfig, *, row: int) -> None:
+    default_capabilities: ClassVar[Capabilities] = VLLM_CAPABILITIES
+    stop_timeout = 0.0  # seconds close() waits for calls in flight (the gateway drained its clients before)
+
+    def __init__(self, config: VLLMPoolBackendConfig | VLLMBackendConfig, *, row: int) -> None:
         super().__init__(config.name, self.default_capabilities.with_overrides(config.capabilities))
         self.chat_capabilities = vllm_chat_capabilities(VLLMChatFeatures.of(None, config.tool_parser))
-        self.config = config
+        self.routing = config.routing
         self.row = row  # this gateway worker's row in the in-flight table (its index K)
         self.dispatcher = Dispatcher(
             config.name,
@@ -91,13 +98,18 @@ class VLLMPoolClient(DispatchedBackend):
 
     def _sync(self, view: dict[str, Any]) -> None:
         eps = self.dispatcher.endpoints
+        known = {ep.index: ep for ep in eps}
         loads = {w.index: w for w in self._status.workers} if self._status is not None else {}
         became_available = False
+        listed: set[int] = set()
         for item in view.get("endpoints", []):
             index = int(item["index"])
-            while len(eps) <= index:
-                eps.append(SharedEndpoint(len(eps), self.config.routing.affinity_entries, self.table, self.row))
-            ep = eps[index]
+            listed.add(index)
+            ep = known.get(index)
+            if ep is None:
+                ep = known[index] = SharedEndpoint(index, self.routing.affinity_entries, self.table, self.row)
+                eps.append(ep)
+                eps.sort(key=lambda e: e.index)
             url, generation = str(item["url"]), int(item["generation"])
             if ep.url != url or ep.generation != generation:
                 # A new vLLM process behind the slot: cold cache, a fresh adapter.
@@ -111,13 +123,22 @@ class VLLMPoolClient(DispatchedBackend):
             w = loads.get(index)
             if w is not None:
                 ep.load = WorkerLoad(w.waiting, w.running, w.kv_cache_usage)
+        for ep in eps:
+            if ep.index not in listed:  # gone (a discovered server that left)
+                ep.available = False
         if became_available or self._hopeless:
             self.dispatcher.notify()
+
+    def _server_config(self, url: str, version: str | None) -> VLLMBackendConfig:
+        raise NotImplementedError
+
+    def _make_transport(self) -> HTTPTransport:
+        raise NotImplementedError
 
     def _adapter(self, url: str, version: object) -> VLLMBackend:
         assert self._transport is not None
         known = version if isinstance(version, str) and version else None
-        adapter = VLLMBackend(endpoint_config(self.config, url, known), self._transport)
+        adapter = VLLMBackend(self._server_config(url, known), self._transport)
         # All workers run the same vLLM: the pool's tables are the adapter's (as in the pool).
         self.capabilities = adapter.capabilities
         self.chat_capabilities = adapter.chat_capabilities
@@ -131,16 +152,13 @@ class VLLMPoolClient(DispatchedBackend):
 
     # --- Backend ------------------------------------------------------------------------
     async def start(self) -> None:
-        c = self.config
-        limit = c.max_connections * max(1, worker_count(c))
-        template = endpoint_config(c, "http://127.0.0.1/v1")
-        self._transport = make_transport(template.model_copy(update={"max_connections": limit}))
+        self._transport = self._make_transport()
         if self._view is not None:
             self._sync(self._view)
 
     async def close(self) -> None:
         self.dispatcher.close()
-        await self.dispatcher.drained(self.config.stop_timeout)
+        await self.dispatcher.drained(self.stop_timeout)
         if self._transport is not None:
             await self._transport.close()
         if self.table is not None and self.row < self.table.rows:
@@ -162,3 +180,41 @@ class VLLMPoolClient(DispatchedBackend):
             gateway_pid=status.gateway_pid,
             updated_at=status.updated_at,
         )
+
+
+class VLLMPoolClient(SharedEndpointsClient):
+    """A ``vllm-pool`` whose vLLM processes the control process runs."""
+
+    kind: ClassVar[str] = "vllm-pool"
+
+    def __init__(self, config: VLLMPoolBackendConfig, *, row: int) -> None:
+        super().__init__(config, row=row)
+        self.config = config
+        self.stop_timeout = config.stop_timeout
+
+    def _server_config(self, url: str, version: str | None) -> VLLMBackendConfig:
+        return endpoint_config(self.config, url, version)
+
+    def _make_transport(self) -> HTTPTransport:
+        c = self.config
+        # One keep-alive transport for all workers (pooled per host:port), as in the pool.
+        template = endpoint_config(c, "http://127.0.0.1/v1")
+        return make_transport(
+            template.model_copy(update={"max_connections": c.max_connections * max(1, worker_count(c))})
+        )
+
+
+class VLLMEndpointsClient(SharedEndpointsClient):
+    """A ``vllm`` backend over ``base_urls`` or ``discovery``, whose servers the control process finds and probes."""
+
+    kind: ClassVar[str] = "vllm"
+
+    def __init__(self, config: VLLMBackendConfig, *, row: int) -> None:
+        super().__init__(config, row=row)
+        self.config = config
+
+    def _server_config(self, url: str, version: str | None) -> VLLMBackendConfig:
+        return server_config(self.config, url, version)
+
+    def _make_transport(self) -> HTTPTransport:
+        return make_transport(self.config)

@@ -24,13 +24,15 @@ from typing import Any, ClassVar
 
 from backends.base import Backend
 from backends.capabilities import Capabilities
+from backends.errors import UpstreamError
 from backends.transport import make_transport
 from backends.transport.base import HTTPTransport
 from backends.vllm.adapter import VLLM_CAPABILITIES, VLLMBackend
 from backends.vllm.chat_capabilities import VLLMChatFeatures, vllm_chat_capabilities
+from backends.vllm.pool.balancer import Endpoint
 from backends.vllm.pool.dispatch import DispatchedBackend, Dispatcher
 from backends.vllm.pool.inflight import InFlightTable
-from backends.vllm.pool.status import PoolStatus, default_log_dir, write_status
+from backends.vllm.pool.status import PoolStatus, default_log_dir, endpoints_view, fill_in_flight, write_status
 from backends.vllm.pool.supervisor import Supervisor
 from schemas.config import VLLMBackendConfig, VLLMPoolBackendConfig
 
@@ -128,10 +130,7 @@ class VLLMPoolBackend(DispatchedBackend):
         workers = [w.status() for w in self.supervisor.workers]
         table = self.in_flight_table
         if table is not None:  # the gateway workers route; this process only supervises
-            for w in workers:
-                if w.index < table.cols:
-                    w.in_flight_by = [table.cells[row * table.cols + w.index] for row in range(table.rows)]
-                    w.in_flight = sum(w.in_flight_by)
+            fill_in_flight(workers, table.cells, table.rows, table.cols)
         return PoolStatus(
             backend=self.name,
             kind=self.kind,
@@ -139,26 +138,17 @@ class VLLMPoolBackend(DispatchedBackend):
             decisions=dict(self.dispatcher.balancer.decisions),
         )
 
+    # --- shared by the gateway workers of --workers N (backends.vllm.pool.shared) ---------------
     def view(self) -> dict[str, Any]:
-        """What a gateway worker routing over this pool needs (``backends.vllm.pool.client``), JSON-friendly."""
-        endpoints = []
-        for ep in self.dispatcher.endpoints:
-            version = getattr(ep.adapter, "version", None)
-            endpoints.append(
-                {
-                    "index": ep.index,
-                    "url": ep.url,
-                    "available": ep.available,
-                    "generation": ep.generation,
-                    "version": str(version) if version is not None else None,
-                }
-            )
-        return {
-            "status": self.pool_status().to_json(),
-            "endpoints": endpoints,
-            "hopeless": self.supervisor.hopeless(),
-            "describe": self.supervisor.describe(),
-        }
+        s = self.supervisor
+        eps = self.dispatcher.endpoints
+        return endpoints_view(self.pool_status(), eps, hopeless=s.hopeless(), describe=s.describe())
+
+    def table_columns(self) -> int:
+        return len(self.supervisor.workers)
+
+    def suspect(self, endpoint: Endpoint, exc: UpstreamError) -> None:
+        self.supervisor.suspect(endpoint, exc)
 
     def _status_changed(self) -> None:
         for listener in self.listeners:

@@ -21,7 +21,7 @@ import contextlib
 import logging
 import socket
 from collections.abc import Awaitable, Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from backends.capabilities import Capabilities
 from backends.errors import UpstreamError
@@ -32,11 +32,16 @@ from backends.vllm.adapter import VLLM_CAPABILITIES, VLLMBackend
 from backends.vllm.chat_capabilities import VLLMChatFeatures, vllm_chat_capabilities
 from backends.vllm.pool.balancer import Endpoint
 from backends.vllm.pool.dispatch import DispatchedBackend, Dispatcher
+from backends.vllm.pool.inflight import InFlightTable
 from backends.vllm.pool.scrape import parse_vllm_metrics
-from backends.vllm.pool.status import PoolStatus, WorkerStatus
+from backends.vllm.pool.status import PoolStatus, WorkerStatus, endpoints_view, fill_in_flight
 from schemas.config import TimeoutConfig, VLLMBackendConfig
 
-__all__ = ["Resolver", "VLLMEndpointsBackend", "resolve_dns"]
+__all__ = ["Resolver", "VLLMEndpointsBackend", "resolve_dns", "server_config"]
+
+# --workers N: the in-flight table's columns for a discovered backend (servers come and go; their
+# indices are reused, so this bounds the servers at once, not over time). Beyond it: counted per worker.
+DISCOVERY_COLUMNS = 256
 
 log = logging.getLogger("gateway.pool")
 
@@ -81,6 +86,14 @@ class VLLMEndpointsBackend(DispatchedBackend):
             config.name, TimeoutConfig(connect=t, first_byte=t, total=t, stream_idle=t), 64
         )
         self._tasks: list[asyncio.Task[None]] = []
+        # With ``--workers N`` the control process runs the discovery, probes and scrapes once: it
+        # is told of every round (to publish the servers to the gateway workers, gateway.workers.pools).
+        self.listeners: list[Callable[[], None]] = []
+        self.in_flight_table: InFlightTable | None = None
+
+    def _changed(self) -> None:
+        for listener in self.listeners:
+            listener()
 
     # --- servers ---------------------------------------------------------------------------
     async def _set_servers(self, urls: list[str]) -> None:
@@ -112,9 +125,7 @@ class VLLMEndpointsBackend(DispatchedBackend):
             self.dispatcher.notify()
 
     def _server_config(self, url: str) -> VLLMBackendConfig:
-        data = self.config.model_dump(exclude={"base_urls", "discovery", "routing", "probe"})
-        data["base_url"] = url
-        return VLLMBackendConfig.model_validate(data)
+        return server_config(self.config, url)
 
     async def _discover(self) -> None:
         discovery = self.config.discovery
@@ -132,6 +143,7 @@ class VLLMEndpointsBackend(DispatchedBackend):
         while True:
             await asyncio.sleep(self.config.discovery.interval)
             await self._discover()
+            self._changed()
 
     # --- probes ------------------------------------------------------------------------------
     async def _get(self, url: str) -> bytes | None:
@@ -157,6 +169,7 @@ class VLLMEndpointsBackend(DispatchedBackend):
     async def _probe_loop(self) -> None:
         while True:
             await asyncio.gather(*(self._probe(s) for s in list(self._servers.values())))
+            self._changed()
             await asyncio.sleep(self.config.probe.interval)
 
     async def _scrape(self, server: _Server) -> None:
@@ -167,12 +180,14 @@ class VLLMEndpointsBackend(DispatchedBackend):
     async def _scrape_loop(self) -> None:
         while True:
             await asyncio.gather(*(self._scrape(s) for s in list(self._servers.values()) if s.endpoint.available))
+            self._changed()
             await asyncio.sleep(self.config.routing.metrics_interval)
 
     def _suspect(self, endpoint: Endpoint, exc: UpstreamError) -> None:
         if exc.reason in ("connect", "closed") and endpoint.available:
             endpoint.available = False
             log.warning("backend %s: cannot connect to %s; skipped until a probe passes", self.name, endpoint.url)
+            self._changed()
 
     def _describe(self) -> str:
         up = sum(ep.available for ep in self.dispatcher.endpoints)
@@ -212,6 +227,28 @@ class VLLMEndpointsBackend(DispatchedBackend):
             )
             for ep in self.dispatcher.endpoints
         ]
+        table = self.in_flight_table
+        if table is not None:  # --workers N: the gateway workers route; this process probes
+            fill_in_flight(workers, table.cells, table.rows, table.cols)
         return PoolStatus(
             backend=self.name, kind=self.kind, workers=workers, decisions=dict(self.dispatcher.balancer.decisions)
         )
+
+    # --- shared by the gateway workers of --workers N (backends.vllm.pool.shared) ---------------
+    def view(self) -> dict[str, Any]:
+        return endpoints_view(self.pool_status(), self.dispatcher.endpoints, hopeless=False, describe=self._describe())
+
+    def table_columns(self) -> int:
+        return DISCOVERY_COLUMNS if self.config.discovery is not None else len(self.config.base_urls)
+
+    def suspect(self, endpoint: Endpoint, exc: UpstreamError) -> None:
+        self._suspect(endpoint, exc)
+
+
+def server_config(config: VLLMBackendConfig, url: str, version: str | None = None) -> VLLMBackendConfig:
+    """The single-server config of one of ``config``'s servers (``version``: known already, not read again)."""
+    data = config.model_dump(exclude={"base_urls", "discovery", "routing", "probe"})
+    data["base_url"] = url
+    if version is not None:
+        data["version"] = version
+    return VLLMBackendConfig.model_validate(data)

@@ -1,11 +1,16 @@
-"""A ``vllm-pool`` shared by the N worker processes of ``gateway serve --workers N``: both ends.
+"""Backends shared by the N worker processes of ``gateway serve --workers N``: both ends.
 
-- :class:`PoolOwnership` (the control process): each pool is a full
+Shared: every ``vllm-pool`` (its vLLM processes must exist once) and every ``vllm`` backend over
+``base_urls`` or ``discovery`` (its DNS discovery, probes, scrapes and version detection need to
+run once, not once per worker).
+
+- :class:`PoolOwnership` (the control process): each is a full
   :class:`~backends.vllm.pool.pool.VLLMPoolBackend` (supervisor, launcher, probes, scrapes,
-  version detection, ``status.json``) plus its in-flight table (:mod:`backends.vllm.pool.inflight`);
-  :meth:`PoolOwnership.frame` is what the workers are told after every change.
-- :class:`PoolClients` (a gateway worker): one :class:`~backends.vllm.pool.client.VLLMPoolClient`
-  per pool, fed those frames.
+  version detection, ``status.json``) or :class:`~backends.vllm.pool.remote.VLLMEndpointsBackend`,
+  plus its in-flight table (:mod:`backends.vllm.pool.inflight`); :meth:`PoolOwnership.frame` is
+  what the workers are told after every change.
+- :class:`PoolClients` (a gateway worker): one client (:mod:`backends.vllm.pool.client`) per
+  shared backend, fed those frames.
 
 The frames travel over the control channel (``gateway.workers.pools``); this module knows
 nothing of it. Frame: ``{"pools": {name: VLLMPoolBackend.view()}, "tables": {name: {"path",
@@ -22,37 +27,52 @@ from pathlib import Path
 from typing import Any
 
 from backends.errors import UpstreamConnectError
-from backends.vllm.pool.client import VLLMPoolClient
+from backends.vllm.pool.client import SharedEndpointsClient, VLLMEndpointsClient, VLLMPoolClient
 from backends.vllm.pool.inflight import InFlightTable
 from backends.vllm.pool.pool import VLLMPoolBackend
-from schemas.config import VLLMPoolBackendConfig
+from backends.vllm.pool.remote import VLLMEndpointsBackend
+from schemas.config import BackendConfig, VLLMBackendConfig, VLLMPoolBackendConfig
 
-__all__ = ["PoolClients", "PoolOwnership"]
+__all__ = ["PoolClients", "PoolOwnership", "SharedConfig", "shared_configs"]
+
+SharedConfig = VLLMPoolBackendConfig | VLLMBackendConfig
+
+
+def shared_configs(configs: list[BackendConfig]) -> list[SharedConfig]:
+    """The backends the control process of ``--workers N`` runs once: pools and multi-server ``vllm``."""
+    return [
+        c
+        for c in configs
+        if isinstance(c, VLLMPoolBackendConfig) or (isinstance(c, VLLMBackendConfig) and c.base_url is None)
+    ]
+
 
 log = logging.getLogger("gateway.pool")
 
 
 class PoolOwnership:
-    """The pools the control process runs, with a table of rows = gateway workers."""
+    """The shared backends the control process runs, each with a table of rows = gateway workers."""
 
-    def __init__(self, configs: list[VLLMPoolBackendConfig], workers: int, workdir: Path) -> None:
+    def __init__(self, configs: list[SharedConfig], workers: int, workdir: Path) -> None:
         self._configs = configs
         self._workers = workers
         self._workdir = workdir
-        self.pools: dict[str, VLLMPoolBackend] = {}
+        self.pools: dict[str, VLLMPoolBackend | VLLMEndpointsBackend] = {}
         self._tables: dict[str, InFlightTable] = {}
 
     def __bool__(self) -> bool:
         return bool(self._configs)
 
     async def start(self, on_change: Callable[[], None]) -> None:
-        """Plan and spawn every pool's vLLM processes (readiness comes later); ``on_change`` after each change."""
+        """Spawn the pools' vLLM processes, find the servers (readiness comes later); ``on_change``: each change."""
         for i, config in enumerate(self._configs):
-            pool = VLLMPoolBackend(config)
+            pool = (
+                VLLMPoolBackend(config) if isinstance(config, VLLMPoolBackendConfig) else VLLMEndpointsBackend(config)
+            )
             self.pools[config.name] = pool
             await pool.start()
             path = self._workdir / f"inflight-{i}"
-            table = InFlightTable(path, self._workers, len(pool.supervisor.workers), create=True)
+            table = InFlightTable(path, self._workers, pool.table_columns(), create=True)
             self._tables[config.name] = pool.in_flight_table = table
             pool.listeners.append(on_change)
 
@@ -70,18 +90,23 @@ class PoolOwnership:
     def suspect(self, pool_name: object, index: object, generation: object) -> None:
         """A gateway worker could not connect to endpoint ``index``: probe it now (if it is still that process)."""
         pool = self.pools.get(str(pool_name))
-        if pool is None or not isinstance(index, int) or not 0 <= index < len(pool.dispatcher.endpoints):
+        if pool is None:
             return
-        endpoint = pool.dispatcher.endpoints[index]
-        if endpoint.generation == generation:
-            pool.supervisor.suspect(endpoint, UpstreamConnectError("a gateway worker could not connect"))
+        endpoint = next((ep for ep in pool.dispatcher.endpoints if ep.index == index), None)
+        if endpoint is not None and endpoint.generation == generation:
+            pool.suspect(endpoint, UpstreamConnectError("a gateway worker could not connect"))
 
 
 class PoolClients:
-    """A gateway worker's pool backends, fed the control process's frames."""
+    """A gateway worker's shared backends, fed the control process's frames."""
 
-    def __init__(self, configs: list[VLLMPoolBackendConfig], row: int) -> None:
-        self.clients = {c.name: VLLMPoolClient(c, row=row) for c in configs}
+    def __init__(self, configs: list[SharedConfig], row: int) -> None:
+        self.clients: dict[str, SharedEndpointsClient] = {
+            c.name: VLLMPoolClient(c, row=row)
+            if isinstance(c, VLLMPoolBackendConfig)
+            else VLLMEndpointsClient(c, row=row)
+            for c in configs
+        }
 
     def __bool__(self) -> bool:
         return bool(self.clients)

@@ -11,6 +11,7 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -21,6 +22,8 @@ __all__ = [
     "ReportsPool",
     "WorkerStatus",
     "default_log_dir",
+    "endpoints_view",
+    "fill_in_flight",
     "format_table",
     "read_status",
     "write_status",
@@ -85,6 +88,34 @@ class ReportsPool(Protocol):
     name: str
 
     def pool_status(self) -> PoolStatus: ...
+
+
+def fill_in_flight(workers: list[WorkerStatus], cells: Sequence[int], rows: int, cols: int) -> None:
+    """With ``--workers N``: each worker's calls in flight from every gateway worker (a row each of the table)."""
+    for w in workers:
+        if w.index < cols:
+            w.in_flight_by = [cells[row * cols + w.index] for row in range(rows)]
+            w.in_flight = sum(w.in_flight_by)
+
+
+def endpoints_view(status: PoolStatus, endpoints: Iterable[Any], *, hopeless: bool, describe: str) -> dict[str, Any]:
+    """What a gateway worker routing over a shared backend needs (``backends.vllm.pool.client``), JSON-friendly.
+
+    ``endpoints``: :class:`~backends.vllm.pool.balancer.Endpoint` objects (their adapter tells the version).
+    """
+    view = []
+    for ep in endpoints:
+        version = getattr(ep.adapter, "version", None)
+        view.append(
+            {
+                "index": ep.index,
+                "url": ep.url,
+                "available": ep.available,
+                "generation": ep.generation,
+                "version": str(version) if version is not None else None,
+            }
+        )
+    return {"status": status.to_json(), "endpoints": view, "hopeless": hopeless, "describe": describe}
 
 
 def default_log_dir(backend: str) -> Path:

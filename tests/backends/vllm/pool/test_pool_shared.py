@@ -6,14 +6,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+from aiohttp import web
+
 from backends.errors import UpstreamConnectError, UpstreamTimeoutError
+from backends.registry import build_worker_backends, shared_configs
 from backends.vllm.adapter import VLLMBackend
 from backends.vllm.pool.balancer import Balancer
-from backends.vllm.pool.client import VLLMPoolClient
+from backends.vllm.pool.client import VLLMEndpointsClient, VLLMPoolClient
 from backends.vllm.pool.inflight import InFlightTable, SharedEndpoint
+from backends.vllm.pool.shared import PoolClients, PoolOwnership
 from backends.vllm.versions import VLLMVersion
+from gateway.app import create_app
+from gateway.configfile import parse_config
 from schemas.config import PoolRoutingConfig
-from tests.backends.vllm.pool.conftest import pool_config
+from tests.backends.vllm.pool.conftest import MODEL, pool_config, wait_for
+from tests.backends.vllm.pool.standin_worker import build_app, parse_args
+from tests.conftest import free_port, serve_app
 
 ROUTING = PoolRoutingConfig(strategy="least-load")
 
@@ -111,3 +120,76 @@ async def test_client_follows_the_control_process_views(tmp_path: Path) -> None:
         assert status.gateway_pid == 4242 and [w.in_flight for w in status.workers] == [0, 0]
     finally:
         await client.close()
+
+
+# --- a multi-server vllm backend, found and probed once ----------------------------------------
+async def test_a_multi_server_backend_is_probed_once_and_routed_by_every_worker(tmp_path: Path) -> None:
+    """The control process's ``VLLMEndpointsBackend`` reads each server's version and probes it;
+    two gateway workers route over what it publishes (no ``GET /version`` of their own), their
+    calls counted in one table, and a server that goes away leaves their routing."""
+    hits: dict[int, list[str]] = {}
+    servers: list[web.AppRunner] = []
+    ports = [free_port() for _ in range(2)]
+    for port in ports:
+        app = build_app(parse_args([MODEL, "--host", "127.0.0.1", "--port", str(port)]))
+
+        @web.middleware
+        async def count(request: web.Request, handler: Any, port: int = port) -> web.StreamResponse:
+            hits.setdefault(port, []).append(request.path)
+            response: web.StreamResponse = await handler(request)
+            return response
+
+        app.middlewares.append(count)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        servers.append(runner)
+    urls = ", ".join(f"http://127.0.0.1:{p}/v1" for p in ports)
+    text = f"""
+backends:
+  - name: fleet
+    type: vllm
+    base_urls: [{urls}]
+    routing: {{strategy: least-load, metrics_interval: 0.05, wait_for_ready: 2}}
+    probe: {{interval: 0.05, timeout: 0.5, failures: 1}}
+models:
+  - {{name: m, routes: [{{backend: fleet, model: {MODEL}}}]}}
+"""
+    config = parse_config(text, "<shared>", env={})
+    owner = PoolOwnership(shared_configs(config.backends), workers=2, workdir=tmp_path)
+    feeds: list[PoolClients] = []
+    await owner.start(lambda: [feed.apply(owner.frame()) for feed in feeds])
+    gateways = []
+    try:
+        for row in range(2):
+            built, feed = build_worker_backends(config.backends, row)
+            assert isinstance(built["fleet"], VLLMEndpointsClient)
+            feeds.append(feed)
+            feed.apply(owner.frame())
+            gateways.append(await serve_app(create_app(config, backends=built)))
+        async with aiohttp.ClientSession() as session:
+            answered = set()
+            for _, url in gateways:
+                for i in range(4):
+                    body = {"model": "m", "prompt": f"p{i}", "max_tokens": 2}
+                    async with session.post(url + "/v1/completions", json=body) as resp:
+                        assert resp.status == 200, await resp.text()
+                        answered.add((await resp.json())["choices"][0]["text"].split()[0])
+            assert answered == {f"w{p}" for p in ports}
+        assert [hits[p].count("/version") for p in ports] == [1, 1]  # the control process's only
+        assert [hits[p].count("/v1/completions") for p in ports] == [4, 4]  # spread (idle: round-robin ties)
+        status = owner.pools["fleet"].pool_status()
+        assert [len(w.in_flight_by) for w in status.workers] == [2, 2]
+
+        await servers[0].cleanup()  # a server goes away: the owner's probe fails, every worker stops routing to it
+        servers.pop(0)
+        for feed in feeds:
+            eps = feed.clients["fleet"].dispatcher.endpoints
+            await wait_for(lambda eps=eps: not eps[0].available, what="server 0 out of a worker's routing")
+            assert eps[1].available
+    finally:
+        for runner, _ in gateways:
+            await runner.cleanup()
+        await owner.close()
+        for runner in servers:
+            await runner.cleanup()
