@@ -77,6 +77,12 @@ def _check(path: str, workers: int = 1) -> int:
         print(f"{path}: not servable with {workers} workers:", *problems, sep="\n  ", file=sys.stderr)
         return 1
     print(f"{path}: OK ({len(config.backends)} backends, {len(config.models)} models)")
+    if workers > 1:
+        from backends.registry import shared_configs
+
+        for b in shared_configs(config.backends):  # what the control process runs once (gateway.workers.pools)
+            what = "its vLLM processes" if b.type == "vllm-pool" else "its discovery, probes and scrapes"
+            print(f"  {b.name}: {what} run once in the control process; the {workers} workers route over them")
     return 0
 
 

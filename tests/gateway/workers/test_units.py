@@ -101,7 +101,9 @@ def test_a_vllm_pool_is_servable_with_workers(tmp_path: Path, capsys: pytest.Cap
         "models: [{name: m, routes: [{backend: p, model: m}]}]\n"
     )
     assert main(["check-config", str(path), "--workers", "4"]) == 0
-    assert "OK (1 backends, 1 models)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "OK (1 backends, 1 models)" in out
+    assert "p: its vLLM processes run once in the control process; the 4 workers route over them" in out
 
 
 def test_cli_refuses_limits_with_workers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
