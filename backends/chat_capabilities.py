@@ -7,7 +7,8 @@ A chat table has three layers, all data (spec chat-protocol.md is the source of 
   an unsupported field is refused unless the client set it to its neutral "off" value.
 - ``forms``: levels for the *values* of a field whose shapes differ per backend, keyed
   ``"field=form"``: ``tool_choice=required``, ``response_format=json_schema``,
-  ``messages=input_audio`` (a content-part type), ``tools=custom``, ``parallel_tool_calls=false``,
+  ``messages=input_audio`` (a content-part type), ``tools=custom``, ``tools=strict`` (a function
+  tool with ``strict: true``), ``parallel_tool_calls=false``,
   ``stream_options=include_obfuscation``, ``modalities=audio``. A form without an entry has its
   field's level. :func:`request_forms` lists the forms a request uses.
 - ``limits``: an upper bound per integer field the backend caps lower than the schema
@@ -29,7 +30,7 @@ from typing import Any
 
 from backends.capabilities import AUDIT_USER_NOTE, Capabilities, Level
 from schemas.chat import ChatCompletionRequest
-from schemas.chat_messages import TextResponseFormat
+from schemas.chat_messages import FunctionTool, TextResponseFormat
 from schemas.errors import UnsupportedParameterError
 
 __all__ = [
@@ -104,6 +105,9 @@ def request_forms(request: ChatCompletionRequest) -> Iterator[tuple[str, str]]:
         yield "tool_choice", choice.type
     if request.parallel_tool_calls is not None:
         yield "parallel_tool_calls", "true" if request.parallel_tool_calls else "false"
+    # Last, so a table that refuses a tool_choice form names tool_choice first (as before strict had a form).
+    if any(isinstance(tool, FunctionTool) and tool.function.strict for tool in request.tools or ()):
+        yield "tools", "strict"
 
 
 def _is_neutral(field: str, value: Any) -> bool:

@@ -26,6 +26,9 @@ CHAT_BOUNDARIES: dict[str, VLLMVersion] = {
     "reasoning_effort": VLLMVersion(0, 10, 1),
     "parallel_tool_calls_false": VLLMVersion(0, 12, 0),  # keeps the first call; ignored before
     "forced_tools_need_parser": VLLMVersion(0, 14, 0),  # PR #30613: named/required need a parser
+    # A function tool's strict: true constrains its arguments (PRs #45003, #45600; checked in the
+    # 0.23.0 / 0.24.0 wheels). Before: ignored with HTTP 200 (0.6.5+) or 400 extra_forbidden.
+    "tools_strict": VLLMVersion(0, 24, 0),
 }
 
 
@@ -87,6 +90,10 @@ def vllm_chat_capabilities(features: VLLMChatFeatures) -> ChatCapabilities:
         gate("priority", "continue_final_message")
     gate("reasoning_effort", "reasoning_effort")
     gate("parallel_tool_calls=false", "parallel_tool_calls_false")
+    gate("tools=strict", "tools_strict")  # an older server would hand back unconstrained arguments
+    if features.since("tools_strict") is False:
+        since = CHAT_BOUNDARIES["tools_strict"]
+        reasons["tools=strict"] = f"vLLM {v} cannot enforce a function tool's strict: true (from {since})"
     if features.since("tool_choice_none") is False:
         gate("tool_choice=none", "tool_choice_none")
     if features.since("tool_choice_required") is False:
