@@ -11,11 +11,21 @@ event, never with an invented ``finish_reason`` (see
 ``usage``: with ``include_usage`` OpenAI sends ``"usage": null`` in every ordinary
 chunk; vLLM leaves the key out, so it is added (only for clients that asked for usage).
 
-Deliberately *not* stripped from streams: vLLM's extra per-choice fields
-(``stop_reason``, ``token_ids``, ``prompt_token_ids``, all ``null`` unless
-asked). Removing them would cost a parse of every event, which the relay exists
-to avoid; OpenAI clients ignore unknown fields. Non-streamed answers are
-rebuilt in OpenAI's shape instead (:func:`backends.vllm.dialect.normalise_body`).
+Deliberately *not* stripped from streams, all checked against the 0.32.0 wheel's
+serving code (chat golden ``tests/fixtures/chat/vllm/0.32.0/stream_vllm_keys.json``):
+
+- per choice: ``stop_reason`` (the stop string or token id that ended the choice,
+  else ``null``), ``token_ids`` and, in completions, ``prompt_token_ids`` (``null``
+  unless the client asked ``return_token_ids``, a completions field). Removing them
+  would cost a parse of every event, which the relay exists to avoid.
+- chat, top level, first chunk only: ``prompt_token_ids`` and ``prompt_text`` (the
+  rendered chat template), always ``null`` through the gateway: vLLM fills them only
+  for ``return_token_ids`` / ``return_prompt_text``, which the chat schema refuses,
+  so no template leaks. Two nulls once per stream; stripping them would parse the
+  first event, which otherwise stays on the byte path like the rest.
+
+OpenAI clients ignore unknown fields. Non-streamed answers are rebuilt in
+OpenAI's shape instead (:func:`backends.vllm.dialect.normalise_body`).
 
 Cost on the byte path: one regex search per network read (plus, with include_usage,
 one split of the read).

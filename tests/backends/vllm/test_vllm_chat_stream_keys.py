@@ -1,0 +1,66 @@
+"""vLLM 0.32's own keys in chat answers: what reaches clients and why that is safe.
+
+The first stream chunk carries top-level ``prompt_token_ids`` and ``prompt_text`` (the rendered
+chat template); every chunk a per-choice ``token_ids``; the final one ``stop_reason``
+(``backends.vllm.stream``'s docstring says why they are relayed). The golden
+``0.32.0/stream_vllm_keys.json`` replays the shape (``test_vllm_chat_goldens``); these tests
+pin the invariant it rests on: no client can make them non-null through the gateway, so the
+template never leaks, and a non-streamed answer drops them whatever they hold.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from pydantic import ValidationError
+
+from backends.vllm.chat import normalise_chat_body
+from schemas.chat import ChatCompletionRequest
+
+GOLDEN = Path(__file__).parents[2] / "fixtures" / "chat" / "vllm" / "0.32.0" / "stream_vllm_keys.json"
+TOP_LEVEL = ("prompt_token_ids", "prompt_text")
+
+
+def golden() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(GOLDEN.read_text())
+    return data
+
+
+def test_golden_first_chunk_carries_vllm_keys_as_null_and_the_client_gets_them_as_sent() -> None:
+    g = golden()
+    upstream = [orjson.loads(e.removeprefix("data: ")) for e in g["events"] if e != "data: [DONE]"]
+    assert all(upstream[0][key] is None for key in TOP_LEVEL)
+    assert not any(key in event for event in upstream[1:] for key in TOP_LEVEL)  # first chunk only
+    assert upstream[-2]["choices"][0]["stop_reason"] == "\n"
+    client = g["expect_events"]
+    assert [client[0][key] for key in TOP_LEVEL] == [None, None]
+    assert not any(key in event for event in client[1:] for key in TOP_LEVEL)
+    assert client[-2]["choices"][0]["stop_reason"] == "\n"
+    assert all(event["model"] == "public-name" for event in client)
+
+
+@pytest.mark.parametrize("field", ["return_prompt_text", "return_token_ids"])
+def test_chat_schema_refuses_what_would_fill_them(field: str) -> None:
+    """What would make vLLM send the template or token ids is refused by name, never forwarded."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], field: True}
+    with pytest.raises(ValidationError) as info:
+        ChatCompletionRequest.model_validate(body)
+    assert info.value.errors()[0]["loc"] == (field,)
+    assert info.value.errors()[0]["type"] == "extra_forbidden"
+
+
+def test_non_streamed_answer_drops_them_even_when_set() -> None:
+    answer = {
+        "id": "chatcmpl-1", "object": "chat.completion", "created": 1700000000, "model": "org/tiny",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Sunny."},
+                     "logprobs": None, "finish_reason": "stop", "stop_reason": None, "token_ids": [7, 8]}],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 2, "total_tokens": 14},
+        "prompt_token_ids": [1, 2, 3], "prompt_text": "<|system|>You are terse.<|user|>hi",
+    }  # fmt: skip
+    body = normalise_chat_body(answer, "public-name", "b")
+    assert not set(TOP_LEVEL) & set(body)
+    assert set(body["choices"][0]) == {"index", "message", "logprobs", "finish_reason"}
