@@ -86,7 +86,7 @@ class Supervisor:
         self._old_controls: list[HTTPTransport] = []  # replaced by a reload; closed with the pool
         self._closing = False
         self._scraper: asyncio.Task[None] | None = None
-        self._next_index = 0
+        self._generations = 0  # ready spells of all workers: (index, generation) names one process
         self._changed = asyncio.Event()  # replaced on each state change (see wait_change)
 
     # --- life cycle ---------------------------------------------------------------------
@@ -129,7 +129,11 @@ class Supervisor:
 
     def add_worker(self, gpus: list[int], config: VLLMPoolBackendConfig) -> Worker:
         """A new worker on ``gpus`` running ``config``, its task started; routed to once ready."""
-        index, self._next_index = self._next_index, self._next_index + 1
+        # The smallest index no live worker has: a rollout's new worker gets one of its own while
+        # the old one drains, and indexes stay below the most workers ever alive at once (the
+        # --workers N in-flight table has a column per index).
+        used = {w.index for w in self.workers}
+        index = next(i for i in range(len(used) + 1) if i not in used)
         endpoint = Endpoint(index, config.routing.affinity_entries)
         worker = Worker(index, gpus, endpoint, self.log_dir / f"worker-{index}.log", config)
         self.workers.append(worker)
@@ -350,7 +354,8 @@ class Supervisor:
 
     def _became_ready(self, worker: Worker, adapter: Backend) -> None:
         ep = worker.endpoint
-        ep.generation += 1
+        self._generations += 1
+        ep.generation = self._generations
         ep.prefixes.clear()
         ep.load = WorkerLoad()
         ep.adapter = adapter

@@ -2,8 +2,9 @@
 started with, and whichever process currently fills it (``backends.vllm.pool.supervisor``
 runs its life cycle; ``backends.vllm.pool.rollout`` replaces it with a worker of a new config).
 
-A worker's ``index`` is unique for the life of its pool: a worker started by a rollout gets
-a new one, so its log file, status row and metric labels never mix with the one it replaces.
+A worker's ``index`` is unique among the live workers: a worker started by a rollout gets
+one the worker it replaces does not have, and takes a freed one later (its log file
+``worker-<index>.log`` then holds both processes' lines, each after its spawn header).
 """
 
 from __future__ import annotations
