@@ -209,7 +209,8 @@ class VLLMPoolBackend(DispatchedBackend):
         return endpoints_view(self.pool_status(), eps, hopeless=s.hopeless(), describe=s.describe())
 
     def table_columns(self) -> int:
-        return len(self.supervisor.workers)
+        # One more than the workers: a rollout runs a new worker next to the one it replaces.
+        return len(self.supervisor.workers) + 1
 
     def suspect(self, endpoint: Endpoint, exc: UpstreamError) -> None:
         self.supervisor.suspect(endpoint, exc)
