@@ -22,7 +22,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
 from backends.capabilities import Capabilities
 from schemas.chat import ChatCompletionRequest
@@ -38,6 +38,8 @@ __all__ = [
     "ChatCall",
     "CompletionResult",
     "CompletionStream",
+    "Reconfigurable",
+    "ReconfigureReport",
     "TokenUsage",
     "UpstreamCall",
 ]
@@ -163,3 +165,34 @@ class Backend(ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
+
+
+class ReconfigureReport(Protocol):
+    """What :meth:`Reconfigurable.reconfigure` did."""
+
+    @property
+    def ok(self) -> bool:
+        """False when the backend still runs (some of) its previous config."""
+
+    def describe(self) -> str:
+        """One log line: what was applied, and how (in place, new processes), or why not."""
+
+
+@runtime_checkable
+class Reconfigurable(Protocol):
+    """A backend that takes a changed config section while serving instead of being replaced
+    (a ``vllm-pool``: its processes outlive a reload). ``gateway.reload`` and the ``--workers``
+    control process call it; configs are the backend's ``schemas.config`` section.
+    """
+
+    name: str
+
+    def runs(self, config: Any) -> bool:
+        """Whether ``config`` is exactly what it runs now (nothing to do)."""
+
+    def restart_keys(self, config: Any) -> list[tuple[str, str]] | None:
+        """``(key, why)`` for each changed key only a restart applies; None when ``config`` is
+        not a section it can take at all (another type: build a new backend instead)."""
+
+    async def reconfigure(self, config: Any) -> ReconfigureReport:
+        """Apply ``config``; returns when done (or stopped: see the report)."""

@@ -5,16 +5,23 @@ On SIGHUP the config file is read again with the loader ``gateway check-config``
 - Invalid: every problem is logged as one ERROR line with its YAML path, and the running
   config keeps serving. A change that only a restart can apply (the listener's
   ``server.host``/``server.port``, other ``server`` keys fixed when the listener starts, the
-  ``auth`` section, a changed ``vllm-pool`` section: :func:`restart_needed`) is refused the
-  same way: a reload applies all of the file or nothing.
+  ``auth`` section, a ``vllm-pool`` key its running pool cannot apply: :func:`restart_needed`)
+  is refused the same way: a reload applies all of the file or nothing.
 - Valid: the new state is built next to the old one and swapped in one step of the event
   loop (:func:`swap`), so each request sees one config. A backend whose section is unchanged
   is the same object afterwards, with its circuit breaker, limiter and retry policy (its
   ``vllm-pool`` supervisor and vLLM workers stay up); a new or changed one is built and
-  started before the swap. Requests that began before the swap finish on the objects they
-  hold; a backend the new config no longer uses is closed once every request that began
-  before the swap has ended (:class:`_Generation`), never under one. Metrics keep their
-  registry: new model and backend names become label values, removed ones stop growing.
+  started before the swap. A changed ``vllm-pool`` section is the exception: the pool object
+  stays and, after the swap, is reconfigured (``backends.base.Reconfigurable``): routing,
+  probes and timings in place, a new model/args/GPU plan by replacing its workers one at a
+  time while the others serve. :meth:`Reloader.reload` returns once that is done; a rollout
+  whose new worker never gets ready stops there (logged with the section's YAML path, in
+  the pool's ``status.json`` and ``gateway_pool_rollouts{outcome="failed"}``), the old
+  workers keep serving, and the next reload resumes it. Requests that began before the
+  swap finish on the objects they hold; a backend the new config no longer uses is closed
+  once every request that began before the swap has ended (:class:`_Generation`), never
+  under one. Metrics keep their registry: new model and backend names become label values,
+  removed ones stop growing.
 
 Connections are untouched: the listener, keep-alive connections and the drain state belong
 to ``gateway.shutdown`` and outlive every reload.
@@ -37,7 +44,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from backends.base import Backend
+from backends.base import Backend, Reconfigurable, ReconfigureReport
 from backends.registry import build_backends
 from gateway.app import PROBER, backend_guards, build_state
 from gateway.clock import Clock
@@ -47,7 +54,7 @@ from gateway.flow.router import BackendGuard, Router
 from gateway.http.hardening import register_secrets
 from gateway.security.guard import RequestGuard
 from gateway.state import STATE, GatewayState
-from schemas.config import GatewayConfig, VLLMPoolBackendConfig
+from schemas.config import BackendConfig, GatewayConfig, VLLMPoolBackendConfig
 
 __all__ = ["LIVE_SERVER_KEYS", "RELOAD", "Reloader", "enable_reload", "restart_needed"]
 
@@ -58,6 +65,8 @@ LIVE_SERVER_KEYS = frozenset({"admission", "client_body_timeout", "max_prompt_ar
 
 # GatewayState fields that belong to the process, not to one config: never swapped.
 _KEPT = frozenset({"metrics", "in_flight", "draining", "started_at"})
+# Backend keys its BackendGuard (breaker, limiter, retry policy) is built from.
+_GUARD_KEYS = ("max_concurrency", "retry", "circuit_breaker")
 
 
 class _Generation:
@@ -76,8 +85,14 @@ class _Generation:
             self.idle.set()
 
 
-def restart_needed(old: GatewayConfig, new: GatewayConfig) -> list[tuple[str, str]]:
-    """What in ``new`` a running gateway cannot apply: ``(yaml_path, why)`` pairs, empty when none."""
+def restart_needed(
+    old: GatewayConfig, new: GatewayConfig, running: Mapping[str, Backend] | None = None
+) -> list[tuple[str, str]]:
+    """What in ``new`` a running gateway cannot apply: ``(yaml_path, why)`` pairs, empty when none.
+
+    ``running``: the backends serving ``old``; a changed section of a :class:`Reconfigurable`
+    one is refused only for the keys it names.
+    """
     problems: list[tuple[str, str]] = []
     for key in type(old.server).model_fields:
         if key not in LIVE_SERVER_KEYS and getattr(old.server, key) != getattr(new.server, key):
@@ -99,11 +114,30 @@ def restart_needed(old: GatewayConfig, new: GatewayConfig) -> list[tuple[str, st
         was = before.get(backend.name)
         if was is None or was == backend:
             continue
-        if isinstance(was, VLLMPoolBackendConfig) or isinstance(backend, VLLMPoolBackendConfig):
+        live = (running or {}).get(backend.name)
+        keys = live.restart_keys(backend) if isinstance(live, Reconfigurable) else None
+        if keys is not None:
+            for key, why in keys:
+                problems.append((f"backends[{i}].{key}", f"{backend.name!r}: {key} changed; {why}: restart"))
+        elif isinstance(was, VLLMPoolBackendConfig) or isinstance(backend, VLLMPoolBackendConfig):
             problems.append(
                 (f"backends[{i}]", f"vllm-pool {backend.name!r} changed; its workers are replaced only at a restart")
             )
     return problems
+
+
+def _to_reconfigure(running: Mapping[str, Backend], config: GatewayConfig) -> dict[str, tuple[int, BackendConfig]]:
+    """Running backends that take their changed section in place: name -> (index, new section).
+
+    Compared with what the backend runs, not with the last file read: a rollout that stopped
+    left the pool on its old config, so reading the same file again resumes it.
+    """
+    out: dict[str, tuple[int, BackendConfig]] = {}
+    for i, b in enumerate(config.backends):
+        live = running.get(b.name)
+        if isinstance(live, Reconfigurable) and live.restart_keys(b) is not None and not live.runs(b):
+            out[b.name] = (i, b)
+    return out
 
 
 def _guards_of(router: Router) -> dict[str, BackendGuard]:
@@ -211,7 +245,7 @@ class Reloader:
                     log.error("config reload refused: %s: %s: %s", exc.source, where or "<root>", message)
                 log.error("config reload refused: %d problem(s); still serving the previous config", len(exc.problems))
                 return False
-            problems = restart_needed(state.config, config)
+            problems = restart_needed(state.config, config, state.backends)
             for where, message in problems:
                 log.error("config reload refused: %s: %s: %s", self._path, where, message)
             if problems:
@@ -226,7 +260,12 @@ class Reloader:
         old_config = state.config
         before = {b.name: b for b in old_config.backends}
         old_guards = _guards_of(state.router)
-        fresh = [b for b in config.backends if before.get(b.name) != b or b.name not in state.backends]
+        pools = _to_reconfigure(state.backends, config)
+        fresh = [
+            b
+            for b in config.backends
+            if b.name not in pools and (before.get(b.name) != b or b.name not in state.backends)
+        ]
         built = build_backends(fresh)
         started: list[Backend] = []
         for backend in built.values():
@@ -250,6 +289,8 @@ class Reloader:
             guard = old_guards.get(name)
             if name in built or guard is None:
                 continue
+            if name in pools and any(getattr(pools[name][1], k) != getattr(before[name], k) for k in _GUARD_KEYS):
+                continue  # a pool reconfigured in place with new limits: a fresh guard
             guard.limiter.queue_size, guard.limiter.timeout = admission.queue_size, admission.queue_timeout
             guards[name] = guard  # unchanged backend: its breaker's state, slots and queue carry over
         keys = [k.name for k in config.auth.keys] if config.auth is not None else []
@@ -296,6 +337,10 @@ class Reloader:
             len(built),
             len(retired),
         )
+        for name, (i, section) in pools.items():
+            live = backends[name]
+            assert isinstance(live, Reconfigurable)
+            _log_reconfigured(self._path, i, await live.reconfigure(section))
         return True
 
     @staticmethod
@@ -313,6 +358,11 @@ class Reloader:
                 await guard.close()
             if backends:
                 log.info("config reload: closed backend(s) %s", ", ".join(b.name for b in backends))
+
+
+def _log_reconfigured(path: Path, index: int, report: ReconfigureReport) -> None:
+    level, then = (logging.INFO, "") if report.ok else (logging.ERROR, "; a reload of the same file resumes it")
+    log.log(level, "config reload: %s: backends[%d]: %s%s", path, index, report.describe(), then)
 
 
 async def _close_all(backends: Iterable[Backend]) -> None:

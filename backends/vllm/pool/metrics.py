@@ -43,6 +43,11 @@ class PoolCollector(Collector):
             "Worker choices by why (affinity_hit, affinity_miss, affinity_overloaded, least_load, round_robin).",
             labels=("backend", "decision"),
         )
+        rollouts = CounterMetricFamily(
+            "gateway_pool_rollouts",
+            "Reconfigurations of a pool by a reload, by outcome (in_place, rolled, failed).",
+            labels=("backend", "outcome"),
+        )
         for pool in self._pools:
             status = pool.pool_status()
             for w in status.workers:
@@ -55,4 +60,6 @@ class PoolCollector(Collector):
                 kv.add_metric(worker, w.kv_cache_usage)
             for decision, count in status.decisions.items():
                 decisions.add_metric((pool.name, decision), count)
-        yield from (state, restarts, in_flight, queue, kv, decisions)
+            for outcome, count in status.rollouts.items():
+                rollouts.add_metric((pool.name, outcome), count)
+        yield from (state, restarts, in_flight, queue, kv, decisions, rollouts)

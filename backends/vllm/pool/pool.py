@@ -3,7 +3,8 @@
 Lifecycle: ``start()`` plans the workers (GPU sets from ``gpus`` and
 ``tensor_parallel_size``), spawns them and returns without waiting for readiness
 (a real vLLM takes minutes); requests wait for a ready worker up to
-``routing.wait_for_ready`` seconds, then get 503 with ``Retry-After``. ``close()``
+``routing.wait_for_ready`` seconds, then get 503 with ``Retry-After``. ``reconfigure(config)``
+applies a changed section while the pool serves (``backends.vllm.pool.rollout``). ``close()``
 stops routing, waits up to ``stop_timeout`` for calls in flight (the gateway drained
 its clients before), then stops every worker (SIGTERM, SIGKILL) and returns once
 none of their processes is alive.
@@ -16,6 +17,7 @@ workers (``backends.vllm.pool.dispatch``).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -32,6 +34,7 @@ from backends.vllm.chat_capabilities import VLLMChatFeatures, vllm_chat_capabili
 from backends.vllm.pool.balancer import Endpoint
 from backends.vllm.pool.dispatch import DispatchedBackend, Dispatcher
 from backends.vllm.pool.inflight import InFlightTable
+from backends.vllm.pool.rollout import RolloutReport, apply_routing, restart_keys, roll, split_changes
 from backends.vllm.pool.status import PoolStatus, default_log_dir, endpoints_view, fill_in_flight, write_status
 from backends.vllm.pool.supervisor import Supervisor
 from schemas.config import VLLMBackendConfig, VLLMPoolBackendConfig
@@ -80,17 +83,21 @@ class VLLMPoolBackend(DispatchedBackend):
         # (to publish the endpoints to the gateway workers) and reads their calls in flight here.
         self.listeners: list[Callable[[], None]] = []
         self.in_flight_table: InFlightTable | None = None
+        self._rollout_lock = asyncio.Lock()
+        self.last_rollout: RolloutReport | None = None
+        self.rollouts = dict.fromkeys(("in_place", "rolled", "failed"), 0)  # by outcome
+        # The last rollout stopped part way: workers may run two configs until one is rolled out.
+        self._incomplete = False
 
-    def _worker_config(self, url: str) -> VLLMBackendConfig:
-        return endpoint_config(self.config, url)
+    async def _make_adapter(self, url: str, config: VLLMPoolBackendConfig) -> Backend:
+        """The ``vllm`` adapter of a worker (running ``config``) that just became ready, started
+        (it reads the version).
 
-    async def _make_adapter(self, url: str) -> Backend:
-        """The ``vllm`` adapter of a worker that just became ready, started (it reads the version).
-
-        All workers run the same vLLM, so the pool takes the capabilities the adapter found.
+        All workers run the same vLLM (a rollout: the newest), so the pool takes the
+        capabilities the adapter found.
         """
         assert self._transport is not None, "start() first"
-        adapter = VLLMBackend(self._worker_config(url), self._transport)
+        adapter = VLLMBackend(endpoint_config(config, url), self._transport)
         try:
             await adapter.start()
         except Exception:  # the adapter falls back to its safe defaults; routing must go on
@@ -104,7 +111,7 @@ class VLLMPoolBackend(DispatchedBackend):
         c = self.config
         # One keep-alive transport for all workers (pooled per host:port).
         limit = c.max_connections * max(1, worker_count(c))
-        template = self._worker_config("http://127.0.0.1/v1")
+        template = endpoint_config(c, "http://127.0.0.1/v1")
         self._transport = make_transport(template.model_copy(update={"max_connections": limit}))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         await self.supervisor.start()
@@ -125,6 +132,61 @@ class VLLMPoolBackend(DispatchedBackend):
             await self._transport.close()
         self._write_status()
 
+    # --- Reconfigurable (backends.base) --------------------------------------------------
+    def runs(self, config: object) -> bool:
+        return config == self.config and not self._incomplete
+
+    def restart_keys(self, config: object) -> list[tuple[str, str]] | None:
+        if not isinstance(config, VLLMPoolBackendConfig) or config.name != self.name:
+            return None
+        return restart_keys(self.config, config)
+
+    async def reconfigure(self, config: object) -> RolloutReport:
+        """Apply ``config`` (same name) while serving: in place where no process must change,
+        else by replacing the workers one at a time (``backends.vllm.pool.rollout``).
+
+        Refused (nothing applied) when a key only a restart applies changed. A failed rollout
+        leaves ``self.config`` as it was and the next call rolls whatever it is given over
+        every worker not on it yet: the same config resumes, the old one goes back.
+        Safe to call from the gateway's reload and from a control process; one at a time.
+        """
+        if not isinstance(config, VLLMPoolBackendConfig) or config.name != self.name:
+            raise TypeError(f"pool {self.name!r} cannot take {config!r}")
+        async with self._rollout_lock:
+            old = self.config
+            report = RolloutReport(self.name, "unchanged")
+            refused = restart_keys(old, config)
+            if refused:
+                report.outcome = "refused"
+                report.error = "; ".join(f"{key} changed: {why}; restart the gateway" for key, why in refused)
+                return report
+            report.in_place, report.rolled = split_changes(old, config)
+            roll_all = bool(report.rolled) or self._incomplete
+            if report.in_place or roll_all:
+                self.log_dir = pool_log_dir(config)
+                self.log_dir.mkdir(parents=True, exist_ok=True)
+                self.status_path = self.log_dir / "status.json"
+                self.supervisor.set_config(config, self.log_dir)
+                apply_routing(self.dispatcher, config)
+                report.outcome = "in_place"
+            if roll_all:
+                report.outcome = "rolled"
+                what = ", ".join(report.rolled) or "the workers an earlier rollout did not reach"
+                log.info("pool %s: rolling out %s, one worker at a time", self.name, what)
+                report.started, report.retired, report.error = await roll(self.supervisor, config)
+                if report.error is not None:
+                    report.outcome = "failed"
+                    log.error("pool %s: rollout stopped: %s; the other workers keep serving", self.name, report.error)
+            if report.outcome != "failed":
+                self.config = config
+            self._incomplete = report.outcome == "failed"
+            if report.outcome != "unchanged":
+                self.rollouts[report.outcome] += 1
+                self.last_rollout = report
+            report.finished_at = time.time()
+            self._write_status()
+            return report
+
     # --- status ---------------------------------------------------------------------------
     def pool_status(self) -> PoolStatus:
         workers = [w.status() for w in self.supervisor.workers]
@@ -136,6 +198,8 @@ class VLLMPoolBackend(DispatchedBackend):
             kind=self.kind,
             workers=workers,
             decisions=dict(self.dispatcher.balancer.decisions),
+            rollouts=dict(self.rollouts),
+            rollout=self.last_rollout.to_json() if self.last_rollout is not None else None,
         )
 
     # --- shared by the gateway workers of --workers N (backends.vllm.pool.shared) ---------------
@@ -145,7 +209,8 @@ class VLLMPoolBackend(DispatchedBackend):
         return endpoints_view(self.pool_status(), eps, hopeless=s.hopeless(), describe=s.describe())
 
     def table_columns(self) -> int:
-        return len(self.supervisor.workers)
+        # One more than the workers: a rollout runs a new worker next to the one it replaces.
+        return len(self.supervisor.workers) + 1
 
     def suspect(self, endpoint: Endpoint, exc: UpstreamError) -> None:
         self.supervisor.suspect(endpoint, exc)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Iterable
 
 from schemas.config import VLLMPoolBackendConfig
 
@@ -103,6 +104,10 @@ class PortAllocator:
 
     def release(self, port: int) -> None:
         self._in_use.discard(port)
+
+    def hold(self, ports: Iterable[int]) -> None:
+        """Count ``ports`` as in use (workers started under a previous range still hold them)."""
+        self._in_use.update(ports)
 
 
 def _bindable(host: str, port: int) -> bool:

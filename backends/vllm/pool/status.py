@@ -64,6 +64,9 @@ class PoolStatus:
     decisions: dict[str, int] = field(default_factory=dict)
     gateway_pid: int = field(default_factory=os.getpid)
     updated_at: float = field(default_factory=time.time)
+    # Reconfigurations by a reload (``backends.vllm.pool.rollout``): counts by outcome, and the last one.
+    rollouts: dict[str, int] = field(default_factory=dict)
+    rollout: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -78,6 +81,8 @@ class PoolStatus:
             decisions=dict(data.get("decisions", {})),
             gateway_pid=int(data.get("gateway_pid", 0)),
             updated_at=float(data.get("updated_at", 0.0)),
+            rollouts=dict(data.get("rollouts", {})),
+            rollout=data.get("rollout"),
         )
 
 
@@ -185,6 +190,9 @@ def format_table(status: PoolStatus) -> str:
         if w.last_error and w.state in ("failed", "backoff", "unhealthy", "starting"):
             lines.append(f"worker {w.index}: {w.last_error}")
             lines.extend(f"  | {line}" for line in w.log_tail[-5:])
+    last = status.rollout
+    if last is not None and last.get("outcome") == "failed":
+        lines.append(f"last rollout failed: {last.get('error')}")
     total = sum(status.decisions.values())
     if total:
         parts = ", ".join(f"{k} {v}" for k, v in status.decisions.items() if v)

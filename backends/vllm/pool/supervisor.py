@@ -9,6 +9,7 @@ its life cycle::
     ready | unhealthy --(process exited)--> [stop leftovers] --> backoff | failed
     backoff --(backoff_initial * 2**(failures-1), at most backoff_max)--> starting
     any --(close)--> stopping --> stopped
+    any --(retire)--> stopping --(calls in flight done, stop_timeout at most)--> [stop] --> stopped
 
 ``[stop]`` is :func:`backends.vllm.pool.process.stop`: SIGTERM to the worker's process
 group, SIGKILL after ``stop_timeout``, and it returns only once no process of the group
@@ -20,7 +21,9 @@ and is reported (state, last exit, the last lines of its log), never restarted f
 Routing sees a worker through its :class:`~backends.vllm.pool.balancer.Endpoint`:
 ``available`` only while ``ready``; every new ready spell bumps its ``generation`` and
 clears its prefix LRU (a restarted worker has a cold cache). ``poke`` asks for a probe
-now (a request could not connect). Everything runs on one event loop; not thread-safe.
+now (a request could not connect). :meth:`Supervisor.add_worker` and
+:meth:`Supervisor.retire` let a rollout (``backends.vllm.pool.rollout``) change the set of
+workers while the others serve. Everything runs on one event loop; not thread-safe.
 """
 
 from __future__ import annotations
@@ -30,7 +33,6 @@ import contextlib
 import logging
 import os
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -44,72 +46,19 @@ from backends.vllm.pool.balancer import Endpoint
 from backends.vllm.pool.process import WorkerProcess, spawn, stop, tail
 from backends.vllm.pool.resources import GpuLedger, PortAllocator, detect_gpus, plan_gpus
 from backends.vllm.pool.scrape import WorkerLoad, parse_vllm_metrics
-from backends.vllm.pool.status import WorkerStatus
+from backends.vllm.pool.worker import Worker, client_host, describe_outcome
 from schemas.config import TimeoutConfig, VLLMPoolBackendConfig
 
 __all__ = ["Supervisor", "Worker"]
 
 log = logging.getLogger("gateway.pool")
 
-# A worker's base URL (.../v1) -> its started HTTP adapter (the vllm adapter reads the version).
-AdapterFactory = Callable[[str], Awaitable[Backend]]
+# A worker's base URL (.../v1) and the config it runs -> its started HTTP adapter (the vllm
+# adapter reads the version).
+AdapterFactory = Callable[[str, VLLMPoolBackendConfig], Awaitable[Backend]]
 
-
-def _client_host(host: str) -> str:
-    if host in ("0.0.0.0", ""):
-        return "127.0.0.1"
-    if host == "::":
-        return "[::1]"
-    return f"[{host}]" if ":" in host else host
-
-
-# --- workers ------------------------------------------------------------------------------
-
-
-class Worker:
-    """One slot of the pool: a fixed GPU set, and whichever process currently fills it."""
-
-    def __init__(self, index: int, gpus: list[int], endpoint: Endpoint, log_path: Path) -> None:
-        self.index = index
-        self.gpus = gpus
-        self.endpoint = endpoint
-        self.log_path = log_path
-        self.state = "starting"  # its task spawns the first process right away
-        self.process: WorkerProcess | None = None
-        self.port: int | None = None
-        self.ready_at: float | None = None
-        self.restarts = 0
-        self.failures = 0
-        self.last_exit: int | None = None
-        self.last_error: str | None = None
-        self.log_tail: list[str] = []
-        self.poke = asyncio.Event()
-        self.task: asyncio.Task[None] | None = None
-        # Recent (monotonic time, state) changes, for logs and tests.
-        self.transitions: deque[tuple[float, str]] = deque(maxlen=64)
-
-    def status(self) -> WorkerStatus:
-        ep = self.endpoint
-        alive = self.process is not None and self.process.returncode is None
-        return WorkerStatus(
-            index=self.index,
-            state=self.state,
-            url=ep.url,
-            gpus=list(self.gpus),
-            port=self.port,
-            pid=self.process.pid if alive and self.process is not None else None,
-            uptime=time.time() - self.ready_at if self.ready_at is not None and self.state == "ready" else None,
-            restarts=self.restarts,
-            failures=self.failures,
-            in_flight=ep.in_flight,
-            waiting=ep.load.waiting,
-            running=ep.load.running,
-            kv_cache_usage=ep.load.kv_cache_usage,
-            last_exit=self.last_exit,
-            last_error=self.last_error,
-            log_tail=list(self.log_tail),
-            log_path=str(self.log_path),
-        )
+# Seconds between looks at a retiring worker's calls in flight while they finish.
+_DRAIN_POLL = 0.02
 
 
 class Supervisor:
@@ -133,34 +82,25 @@ class Supervisor:
         self.gpus = GpuLedger()
         lo, hi = config.port_range
         self.ports = PortAllocator(lo, hi, config.host)
-        probe = config.probe
-        t = probe.timeout
-        # Probes and scrapes get their own short timeouts, apart from the completion traffic.
-        self._control: HTTPTransport = FastHTTPTransport(
-            config.name, TimeoutConfig(connect=t, first_byte=t, total=t, stream_idle=t), 64
-        )
+        self._control: HTTPTransport = _control_transport(config)
+        self._old_controls: list[HTTPTransport] = []  # replaced by a reload; closed with the pool
         self._closing = False
-        self._closed = asyncio.Event()
         self._scraper: asyncio.Task[None] | None = None
+        self._generations = 0  # ready spells of all workers: (index, generation) names one process
+        self._changed = asyncio.Event()  # replaced on each state change (see wait_change)
 
     # --- life cycle ---------------------------------------------------------------------
     async def start(self) -> None:
         available = await detect_gpus() if self.config.gpus == "all" else None
         plan = plan_gpus(self.config, available)
         self._endpoints.clear()
-        for index, gpus in enumerate(plan):
-            endpoint = Endpoint(index, self.config.routing.affinity_entries)
-            self._endpoints.append(endpoint)
-            log_path = self.log_dir / f"worker-{index}.log"
-            self.workers.append(Worker(index, gpus, endpoint, log_path))
-        for worker in self.workers:
-            worker.task = asyncio.create_task(self._run(worker), name=f"pool {self.config.name} worker {worker.index}")
+        for gpus in plan:
+            self.add_worker(gpus, self.config)
         self._scraper = asyncio.create_task(self._scrape_loop(), name=f"pool {self.config.name} metrics")
 
     async def close(self) -> None:
         """Stop every worker (SIGTERM, SIGKILL after stop_timeout); returns when all exited."""
         self._closing = True
-        self._closed.set()
         for worker in self.workers:
             worker.poke.set()
         if self._scraper is not None:
@@ -170,7 +110,60 @@ class Supervisor:
         tasks = [w.task for w in self.workers if w.task is not None]
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        await self._control.close()
+        for control in (*self._old_controls, self._control):
+            await control.close()
+
+    def set_config(self, config: VLLMPoolBackendConfig, log_dir: Path) -> None:
+        """Timings, probes, ports and log directory from ``config`` from now on (a reload); running
+        workers keep the config their processes were started with until a rollout replaces them."""
+        old, self.config, self.log_dir = self.config, config, log_dir
+        if config.probe.timeout != old.probe.timeout:
+            # Probes in flight keep the old transport; it is closed with the pool.
+            self._old_controls.append(self._control)
+            self._control = _control_transport(config)
+        if (config.port_range, config.host) != (old.port_range, old.host):
+            lo, hi = config.port_range
+            ports = PortAllocator(lo, hi, config.host)
+            ports.hold(w.port for w in self.workers if w.port is not None)
+            self.ports = ports
+
+    def add_worker(self, gpus: list[int], config: VLLMPoolBackendConfig) -> Worker:
+        """A new worker on ``gpus`` running ``config``, its task started; routed to once ready."""
+        # The smallest index no live worker has: a rollout's new worker gets one of its own while
+        # the old one drains, and indexes stay below the most workers ever alive at once (the
+        # --workers N in-flight table has a column per index).
+        used = {w.index for w in self.workers}
+        index = next(i for i in range(len(used) + 1) if i not in used)
+        endpoint = Endpoint(index, config.routing.affinity_entries)
+        worker = Worker(index, gpus, endpoint, self.log_dir / f"worker-{index}.log", config)
+        self.workers.append(worker)
+        self._endpoints.append(endpoint)
+        worker.task = asyncio.create_task(self._run(worker), name=f"pool {config.name} worker {index}")
+        return worker
+
+    async def retire(self, worker: Worker) -> None:
+        """Stop routing new calls to ``worker``, let its calls in flight finish (``stop_timeout`` at
+        most), stop its processes and forget it. Returns once none of its processes is alive."""
+        worker.retiring = True
+        worker.endpoint.available = False  # from the next pick on; its task drains what it has
+        worker.poke.set()
+        if worker.task is not None:
+            # wait(), not gather(): a cancelled caller must not cancel the task mid-stop (close() awaits it).
+            await asyncio.wait({worker.task})
+        if worker in self.workers:
+            self.workers.remove(worker)
+        if worker.endpoint in self._endpoints:
+            self._endpoints.remove(worker.endpoint)
+        self._on_change()
+
+    async def wait_change(self, within: float) -> None:
+        """Return at the next worker state change, or after ``within`` seconds."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), within)
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
 
     def hopeless(self) -> bool:
         """No worker is or can become ready."""
@@ -184,10 +177,10 @@ class Supervisor:
 
     def suspect(self, endpoint: Endpoint, exc: UpstreamError) -> None:
         """A request could not reach this worker: stop routing to it and probe it now."""
-        if exc.reason not in ("connect", "closed") or endpoint.index >= len(self.workers):
+        if exc.reason not in ("connect", "closed"):
             return
-        worker = self.workers[endpoint.index]
-        if worker.state == "ready" and endpoint.generation == worker.endpoint.generation:
+        worker = next((w for w in self.workers if w.endpoint is endpoint), None)
+        if worker is not None and worker.state == "ready" and not worker.retiring:
             self._set_state(worker, "unhealthy")
             worker.poke.set()
 
@@ -197,9 +190,11 @@ class Supervisor:
             return
         worker.state = state
         worker.transitions.append((time.monotonic(), state))
+        self._changed.set()
+        self._changed = asyncio.Event()
         ep = worker.endpoint
         was = ep.available
-        ep.available = state == "ready"
+        ep.available = state == "ready" and not worker.retiring
         if state == "ready":
             worker.ready_at = worker.ready_at or time.time()
         elif state != "unhealthy":
@@ -208,8 +203,8 @@ class Supervisor:
             self._on_available()
         self._on_change()
 
-    def _command(self, port: int) -> list[str]:
-        c = self.config
+    def _command(self, worker: Worker, port: int) -> list[str]:
+        c = worker.config
         cmd = [*c.command, c.model, "--host", c.host, "--port", str(port)]
         cmd += ["--tensor-parallel-size", str(c.tensor_parallel_size)]
         if c.served_model_name:
@@ -217,7 +212,7 @@ class Supervisor:
         return cmd + list(c.vllm_args)
 
     def _env(self, worker: Worker) -> dict[str, str]:
-        env = {**os.environ, **self.config.env}
+        env = {**os.environ, **worker.config.env}
         if worker.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, worker.gpus))
         return env
@@ -241,16 +236,16 @@ class Supervisor:
 
     async def _life(self, worker: Worker) -> None:
         """Spawn, watch, stop and restart the worker until close or give-up."""
-        c = self.config
-        while not self._closing:
+        while not self._closing and not worker.retiring:
+            c = self.config  # timings as configured now (a reload may change them in place)
             self.gpus.acquire(worker.gpus, worker.index)
             port = self.ports.allocate()
             worker.port = port
-            worker.endpoint.url = f"http://{_client_host(c.host)}:{port}/v1"
+            worker.endpoint.url = f"http://{client_host(worker.config.host)}:{port}/v1"
             header = f"{c.name} worker {worker.index} gpus={worker.gpus} port={port}"
             try:
                 proc = await spawn(
-                    self._command(port), self._env(worker), worker.log_path, grace=c.stop_timeout, header=header
+                    self._command(worker, port), self._env(worker), worker.log_path, grace=c.stop_timeout, header=header
                 )
             except OSError as exc:  # the launcher itself could not start: not worth retrying
                 self.ports.release(port)
@@ -273,18 +268,20 @@ class Supervisor:
             outcome = await self._watch(worker, proc)
             was_ready_for = time.time() - worker.ready_at if worker.ready_at is not None else 0.0
             self._set_state(worker, "stopping")
+            if worker.retiring:  # replaced by a rollout: its calls in flight finish first
+                await self._drained(worker, c.stop_timeout)
             await stop(proc, c.stop_timeout)
             # Only now is nothing of the old process alive: its port and GPUs are free again.
             self.ports.release(port)
             self.gpus.release(worker.gpus, worker.index)
             worker.last_exit = proc.returncode
-            if self._closing:
+            if self._closing or worker.retiring:
                 break
             if was_ready_for >= c.restart.reset_after:
                 worker.failures = 0
             worker.failures += 1
             worker.log_tail = tail(worker.log_path)
-            worker.last_error = _describe_outcome(outcome, proc.returncode, c, worker.last_error)
+            worker.last_error = describe_outcome(outcome, proc.returncode, c, worker.last_error)
             if worker.failures >= c.restart.max_failures:
                 self._set_state(worker, "failed")
                 log.error(
@@ -310,31 +307,38 @@ class Supervisor:
                 worker.log_path,
                 "\n".join(worker.log_tail),
             )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._closed.wait(), delay)
-            worker.restarts += 0 if self._closing else 1
+            with contextlib.suppress(TimeoutError):  # close() and retire() poke
+                await asyncio.wait_for(worker.poke.wait(), delay)
+            worker.restarts += 0 if self._closing or worker.retiring else 1
+
+    async def _drained(self, worker: Worker, within: float) -> None:
+        """Wait until no call is in flight on the worker (it takes no new ones), ``within`` s at most."""
+        deadline = time.monotonic() + within
+        # Polled: in_flight is a bare counter on the request path, which must not pay for an
+        # event per call; this loop runs only while a rollout retires a worker.
+        while worker.endpoint.in_flight and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(_DRAIN_POLL)
 
     async def _watch(self, worker: Worker, proc: WorkerProcess) -> str:
         """Run one process's life; returns why it ended: exited, startup_timeout, unhealthy, closing."""
-        c = self.config
         exited = asyncio.ensure_future(proc.wait())
         try:
-            deadline = time.monotonic() + c.startup_timeout
+            deadline = time.monotonic() + self.config.startup_timeout
             while True:
-                if await self._sleep(worker, exited, c.probe.interval):
+                if await self._sleep(worker, exited, self.config.probe.interval):
                     return "exited"
-                if self._closing:
+                if self._closing or worker.retiring:
                     return "closing"
                 if await self._ready_probe(worker):
                     break
                 if time.monotonic() >= deadline:
                     return "startup_timeout"
-            self._became_ready(worker, await self._make_adapter(worker.endpoint.url))
+            self._became_ready(worker, await self._make_adapter(worker.endpoint.url, worker.config))
             failures = 0
             while True:
-                if await self._sleep(worker, exited, c.probe.interval):
+                if await self._sleep(worker, exited, self.config.probe.interval):
                     return "exited"
-                if self._closing:
+                if self._closing or worker.retiring:
                     return "closing"
                 if await self._get(worker, "/health") is not None:
                     failures = 0
@@ -343,14 +347,15 @@ class Supervisor:
                     continue
                 failures += 1
                 self._set_state(worker, "unhealthy")
-                if failures >= c.probe.failures:
+                if failures >= self.config.probe.failures:
                     return "unhealthy"
         finally:
             exited.cancel()
 
     def _became_ready(self, worker: Worker, adapter: Backend) -> None:
         ep = worker.endpoint
-        ep.generation += 1
+        self._generations += 1
+        ep.generation = self._generations
         ep.prefixes.clear()
         ep.load = WorkerLoad()
         ep.adapter = adapter
@@ -380,26 +385,25 @@ class Supervisor:
             ids = {m.get("id") for m in data.get("data", []) if isinstance(m, dict)}
         except (orjson.JSONDecodeError, AttributeError, TypeError):
             return False
-        if self.config.served_name in ids:
+        if worker.config.served_name in ids:
             return True
-        worker.last_error = f"/v1/models does not list {self.config.served_name!r} (lists {sorted(map(str, ids))})"
+        worker.last_error = f"/v1/models does not list {worker.config.served_name!r} (lists {sorted(map(str, ids))})"
         return False
 
     async def _get(self, worker: Worker, path: str) -> bytes | None:
         """GET a path at the worker's root; the body on 200, else None."""
         if worker.port is None:
             return None
-        return await get_ok(self._control, f"http://{_client_host(self.config.host)}:{worker.port}{path}")
+        return await get_ok(self._control, f"http://{client_host(worker.config.host)}:{worker.port}{path}")
 
     # --- load scraping -------------------------------------------------------------------
     async def _scrape_loop(self) -> None:
-        interval = self.config.routing.metrics_interval
         while True:
             ready = [w for w in self.workers if w.state == "ready"]
             if ready:
                 await asyncio.gather(*(self._scrape(w) for w in ready))
             self._on_change()
-            await asyncio.sleep(interval)
+            await asyncio.sleep(self.config.routing.metrics_interval)
 
     async def _scrape(self, worker: Worker) -> None:
         generation = worker.endpoint.generation
@@ -408,12 +412,7 @@ class Supervisor:
             worker.endpoint.load = parse_vllm_metrics(body.decode("utf-8", "replace"))
 
 
-def _describe_outcome(outcome: str, code: int | None, config: VLLMPoolBackendConfig, detail: str | None) -> str:
-    if outcome == "startup_timeout":
-        why = f": {detail}" if detail else ""
-        return f"not ready within startup_timeout ({config.startup_timeout:g}s){why}"
-    if outcome == "unhealthy":
-        return f"failed {config.probe.failures} health probes in a row"
-    if code is not None and code > 128:
-        return f"exited (killed by signal {code - 128})"
-    return f"exited with status {code}"
+def _control_transport(config: VLLMPoolBackendConfig) -> HTTPTransport:
+    # Probes and scrapes get their own short timeouts, apart from the completion traffic.
+    t = config.probe.timeout
+    return FastHTTPTransport(config.name, TimeoutConfig(connect=t, first_byte=t, total=t, stream_idle=t), 64)

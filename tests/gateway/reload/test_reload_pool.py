@@ -1,6 +1,7 @@
 """A reload next to a ``vllm-pool`` of stand-in workers (issue 15): an unchanged pool section keeps
-the pool, its supervisor and its worker processes; a changed one is refused (restart needed),
-and the workers keep serving."""
+the pool, its supervisor and its worker processes; a change applied in place (a timing) keeps them
+too; a key only a restart applies (the shared transport's) is refused by its YAML path, and the
+workers keep serving. Rollouts: test_reload_rollout.py."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def _config(pool: str, extra_models: str = "") -> str:
     )
 
 
-async def test_an_unchanged_pool_keeps_its_workers_and_a_changed_one_is_refused(
+async def test_an_unchanged_or_retimed_pool_keeps_its_workers_and_a_transport_change_is_refused(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     tag = f"pooltest-{uuid.uuid4().hex[:12]}"
@@ -56,11 +57,16 @@ async def test_an_unchanged_pool_keeps_its_workers_and_a_changed_one_is_refused(
                 async with session.post(url + "/v1/completions", json=body) as resp:
                     assert resp.status == 200, await resp.text()
 
-            caplog.set_level(logging.INFO, logger="gateway.reload")
             path.write_text(_config(pool_yaml(tag, tmp_path / "logs", ports=ports, stop_timeout=3)))
+            assert await reloader.reload()  # in place
+            assert app[STATE].backends["pool"] is pool and pool.supervisor.config.stop_timeout == 3
+            assert sorted(live_pids_with(tag)) == pids
+
+            caplog.set_level(logging.INFO, logger="gateway.reload")
+            path.write_text(_config(pool_yaml(tag, tmp_path / "logs", ports=ports, stop_timeout=3, max_connections=9)))
             assert not await reloader.reload()
             errors = "\n".join(r.getMessage() for r in caplog.records if r.levelno == logging.ERROR)
-            assert "backends[0]: vllm-pool 'pool' changed" in errors and "restart" in errors
+            assert "backends[0].max_connections: 'pool': max_connections changed" in errors and "restart" in errors
             assert app[STATE].backends["pool"] is pool
             assert sorted(live_pids_with(tag)) == pids
             body = {"model": "m", "prompt": "hi", "max_tokens": 2}
