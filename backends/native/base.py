@@ -42,7 +42,7 @@ from backends.errors import (
     error_fields,
     error_from_upstream_body,
 )
-from backends.native.chat import ChatTranslator, ChatTurn, chat_head, estimate_prompt_tokens
+from backends.native.chat import ChatTranslator, ChatTurn, chat_head, estimate_usage, piece_chars
 from backends.native.choice import ChoiceTracker, build_choice
 from backends.native.common import Event, Generation, completion_head
 from backends.native.stream import ChatEvents, Events, Finished, NativeChoiceStream, TextEvents
@@ -215,7 +215,7 @@ class NativeBackend(Backend):
             payload = translator.payload(part.request, call.upstream_model, stream=False)
             obj, _ = await self.post_json(translator.path, payload, call)
             piece = translator.answer(obj, part.request)
-            usage = piece.usage or TokenUsage(estimate_prompt_tokens(part.request), 0)
+            usage = piece.usage or estimate_usage(part.request, piece_chars(piece))
             return PartResult(self._turn(part, call).message(piece), usage)
 
         choices, usage = await fanout.complete(plan, one)

@@ -25,13 +25,17 @@ same machinery as completions; :class:`NativeBackend` (``backends.native.base``)
 from __future__ import annotations
 
 import hashlib
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+import orjson
+
 from backends.base import TokenUsage
 from backends.capabilities import Capabilities
 from backends.chat_capabilities import ChatCapabilities
+from backends.errors import UpstreamProtocolError
 from backends.native.common import answer_head, no_logprobs
 from schemas.chat import ChatCompletionRequest
 from schemas.chat_messages import AssistantMessage, FunctionMessage, NamedFunctionChoice, TextPart
@@ -42,12 +46,22 @@ __all__ = [
     "ChatPiece",
     "ChatTranslator",
     "ChatTurn",
+    "arguments_text",
     "as_dict",
     "chat_head",
     "chat_logprobs",
+    "count",
     "estimate_prompt_tokens",
+    "estimate_usage",
+    "piece_chars",
+    "text_field",
     "text_of",
 ]
+
+# A token count no server can mean: at or past 2^32 (the gateway bills by these numbers).
+_MAX_COUNT = 2**32
+# A function name the client can call: not empty, no control characters (NUL included).
+_BAD_NAME = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclass(slots=True)
@@ -81,6 +95,52 @@ class ChatPiece:
 def as_dict(value: Any) -> dict[str, Any]:
     """``value`` when it is a JSON object, else an empty one (upstream shapes are not trusted)."""
     return value if isinstance(value, dict) else {}
+
+
+def count(value: Any) -> int | None:
+    """A token counter as sent, when it is one: an integer in [0, 2^32); None otherwise (negative,
+    a float, a string, a bool, or a number past 2^64 that the JSON reader turned into a float)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _MAX_COUNT:
+        return value
+    return None
+
+
+def estimate_usage(request: ChatCompletionRequest, chars: int) -> TokenUsage:
+    """Usage when the server sent no usable counts: the prompt from the messages, the completion
+    from the characters generated (about 4 a token, at least 1 when anything was)."""
+    return TokenUsage(estimate_prompt_tokens(request), (chars + 3) // 4)
+
+
+def piece_chars(piece: ChatPiece) -> int:
+    """The characters a piece generated (what an estimate of its completion counts)."""
+    return len(piece.content) + len(piece.reasoning) + sum(len(c.arguments) for c in piece.calls)
+
+
+def text_field(value: Any, what: str, backend: str) -> str:
+    """A text field of an answer: a string, or null/absent (""); any other type is the upstream's
+    error, never silently dropped."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    raise UpstreamProtocolError(f"the upstream sent a {what} that is not a string", backend=backend)
+
+
+def arguments_text(value: Any, backend: str) -> str:
+    """A tool call's ``arguments`` as OpenAI sends them (JSON text): text as it is, an object
+    (TGI 2.x, Ollama) written out; anything else, or an object too deep to write, is an error."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, dict):
+        raise UpstreamProtocolError("the upstream sent tool call arguments that are not a JSON object", backend=backend)
+    try:
+        return orjson.dumps(value).decode()
+    except orjson.JSONEncodeError:  # nested deeper than the writer goes (255 levels)
+        raise UpstreamProtocolError(
+            "the upstream sent tool call arguments nested too deeply", backend=backend
+        ) from None
 
 
 def text_of(content: Any) -> str:
@@ -180,6 +240,11 @@ class ChatTurn:
         for call in calls:
             index = None if call.whole else self._calls.get(call.key)
             if index is None:
+                name = call.name
+                if not name or _BAD_NAME.search(name):
+                    raise UpstreamProtocolError(
+                        "the upstream sent a tool call without a usable function name", backend=self._backend
+                    )
                 index = len(self._calls)
                 self._calls[("whole", index) if call.whole else call.key] = index
                 out.append(
@@ -187,7 +252,7 @@ class ChatTurn:
                         "index": index,
                         "id": call.id or self._mint(index),
                         "type": "function",
-                        "function": {"name": call.name or "", "arguments": call.arguments},
+                        "function": {"name": name, "arguments": call.arguments},
                     }
                 )
             elif call.arguments:

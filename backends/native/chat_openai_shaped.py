@@ -17,11 +17,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-import orjson
-
 from backends.base import TokenUsage
 from backends.errors import UpstreamProtocolError, error_fields
-from backends.native.chat import CallPiece, ChatPiece, ChatTranslator, as_dict, chat_logprobs
+from backends.native.chat import (
+    CallPiece,
+    ChatPiece,
+    ChatTranslator,
+    arguments_text,
+    as_dict,
+    chat_logprobs,
+    count,
+    text_field,
+)
 from backends.native.common import upstream_failed
 from schemas.chat import ChatCompletionRequest
 from schemas.chat_messages import DeveloperMessage
@@ -53,19 +60,11 @@ def openai_tools(request: ChatCompletionRequest, *, strict: bool) -> list[dict[s
     return tools
 
 
-def _arguments(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    if value is None:
-        return ""
-    return orjson.dumps(value).decode()  # an object (TGI 2.x): OpenAI sends JSON text
-
-
 def _usage(obj: Any) -> TokenUsage | None:
     if not isinstance(obj, dict):
         return None
-    prompt, completion = obj.get("prompt_tokens"), obj.get("completion_tokens")
-    if not isinstance(prompt, int) or not isinstance(completion, int):
+    prompt, completion = count(obj.get("prompt_tokens")), count(obj.get("completion_tokens"))
+    if prompt is None or completion is None:  # absent or not a plausible count: estimated instead
         return None
     return TokenUsage(prompt, completion)
 
@@ -103,7 +102,7 @@ class OpenAIShapedChat(ChatTranslator):
                     index if isinstance(index, int) else position,
                     call_id if isinstance(call_id, str) and call_id else None,
                     function.get("name") if isinstance(function.get("name"), str) else None,
-                    _arguments(function.get("arguments")),
+                    arguments_text(function.get("arguments"), self.backend),  # TGI 2.x: an object
                 )
             )
         return calls
@@ -119,11 +118,9 @@ class OpenAIShapedChat(ChatTranslator):
         message = choice.get("message")
         if not isinstance(message, dict):
             raise UpstreamProtocolError("the upstream sent a chat choice without a message", backend=self.backend)
-        content = message.get("content")
-        reasoning = message.get("reasoning_content")
         return ChatPiece(
-            content=content if isinstance(content, str) else "",
-            reasoning=reasoning if isinstance(reasoning, str) else "",
+            content=text_field(message.get("content"), "message content", self.backend),
+            reasoning=text_field(message.get("reasoning_content"), "message reasoning_content", self.backend),
             calls=self._calls(message.get("tool_calls")),
             logprobs=self._logprobs(choice.get("logprobs")),
             finish=self._finish(choice.get("finish_reason")) or "stop",
@@ -141,10 +138,9 @@ class OpenAIShapedChat(ChatTranslator):
         if len(choices) != 1 or not isinstance(choice, dict):
             raise UpstreamProtocolError("the upstream sent a chunk with several choices", backend=self.backend)
         delta = as_dict(choice.get("delta"))
-        content, reasoning = delta.get("content"), delta.get("reasoning_content")
         return ChatPiece(
-            content=content if isinstance(content, str) else "",
-            reasoning=reasoning if isinstance(reasoning, str) else "",
+            content=text_field(delta.get("content"), "delta content", self.backend),
+            reasoning=text_field(delta.get("reasoning_content"), "delta reasoning_content", self.backend),
             calls=self._calls(delta.get("tool_calls")),
             logprobs=self._logprobs(choice.get("logprobs")),
             finish=self._finish(choice.get("finish_reason")),

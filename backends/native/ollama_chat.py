@@ -42,9 +42,12 @@ from backends.native.chat import (
     CallPiece,
     ChatPiece,
     ChatTranslator,
+    arguments_text,
     as_dict,
     chat_logprobs,
+    count,
     estimate_prompt_tokens,
+    text_field,
     text_of,
 )
 from backends.native.common import explicit_sampling, native_seed, stops_of, upstream_failed
@@ -182,12 +185,27 @@ class OllamaChat(ChatTranslator):
         return _FINISH[reason]
 
     @staticmethod
-    def _usage(obj: dict[str, Any], request: ChatCompletionRequest) -> TokenUsage:
+    def _usage(obj: dict[str, Any], request: ChatCompletionRequest) -> TokenUsage | None:
+        """The counts; None (estimated from the text) when one is not a plausible count."""
+        completion = count(obj.get("eval_count"))
         prompt = obj.get("prompt_eval_count")
-        if not isinstance(prompt, int):  # a prompt-cache hit: Ollama leaves the count out
+        if prompt is None:  # a prompt-cache hit: Ollama leaves the count out
             prompt = estimate_prompt_tokens(request)
-        completion = obj.get("eval_count")
-        return TokenUsage(prompt, completion if isinstance(completion, int) else 0)
+        prompt = count(prompt)
+        return None if prompt is None or completion is None else TokenUsage(prompt, completion)
+
+    def _arguments(self, value: Any) -> str:
+        """Ollama sends arguments as a JSON object; JSON text of an object is taken as it is."""
+        if isinstance(value, str):
+            try:
+                parsed = orjson.loads(value)
+            except orjson.JSONDecodeError:
+                parsed = None
+            if isinstance(parsed, dict):
+                return value
+        elif value is None or isinstance(value, dict):
+            return arguments_text(value or {}, self.backend)
+        raise UpstreamProtocolError("Ollama sent tool call arguments that are not a JSON object", backend=self.backend)
 
     def _piece(self, obj: dict[str, Any], request: ChatCompletionRequest) -> ChatPiece:
         message = as_dict(obj.get("message"))
@@ -197,20 +215,19 @@ class OllamaChat(ChatTranslator):
             function = call.get("function") if isinstance(call, dict) else None
             if not isinstance(function, dict) or not isinstance(function.get("name"), str):
                 raise UpstreamProtocolError("Ollama sent a tool call without a function name", backend=self.backend)
-            arguments = function.get("arguments")
             call_id = call.get("id")
             calls.append(
                 CallPiece(
                     position,
                     call_id if isinstance(call_id, str) and call_id else None,
                     function["name"],
-                    arguments if isinstance(arguments, str) else orjson.dumps(arguments or {}).decode(),
+                    self._arguments(function.get("arguments")),
                     whole=True,
                 )
             )
         piece = ChatPiece(
-            content=content if isinstance(content, str) else "",
-            reasoning=thinking if isinstance(thinking, str) else "",
+            content=text_field(content, "message content", self.backend),
+            reasoning=text_field(thinking, "message thinking", self.backend),
             calls=calls,
             logprobs=chat_logprobs(obj.get("logprobs"), _ALL_TOP),
         )

@@ -22,7 +22,7 @@ import orjson
 from backends.base import TokenUsage
 from backends.emulation.fanout import ChoiceStream, PartResult
 from backends.errors import UpstreamError, UpstreamProtocolError
-from backends.native.chat import ChatPiece, ChatTranslator, ChatTurn, estimate_prompt_tokens
+from backends.native.chat import ChatPiece, ChatTranslator, ChatTurn, estimate_usage, piece_chars
 from backends.native.choice import ChoiceTracker
 from backends.native.common import Event
 from backends.transport.base import UpstreamResponse
@@ -100,7 +100,7 @@ class ChatEvents:
     The stream is done at the event that has both the finish reason and the counts, or at
     the first event after the finish that has the counts or says it is the last (servers in
     OpenAI's shape send usage in a chunk of its own, then ``[DONE]``). Without counts, usage
-    is estimated (prompt from the messages, completion from the text: about 4 characters a token).
+    is estimated (:func:`~backends.native.chat.estimate_usage`).
     """
 
     def __init__(self, translator: ChatTranslator, turn: ChatTurn, request: ChatCompletionRequest) -> None:
@@ -126,14 +126,14 @@ class ChatEvents:
             self._usage = piece.usage
         out: list[dict[str, Any]] = []
         if not self._finished:
-            self._chars += len(piece.content) + sum(len(c.arguments) for c in piece.calls)
+            self._chars += piece_chars(piece)
             choice = self._turn.delta(piece)
             if choice is not None:
                 out.append(choice)
             self._finished = piece.finish is not None
         if self._finished and (piece.done or self._usage is not None):
             self.done = True
-            self.usage = self._usage or TokenUsage(estimate_prompt_tokens(self._request), max(1, self._chars // 4))
+            self.usage = self._usage or estimate_usage(self._request, self._chars)
         elif piece.done:
             raise UpstreamProtocolError(
                 "the upstream ended the stream without a finish reason",
