@@ -228,7 +228,8 @@ class NativeBackend(Backend):
         async def open_one(part: Part[ChatCompletionRequest]) -> ChoiceStream:
             payload = translator.payload(part.request, call.upstream_model, stream=True)
             resp = await self.post(translator.path, payload, call, stream=True)
-            events = ChatEvents(translator, self._turn(part, call), part.request)
+            limit = self.config.limits.max_response_bytes
+            events = ChatEvents(translator, self._turn(part, call), part.request, max_calls_bytes=limit)
             return self._choice_stream(resp, events, translator.framing)
 
         streams = await fanout.open_streams(plan, open_one)

@@ -21,7 +21,7 @@ import orjson
 
 from backends.base import TokenUsage
 from backends.emulation.fanout import ChoiceStream, PartResult
-from backends.errors import UpstreamError, UpstreamProtocolError
+from backends.errors import UpstreamError, UpstreamProtocolError, UpstreamTooLargeError
 from backends.native.chat import ChatPiece, ChatTranslator, ChatTurn, estimate_usage, piece_chars
 from backends.native.choice import ChoiceTracker
 from backends.native.common import Event
@@ -32,6 +32,7 @@ from schemas.chat import ChatCompletionRequest
 __all__ = ["ChatEvents", "Events", "Finished", "NativeChoiceStream", "TextEvents"]
 
 _DRAIN_SECONDS = 1.0
+_CALL_BYTES = 64  # what one tool call costs whatever its size (its id, type, index, dicts)
 
 
 class Finished(ChoiceStream):
@@ -101,15 +102,25 @@ class ChatEvents:
     the first event after the finish that has the counts or says it is the last (servers in
     OpenAI's shape send usage in a chunk of its own, then ``[DONE]``). Without counts, usage
     is estimated (:func:`~backends.native.chat.estimate_usage`).
+
+    Tool calls are bounded by ``max_calls_bytes`` per choice (names, arguments and
+    ``_CALL_BYTES`` per call): unlike text, a client (and the gateway's own call ordering,
+    which holds later calls until the one before closes) keeps every call in memory, so a
+    stream may carry no more of them than a whole non-streamed answer may be
+    (``limits.max_response_bytes``).
     """
 
-    def __init__(self, translator: ChatTranslator, turn: ChatTurn, request: ChatCompletionRequest) -> None:
+    def __init__(
+        self, translator: ChatTranslator, turn: ChatTurn, request: ChatCompletionRequest, *, max_calls_bytes: int
+    ) -> None:
         self._translator = translator
         self._turn = turn
         self._request = request
         self._finished = False
         self._usage: TokenUsage | None = None
         self._chars = 0
+        self._calls_bytes = 0
+        self._max_calls_bytes = max_calls_bytes
         self.done = False
         self.usage: TokenUsage | None = None
 
@@ -127,6 +138,8 @@ class ChatEvents:
         out: list[dict[str, Any]] = []
         if not self._finished:
             self._chars += piece_chars(piece)
+            if piece.calls:
+                self._count_calls(piece)
             choice = self._turn.delta(piece)
             if choice is not None:
                 out.append(choice)
@@ -141,6 +154,17 @@ class ChatEvents:
                 reason="stream_cut",
             )
         return out
+
+
+    def _count_calls(self, piece: ChatPiece) -> None:
+        for call in piece.calls:
+            self._calls_bytes += _CALL_BYTES + len(call.name or "") + len(call.arguments)
+        if self._calls_bytes > self._max_calls_bytes:
+            raise UpstreamTooLargeError(
+                f"the upstream's tool calls in one stream are larger than {self._max_calls_bytes} bytes "
+                "(limits.max_response_bytes)",
+                backend=self._translator.backend,
+            )
 
 
 class NativeChoiceStream(ChoiceStream):

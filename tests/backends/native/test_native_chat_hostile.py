@@ -32,6 +32,7 @@ SSE_KINDS = ("tgi", "llamacpp")
 MAX_EVENT = 64 * 1024
 MAX_BODY = 1024 * 1024
 USER = {"role": "user", "content": "The capital of France?"}
+SECRET = "sk-native-hostile-0123456789abcdef"
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 Answer = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -154,7 +155,7 @@ def _config(url: str, breaker: str) -> str:
     timeout = "{connect: 2, first_byte: 10, total: 20, stream_idle: 10}"
     limits = f"{{max_response_bytes: {MAX_BODY}, max_event_bytes: {MAX_EVENT}}}"
     backends = "".join(
-        f"  - name: {kind}-a\n    type: {kind}\n    base_url: {url}\n    timeout: {timeout}\n"
+        f"  - name: {kind}-a\n    type: {kind}\n    base_url: {url}\n    timeout: {timeout}\n    api_key: {SECRET}\n"
         f"    limits: {limits}\n    circuit_breaker: {breaker}\n"
         for kind in KINDS
     )
@@ -521,11 +522,111 @@ async def test_ten_thousand_tool_calls_are_bounded(kind: str, server: NativeServ
         assert len(resp.json()["choices"][0]["message"]["tool_calls"]) == 10_000
     else:
         upstream_failure(resp)
-    # streamed, one call an event (far under max_event_bytes each): the calls held are bounded too
+    # streamed, one call an event (far under max_event_bytes each): all 10,000 reach the client
+    server.answer = body_of(kind, many_calls(kind, 10_000) + final(kind))
+    events = await stream(gateway, kind, tools=TOOLS)
+    assert events[-1] == {"done": True}
+    assert len(
+        {c["index"] for e in events[:-1] for ch in e["choices"] for c in ch["delta"].get("tool_calls") or ()}
+    ) == (10_000)
+
+
+def many_calls(kind: str, n: int) -> bytes:
     if kind == "ollama":
-        frames = b"".join(ndjson(line("", calls=[ollama_call("get_weather", {})])) for _ in range(10_000))
-    else:
-        frames = b"".join(sse(chunk(None, calls=[openai_call(i, "get_weather")])) for i in range(10_000))
-    server.answer = body_of(kind, frames + final(kind))
-    resp = await chat(gateway, kind, stream=True, tools=TOOLS)
-    assert resp.status_code in (200, 502)
+        return b"".join(ndjson(line("", calls=[ollama_call("get_weather", {})])) for _ in range(n))
+    return b"".join(sse(chunk(None, calls=[openai_call(i, "get_weather")])) for i in range(n))
+
+
+@pytest.mark.parametrize("kind", ["ollama", "llamacpp"])
+async def test_streamed_tool_calls_are_bounded_by_max_response_bytes(
+    kind: str, server: NativeServer, gateway: httpx.AsyncClient
+) -> None:
+    """Calls are held (by clients, and by the gateway's call ordering until the one before closes):
+    a stream may carry no more of them than a whole answer may be, however small each event."""
+    server.answer = body_of(kind, many_calls(kind, 20_000) + final(kind))
+    error = await stream_error(gateway, kind, tools=TOOLS)
+    assert "max_response_bytes" in error["message"]
+
+
+async def test_held_call_arguments_are_bounded(server: NativeServer, gateway: httpx.AsyncClient) -> None:
+    """Call 0 never closes its JSON, call 1 sends arguments in small fragments for ever: held, so bounded."""
+    opening = sse(chunk(None, calls=[openai_call(0, "get_weather", "{")]))
+    fragment = sse(chunk(None, calls=[{"index": 1, "function": {"arguments": "x" * 32768}}]))
+    head = opening + sse(chunk(None, calls=[openai_call(1, "get_time", '{"a":"')]))
+    server.answer = endless(server, head, fragment, "text/event-stream")
+    error = await stream_error(gateway, "llamacpp", tools=TOOLS)
+    assert "max_response_bytes" in error["message"]
+    assert server.sent_bytes < 64 * 1024 * 1024
+
+
+# --- SSE framing: a second [DONE], fields that are not data ----------------------------------------------
+
+
+@pytest.mark.parametrize("kind", SSE_KINDS)
+@pytest.mark.parametrize(
+    "noise", [b"retry: 10\n\n", b"event: ping\n\n", b"id: 7\n", b"event: message\n", b": keep-alive\n\n"]
+)
+async def test_sse_fields_that_are_not_data_are_skipped(
+    kind: str, noise: bytes, server: NativeServer, gateway: httpx.AsyncClient
+) -> None:
+    server.answer = body_of(kind, noise + sse(chunk("Par")) + noise + sse(chunk("is")) + noise + final(kind))
+    events = await stream(gateway, kind)
+    assert events[-1] == {"done": True}
+    assert "".join(c["delta"].get("content") or "" for e in events[:-1] for c in e["choices"]) == "Paris"
+
+
+@pytest.mark.parametrize("kind", SSE_KINDS)
+async def test_a_second_done_is_not_an_error(kind: str, server: NativeServer, gateway: httpx.AsyncClient) -> None:
+    server.answer = body_of(kind, sse(chunk("Paris")) + final(kind) + b"data: [DONE]\n\n" + sse(chunk("late")))
+    events = await stream(gateway, kind)
+    assert events[-1] == {"done": True} and not any("error" in e for e in events)
+    assert "late" not in orjson.dumps(events).decode()
+
+
+# --- secrets: an upstream that echoes the gateway's key to it ------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_an_echoed_upstream_key_never_reaches_the_client(
+    kind: str, server: NativeServer, gateway: httpx.AsyncClient
+) -> None:
+    echo = {"error": f"bad token Bearer {SECRET} for model"}
+    frames = ndjson(line("Paris"), echo) if kind == "ollama" else sse(chunk("Paris"), echo)
+    server.answer = body_of(kind, frames)
+    resp = await chat(gateway, kind, stream=True)
+    assert SECRET not in resp.text and SECRET[:12] not in resp.text
+
+    async def status_400(request: web.Request) -> web.StreamResponse:
+        return web.Response(status=400, body=orjson.dumps(echo), headers={"Content-Type": "application/json"})
+
+    server.answer = status_400
+    resp = await chat(gateway, kind)
+    assert resp.status_code == 400 and SECRET[:12] not in resp.text
+
+
+# --- the breaker counts the upstream's failures only ----------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_the_breaker_counts_upstream_failures_not_client_errors(kind: str, server: NativeServer) -> None:
+    breaker = "{consecutive_failures: 2, failure_rate: null, cooldown: 3600}"
+    app = create_app(parse_config(_config(server.url, breaker), "<test config>", env={}))
+    runner, url = await serve_app(app)
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+
+            async def status_400(request: web.Request) -> web.StreamResponse:
+                body = {"error": "messages: invalid", "error_type": "validation"}
+                return web.Response(status=400, body=orjson.dumps(body), headers={"Content-Type": "application/json"})
+
+            server.answer = status_400
+            for streaming in (False, True, False, True):  # a client's bad requests: 4 in a row, circuit closed
+                assert (await chat(client, kind, stream=streaming)).status_code == 400
+            server.answer = json_of(b"{not json")  # the upstream's garbage: 2 in a row open it
+            for _ in range(2):
+                upstream_failure(await chat(client, kind))
+            posts = server.posts
+            refused = await chat(client, kind)
+            assert refused.status_code == 503 and server.posts == posts, refused.text
+    finally:
+        await runner.cleanup()
