@@ -48,6 +48,7 @@ __all__ = [
     "ChatTurn",
     "arguments_text",
     "as_dict",
+    "call_objects",
     "chat_head",
     "chat_logprobs",
     "count",
@@ -114,6 +115,18 @@ def estimate_usage(request: ChatCompletionRequest, chars: int) -> TokenUsage:
 def piece_chars(piece: ChatPiece) -> int:
     """The characters a piece generated (what an estimate of its completion counts)."""
     return len(piece.content) + len(piece.reasoning) + sum(len(c.arguments) for c in piece.calls)
+
+
+def call_objects(raw: Any, backend: str) -> list[dict[str, Any]]:
+    """A message's ``tool_calls``: a list of objects, one object (TGI 2.x) or null/absent (none);
+    anything else is the upstream's error, never silently no calls."""
+    if raw is None:
+        return []
+    if isinstance(raw, dict):
+        return [raw]
+    if isinstance(raw, list) and all(isinstance(call, dict) for call in raw):
+        return raw
+    raise UpstreamProtocolError("the upstream sent tool calls that are not a list of objects", backend=backend)
 
 
 def text_field(value: Any, what: str, backend: str) -> str:

@@ -8,7 +8,9 @@ sends, its finish reasons, and whether its tool-call ids can be passed on.
 Tolerated shapes (seen in the servers' history): ``tool_calls`` as one object instead of a
 list (TGI 2.x), ``arguments`` as a JSON object instead of a string (TGI 2.x), ids ``""``,
 a usage-only chunk with ``choices: []`` after the finish (llama.cpp) or usage on the
-finishing chunk (TGI). A native error event (``{"error": ...}``) ends the stream with an
+finishing chunk (TGI). Not tolerated (an upstream error, never dropped or guessed): a
+whole answer without ``finish_reason``, ``tool_calls`` that are not objects, ``content`` that
+is not a string, arguments that are neither text nor an object. A native error event (``{"error": ...}``) ends the stream with an
 error naming what the server said (redacted, bounded: ``backends.errors.error_fields``).
 """
 
@@ -25,6 +27,7 @@ from backends.native.chat import (
     ChatTranslator,
     arguments_text,
     as_dict,
+    call_objects,
     chat_logprobs,
     count,
     text_field,
@@ -85,15 +88,16 @@ class OpenAIShapedChat(ChatTranslator):
             )
         return mapped
 
+    def _answer_finish(self, reason: Any) -> str:
+        """A whole answer's finish reason: required (a missing one is never taken for ``stop``)."""
+        mapped = self._finish(reason)
+        if mapped is None:
+            raise UpstreamProtocolError("the upstream sent a chat answer without a finish_reason", backend=self.backend)
+        return mapped
+
     def _calls(self, raw: Any) -> list[CallPiece]:
-        if isinstance(raw, dict):
-            raw = [raw]
-        if not isinstance(raw, list):
-            return []
         calls = []
-        for position, call in enumerate(raw):
-            if not isinstance(call, dict):
-                continue
+        for position, call in enumerate(call_objects(raw, self.backend)):
             function = as_dict(call.get("function"))
             index = call.get("index")
             call_id = call.get("id") if self.trusts_call_ids else None
@@ -123,7 +127,7 @@ class OpenAIShapedChat(ChatTranslator):
             reasoning=text_field(message.get("reasoning_content"), "message reasoning_content", self.backend),
             calls=self._calls(message.get("tool_calls")),
             logprobs=self._logprobs(choice.get("logprobs")),
-            finish=self._finish(choice.get("finish_reason")) or "stop",
+            finish=self._answer_finish(choice.get("finish_reason")),
             usage=_usage(obj.get("usage")),
         )
 

@@ -44,6 +44,7 @@ from backends.native.chat import (
     ChatTranslator,
     arguments_text,
     as_dict,
+    call_objects,
     chat_logprobs,
     count,
     estimate_prompt_tokens,
@@ -211,8 +212,8 @@ class OllamaChat(ChatTranslator):
         message = as_dict(obj.get("message"))
         content, thinking = message.get("content"), message.get("thinking")
         calls = []
-        for position, call in enumerate(message.get("tool_calls") or ()):
-            function = call.get("function") if isinstance(call, dict) else None
+        for position, call in enumerate(call_objects(message.get("tool_calls"), self.backend)):
+            function = call.get("function")
             if not isinstance(function, dict) or not isinstance(function.get("name"), str):
                 raise UpstreamProtocolError("Ollama sent a tool call without a function name", backend=self.backend)
             call_id = call.get("id")

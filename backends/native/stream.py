@@ -155,7 +155,6 @@ class ChatEvents:
             )
         return out
 
-
     def _count_calls(self, piece: ChatPiece) -> None:
         for call in piece.calls:
             self._calls_bytes += _CALL_BYTES + len(call.name or "") + len(call.arguments)

@@ -630,3 +630,38 @@ async def test_the_breaker_counts_upstream_failures_not_client_errors(kind: str,
             assert refused.status_code == 503 and server.posts == posts, refused.text
     finally:
         await runner.cleanup()
+
+
+# --- shapes: a missing finish reason, tool_calls that are not a list -------------------------------------
+
+
+@pytest.mark.parametrize("kind", SSE_KINDS)
+async def test_a_non_stream_answer_without_finish_reason_is_an_error_not_stop(
+    kind: str, server: NativeServer, gateway: httpx.AsyncClient
+) -> None:
+    body = orjson.loads(non_stream_body(kind, 3, 1))
+    del body["choices"][0]["finish_reason"]
+    server.answer = json_of(orjson.dumps(body))
+    assert "finish_reason" in upstream_failure(await chat(gateway, kind))["message"]
+
+
+async def test_an_ollama_answer_without_done_is_an_error(server: NativeServer, gateway: httpx.AsyncClient) -> None:
+    body = orjson.loads(non_stream_body("ollama", 3, 1))
+    body["done"] = False
+    server.answer = json_of(orjson.dumps(body))
+    upstream_failure(await chat(gateway, "ollama"))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("calls", [5, "get_weather", [5], ["x"], True], ids=repr)
+async def test_tool_calls_that_are_not_a_list_of_objects_are_an_error(
+    kind: str, calls: Any, server: NativeServer, gateway: httpx.AsyncClient
+) -> None:
+    server.answer = body_of(kind, call_frames(kind, calls))
+    error = await stream_error(gateway, kind, tools=TOOLS)
+    assert "tool call" in error["message"]
+    body = orjson.loads(non_stream_body(kind, 3, 1))
+    message = body["message"] if kind == "ollama" else body["choices"][0]["message"]
+    message["tool_calls"] = calls
+    server.answer = json_of(orjson.dumps(body))
+    assert "tool call" in upstream_failure(await chat(gateway, kind, tools=TOOLS))["message"]
