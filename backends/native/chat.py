@@ -93,9 +93,14 @@ class ChatPiece:
     done: bool = False  # the last event of the stream (a server that ends with a usage-only event)
 
 
-def as_dict(value: Any) -> dict[str, Any]:
-    """``value`` when it is a JSON object, else an empty one (upstream shapes are not trusted)."""
-    return value if isinstance(value, dict) else {}
+def as_dict(value: Any, what: str, backend: str) -> dict[str, Any]:
+    """An object of an answer: a JSON object, or null/absent (an empty one); any other type is the
+    upstream's error (upstream shapes are not trusted, and nothing in them is silently dropped)."""
+    if value is None:
+        return {}
+    if isinstance(value, dict):
+        return value
+    raise UpstreamProtocolError(f"the upstream sent a {what} that is not an object", backend=backend)
 
 
 def count(value: Any) -> int | None:

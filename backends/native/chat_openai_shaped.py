@@ -9,9 +9,10 @@ Tolerated shapes (seen in the servers' history): ``tool_calls`` as one object in
 list (TGI 2.x), ``arguments`` as a JSON object instead of a string (TGI 2.x), ids ``""``,
 a usage-only chunk with ``choices: []`` after the finish (llama.cpp) or usage on the
 finishing chunk (TGI). Not tolerated (an upstream error, never dropped or guessed): a
-whole answer without ``finish_reason``, ``tool_calls`` that are not objects, ``content`` that
-is not a string, arguments that are neither text nor an object. A native error event (``{"error": ...}``) ends the stream with an
-error naming what the server said (redacted, bounded: ``backends.errors.error_fields``).
+whole answer without ``finish_reason``, ``tool_calls`` or a ``delta`` that are not objects,
+``content`` that is not a string, arguments that are neither text nor an object. A native
+error event (``{"error": ...}``) ends the stream with an error naming what the server said
+(redacted, bounded: ``backends.errors.error_fields``).
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ class OpenAIShapedChat(ChatTranslator):
     def _calls(self, raw: Any) -> list[CallPiece]:
         calls = []
         for position, call in enumerate(call_objects(raw, self.backend)):
-            function = as_dict(call.get("function"))
+            function = as_dict(call.get("function"), "tool call function", self.backend)
             index = call.get("index")
             call_id = call.get("id") if self.trusts_call_ids else None
             calls.append(
@@ -141,7 +142,7 @@ class OpenAIShapedChat(ChatTranslator):
         choice = choices[0]
         if len(choices) != 1 or not isinstance(choice, dict):
             raise UpstreamProtocolError("the upstream sent a chunk with several choices", backend=self.backend)
-        delta = as_dict(choice.get("delta"))
+        delta = as_dict(choice.get("delta"), "chunk delta", self.backend)
         return ChatPiece(
             content=text_field(delta.get("content"), "delta content", self.backend),
             reasoning=text_field(delta.get("reasoning_content"), "delta reasoning_content", self.backend),

@@ -209,7 +209,7 @@ class OllamaChat(ChatTranslator):
         raise UpstreamProtocolError("Ollama sent tool call arguments that are not a JSON object", backend=self.backend)
 
     def _piece(self, obj: dict[str, Any], request: ChatCompletionRequest) -> ChatPiece:
-        message = as_dict(obj.get("message"))
+        message = as_dict(obj.get("message"), "message", self.backend)
         content, thinking = message.get("content"), message.get("thinking")
         calls = []
         for position, call in enumerate(call_objects(message.get("tool_calls"), self.backend)):

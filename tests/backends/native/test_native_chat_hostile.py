@@ -665,3 +665,19 @@ async def test_tool_calls_that_are_not_a_list_of_objects_are_an_error(
     message["tool_calls"] = calls
     server.answer = json_of(orjson.dumps(body))
     assert "tool call" in upstream_failure(await chat(gateway, kind, tools=TOOLS))["message"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("value", ["Paris", ["Paris"], 7])
+async def test_a_message_or_delta_that_is_not_an_object_is_an_error(
+    kind: str, value: Any, server: NativeServer, gateway: httpx.AsyncClient
+) -> None:
+    if kind == "ollama":
+        frame = ndjson({**line("x"), "message": value})
+    else:
+        frame = sse({**chunk("x"), "choices": [{"index": 0, "delta": value, "finish_reason": None}]})
+    server.answer = body_of(
+        kind, sse(chunk("Paris")) + frame + final(kind) if kind != "ollama" else frame + final(kind)
+    )
+    error = await stream_error(gateway, kind)
+    assert "not an object" in error["message"]
