@@ -39,7 +39,6 @@ from backends.emulation.fanout import ChoiceStream, FanoutStream, Part, PartResu
 from backends.errors import (
     UpstreamProtocolError,
     UpstreamStatusError,
-    error_fields,
     error_from_upstream_body,
 )
 from backends.native.chat import ChatTranslator, ChatTurn, chat_head, estimate_usage, piece_chars
@@ -54,17 +53,10 @@ from schemas.config import LlamaCppBackendConfig, OllamaBackendConfig, TGIBacken
 from schemas.endpoints import Endpoint
 from schemas.errors import UnsupportedParameterError
 
-__all__ = ["NativeBackend", "NativeConfig", "error_message"]
+__all__ = ["NativeBackend", "NativeConfig"]
 
 NativeConfig = TGIBackendConfig | OllamaBackendConfig | LlamaCppBackendConfig
 Header = Callable[[str], str | None]
-
-_DRAIN_SECONDS = 1.0
-
-
-def error_message(obj: dict[str, Any]) -> str:
-    """The message of a native error event (``backends.errors.error_fields``: redacted, bounded)."""
-    return error_fields(obj).message
 
 
 class NativeBackend(Backend):

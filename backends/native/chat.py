@@ -37,7 +37,7 @@ from backends.capabilities import Capabilities
 from backends.chat_capabilities import ChatCapabilities
 from backends.errors import UpstreamProtocolError
 from backends.native.common import answer_head, no_logprobs
-from schemas.chat import ChatCompletionRequest
+from schemas.chat import MAX_TOP_LOGPROBS, ChatCompletionRequest
 from schemas.chat_messages import AssistantMessage, FunctionMessage, NamedFunctionChoice, TextPart
 from schemas.errors import UnsupportedParameterError
 
@@ -51,7 +51,6 @@ __all__ = [
     "call_objects",
     "chat_head",
     "chat_logprobs",
-    "count",
     "estimate_prompt_tokens",
     "estimate_usage",
     "piece_chars",
@@ -59,8 +58,6 @@ __all__ = [
     "text_of",
 ]
 
-# A token count no server can mean: at or past 2^32 (the gateway bills by these numbers).
-_MAX_COUNT = 2**32
 # A function name the client can call: not empty, no control characters (NUL included).
 _BAD_NAME = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -101,14 +98,6 @@ def as_dict(value: Any, what: str, backend: str) -> dict[str, Any]:
     if isinstance(value, dict):
         return value
     raise UpstreamProtocolError(f"the upstream sent a {what} that is not an object", backend=backend)
-
-
-def count(value: Any) -> int | None:
-    """A token counter as sent, when it is one: an integer in [0, 2^32); None otherwise (negative,
-    a float, a string, a bool, or a number past 2^64 that the JSON reader turned into a float)."""
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _MAX_COUNT:
-        return value
-    return None
 
 
 def estimate_usage(request: ChatCompletionRequest, chars: int) -> TokenUsage:
@@ -189,8 +178,9 @@ def _by_logprob(entry: dict[str, Any]) -> float:
     return float(entry["logprob"])
 
 
-def chat_logprobs(entries: Any, k: int) -> list[dict[str, Any]] | None:
-    """``[{token, logprob, bytes?, top_logprobs: [...]}]`` (every server's shape) as OpenAI's, top cut to ``k``."""
+def chat_logprobs(entries: Any, k: int = MAX_TOP_LOGPROBS) -> list[dict[str, Any]] | None:
+    """``[{token, logprob, bytes?, top_logprobs: [...]}]`` (every server's shape) as OpenAI's, top cut to ``k``
+    (by default the most any request may ask for: :class:`ChatTurn` cuts to the request's)."""
     if not isinstance(entries, list):
         return None
     out: list[dict[str, Any]] = []

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from backends.base import TokenUsage
-from backends.errors import UpstreamProtocolError, error_fields
+from backends.errors import UpstreamProtocolError
 from backends.native.chat import (
     CallPiece,
     ChatPiece,
@@ -30,16 +30,13 @@ from backends.native.chat import (
     as_dict,
     call_objects,
     chat_logprobs,
-    count,
     text_field,
 )
-from backends.native.common import upstream_failed
+from backends.native.common import count, upstream_failed
 from schemas.chat import ChatCompletionRequest
 from schemas.chat_messages import DeveloperMessage
 
 __all__ = ["OpenAIShapedChat", "openai_messages", "openai_tools"]
-
-_ALL_TOP = 20  # the most alternatives any request may ask for; ChatTurn cuts to the request's
 
 
 def openai_messages(request: ChatCompletionRequest) -> list[dict[str, Any]]:
@@ -113,7 +110,7 @@ class OpenAIShapedChat(ChatTranslator):
         return calls
 
     def _logprobs(self, raw: Any) -> list[dict[str, Any]] | None:
-        return chat_logprobs(raw.get("content"), _ALL_TOP) if isinstance(raw, dict) else None
+        return chat_logprobs(raw.get("content")) if isinstance(raw, dict) else None
 
     def answer(self, obj: Any, request: ChatCompletionRequest) -> ChatPiece:
         choices = obj.get("choices") if isinstance(obj, dict) else None
@@ -134,7 +131,7 @@ class OpenAIShapedChat(ChatTranslator):
 
     def event(self, obj: dict[str, Any], request: ChatCompletionRequest) -> ChatPiece | None:
         if "error" in obj:
-            raise upstream_failed(self.backend, error_fields(obj).message)
+            raise upstream_failed(self.backend, obj)
         usage = _usage(obj.get("usage"))
         choices = obj.get("choices")
         if not isinstance(choices, list) or not choices:

@@ -24,7 +24,7 @@ import orjson
 
 from backends.base import TokenUsage
 from backends.capabilities import EMPTY_PROMPT, Capabilities, Level, Rule, empty_prompt
-from backends.errors import UpstreamProtocolError
+from backends.errors import UpstreamProtocolError, error_fields
 from schemas.completions import DEFAULT_MAX_TOKENS, CompletionRequest
 from schemas.errors import InvalidRequestError
 
@@ -40,6 +40,7 @@ __all__ = [
     "TokenLogprob",
     "answer_head",
     "completion_head",
+    "count",
     "empty_prompt_rule",
     "explicit_sampling",
     "first_stop",
@@ -145,9 +146,24 @@ def no_logprobs(backend: str) -> UpstreamProtocolError:
     )
 
 
-def upstream_failed(backend: str, message: str) -> UpstreamProtocolError:
-    """A native error event in a stream (either endpoint), as the error the gateway ends the stream with."""
+def upstream_failed(backend: str, obj: dict[str, Any]) -> UpstreamProtocolError:
+    """A native error event in a stream (either endpoint, every server), as the error the gateway ends
+    the stream with; what the server said is redacted and bounded (``backends.errors.error_fields``)."""
+    message = error_fields(obj).message
     return UpstreamProtocolError(f"the upstream failed mid-stream: {message}", backend=backend, reason="stream_error")
+
+
+# A token count no server can mean: at or past 2^32 (the gateway bills by these numbers).
+_MAX_COUNT = 2**32
+
+
+def count(value: Any) -> int | None:
+    """A token counter as sent (either endpoint), when it is one: an integer in [0, 2^32); None
+    otherwise (negative, a float, a string, a bool, or a number past 2^64, which the JSON reader
+    turns into a float)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _MAX_COUNT:
+        return value
+    return None
 
 
 # --- request helpers --------------------------------------------------------------------------

@@ -28,13 +28,14 @@ from backends.base import TokenUsage, UpstreamCall
 from backends.capabilities import AUDIT_USER_NOTE, Level
 from backends.emulation.fanout import FANOUT_RULES
 from backends.errors import UpstreamProtocolError
-from backends.native.base import NativeBackend, error_message
+from backends.native.base import NativeBackend
 from backends.native.common import (
     ECHO_LOGPROBS_RULE,
     Event,
     Generation,
     NativeCapabilities,
     TokenLogprob,
+    count,
     explicit_sampling,
     fit_tokens,
     guided_json_schema,
@@ -126,7 +127,7 @@ class LlamaCppBackend(NativeBackend):
 
     @staticmethod
     def _usage(obj: dict[str, Any]) -> TokenUsage:
-        return TokenUsage(int(obj.get("tokens_evaluated") or 0), int(obj.get("tokens_predicted") or 0))
+        return TokenUsage(count(obj.get("tokens_evaluated")) or 0, count(obj.get("tokens_predicted")) or 0)
 
     @staticmethod
     def _tokens(obj: dict[str, Any], text: str) -> list[TokenLogprob] | None:
@@ -143,7 +144,7 @@ class LlamaCppBackend(NativeBackend):
 
     def event(self, obj: dict[str, Any]) -> Event | None:
         if "error" in obj:
-            raise upstream_failed(self.name, error_message(obj))
+            raise upstream_failed(self.name, obj)
         text = obj.get("content")
         text = text if isinstance(text, str) else ""
         tokens = self._tokens(obj, text)

@@ -25,7 +25,7 @@ from backends.base import TokenUsage
 from backends.capabilities import AUDIT_USER_NOTE, Level
 from backends.emulation.fanout import FANOUT_RULES
 from backends.errors import UpstreamProtocolError
-from backends.native.base import NativeBackend, error_message
+from backends.native.base import NativeBackend
 from backends.native.common import (
     ECHO_LOGPROBS_RULE,
     TOKEN_PROMPT_RULE,
@@ -33,6 +33,7 @@ from backends.native.common import (
     Generation,
     NativeCapabilities,
     TokenLogprob,
+    count,
     empty_prompt_rule,
     explicit_sampling,
     fit_tokens,
@@ -43,7 +44,7 @@ from backends.native.common import (
     upstream_failed,
     upstream_max_tokens,
 )
-from backends.native.ollama_chat import OllamaChat
+from backends.native.ollama_chat import OllamaChat, finish_of
 from schemas.completions import CompletionRequest
 from schemas.config import OllamaBackendConfig
 
@@ -61,8 +62,6 @@ OLLAMA_CAPABILITIES = NativeCapabilities.build(
     rules=(TOKEN_PROMPT_RULE, _EMPTY_PROMPT_RULE, ECHO_LOGPROBS_RULE, *FANOUT_RULES),
     limits={"logprobs": 20},
 ).with_notes({"user": AUDIT_USER_NOTE})  # fmt: skip
-
-_FINISH = {"stop": "stop", "length": "length"}
 
 
 class OllamaBackend(NativeBackend):
@@ -111,26 +110,19 @@ class OllamaBackend(NativeBackend):
     def generation(self, obj: Any, header: Any) -> Generation:
         if not isinstance(obj, dict) or not isinstance(obj.get("response"), str) or not obj.get("done"):
             raise UpstreamProtocolError("Ollama sent an answer without response and done", backend=self.name)
-        usage = TokenUsage(int(obj.get("prompt_eval_count") or 0), int(obj.get("eval_count") or 0))
+        usage = self._usage(obj)
         text = obj["response"]
-        return Generation(text, self._tokens(obj, text), self._finish(obj), usage)
+        return Generation(text, self._tokens(obj, text), finish_of(obj, self.name), usage)
 
-    def _finish(self, obj: dict[str, Any]) -> str:
-        reason = obj.get("done_reason")
-        if reason is None:  # Ollama before done_reason existed
-            return "stop"
-        if reason not in _FINISH:  # "": the runner's connection closed; load/unload: not a completion
-            raise UpstreamProtocolError(
-                f"Ollama ended the generation early (done_reason {reason!r})", backend=self.name
-            )
-        return _FINISH[reason]
+    @staticmethod
+    def _usage(obj: dict[str, Any]) -> TokenUsage:
+        return TokenUsage(count(obj.get("prompt_eval_count")) or 0, count(obj.get("eval_count")) or 0)
 
     def event(self, obj: dict[str, Any]) -> Event | None:
         if "error" in obj:
-            raise upstream_failed(self.name, error_message(obj))
+            raise upstream_failed(self.name, obj)
         text = obj.get("response")
         text = text if isinstance(text, str) else ""
         if not obj.get("done"):
             return Event(text, self._tokens(obj, text))
-        usage = TokenUsage(int(obj.get("prompt_eval_count") or 0), int(obj.get("eval_count") or 0))
-        return Event(text, self._tokens(obj, text), self._finish(obj), usage)
+        return Event(text, self._tokens(obj, text), finish_of(obj, self.name), self._usage(obj))

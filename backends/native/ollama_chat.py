@@ -37,7 +37,7 @@ import orjson
 
 from backends.base import TokenUsage
 from backends.chat_capabilities import OLLAMA_CHAT
-from backends.errors import UpstreamProtocolError, error_fields
+from backends.errors import UpstreamProtocolError
 from backends.native.chat import (
     CallPiece,
     ChatPiece,
@@ -46,12 +46,11 @@ from backends.native.chat import (
     as_dict,
     call_objects,
     chat_logprobs,
-    count,
     estimate_prompt_tokens,
     text_field,
     text_of,
 )
-from backends.native.common import explicit_sampling, native_seed, stops_of, upstream_failed
+from backends.native.common import count, explicit_sampling, native_seed, stops_of, upstream_failed
 from schemas.chat import ChatCompletionRequest
 from schemas.chat_messages import (
     AssistantMessage,
@@ -63,11 +62,26 @@ from schemas.chat_messages import (
 )
 from schemas.errors import InvalidRequestError
 
-__all__ = ["OllamaChat"]
+__all__ = ["OllamaChat", "finish_of"]
 
 _FINISH = {"stop": "stop", "length": "length"}
 _THINK: dict[str, bool | str] = {"none": False, "low": "low", "medium": "medium", "high": "high"}
-_ALL_TOP = 20
+
+
+def finish_of(obj: dict[str, Any], backend: str) -> str:
+    """A final event's ``done_reason`` (either endpoint) as OpenAI's finish reason; ``load``/``unload``
+    or ``""`` (the runner went away) are no answer: an error naming them, never a fake ``stop``."""
+    reason = obj.get("done_reason")
+    if reason is None:  # Ollama before done_reason existed
+        return "stop"
+    if reason not in _FINISH:
+        what = {"load": "loaded the model", "unload": "unloaded the model"}.get(str(reason), "ended early")
+        raise UpstreamProtocolError(
+            f"Ollama {what} instead of answering (done_reason {str(reason)[:20]!r})",
+            backend=backend,
+            reason="no_answer",
+        )
+    return _FINISH[reason]
 
 
 def _image(url: str, i: int) -> str:
@@ -172,18 +186,6 @@ class OllamaChat(ChatTranslator):
         return body
 
     # --- answers --------------------------------------------------------------------------------
-    def _finish(self, obj: dict[str, Any]) -> str:
-        reason = obj.get("done_reason")
-        if reason is None:  # Ollama before done_reason existed
-            return "stop"
-        if reason not in _FINISH:
-            what = {"load": "loaded the model", "unload": "unloaded the model"}.get(str(reason), "ended early")
-            raise UpstreamProtocolError(
-                f"Ollama {what} instead of answering (done_reason {str(reason)[:20]!r})",
-                backend=self.backend,
-                reason="no_answer",
-            )
-        return _FINISH[reason]
 
     @staticmethod
     def _usage(obj: dict[str, Any], request: ChatCompletionRequest) -> TokenUsage | None:
@@ -230,10 +232,10 @@ class OllamaChat(ChatTranslator):
             content=text_field(content, "message content", self.backend),
             reasoning=text_field(thinking, "message thinking", self.backend),
             calls=calls,
-            logprobs=chat_logprobs(obj.get("logprobs"), _ALL_TOP),
+            logprobs=chat_logprobs(obj.get("logprobs")),
         )
         if obj.get("done"):
-            piece.finish = self._finish(obj)
+            piece.finish = finish_of(obj, self.backend)
             piece.usage = self._usage(obj, request)
             piece.done = True
         return piece
@@ -245,5 +247,5 @@ class OllamaChat(ChatTranslator):
 
     def event(self, obj: dict[str, Any], request: ChatCompletionRequest) -> ChatPiece | None:
         if "error" in obj:
-            raise upstream_failed(self.backend, error_fields(obj).message)
+            raise upstream_failed(self.backend, obj)
         return self._piece(obj, request)

@@ -33,7 +33,7 @@ from backends.capabilities import AUDIT_USER_NOTE, Level
 from backends.emulation.best_of import is_greedy
 from backends.emulation.fanout import FANOUT_RULES
 from backends.errors import UpstreamProtocolError, UpstreamStatusError, error_from_upstream_body
-from backends.native.base import NativeBackend, error_message
+from backends.native.base import NativeBackend
 from backends.native.common import (
     ECHO_LOGPROBS_RULE,
     TOKEN_PROMPT_RULE,
@@ -41,6 +41,7 @@ from backends.native.common import (
     Generation,
     NativeCapabilities,
     TokenLogprob,
+    count,
     empty_prompt_rule,
     guided_json_schema,
     stops_of,
@@ -160,21 +161,24 @@ class TGIBackend(NativeBackend):
             if token is not None:
                 tokens.append(token)
         prompt_tokens = header("x-prompt-tokens")
+        prompt = (
+            count(int(prompt_tokens)) if prompt_tokens and prompt_tokens.isascii() and prompt_tokens.isdigit() else None
+        )
         usage = TokenUsage(
-            int(prompt_tokens) if prompt_tokens and prompt_tokens.isdigit() else len(details.get("prefill") or ()),
-            int(details.get("generated_tokens") or 0),
+            len(details.get("prefill") or ()) if prompt is None else prompt,
+            count(details.get("generated_tokens")) or 0,
         )
         finish = _FINISH.get(str(details.get("finish_reason")), "stop")
         return Generation(obj["generated_text"], tokens, finish, usage)
 
     def event(self, obj: dict[str, Any]) -> Event | None:
         if "error" in obj:
-            raise upstream_failed(self.name, error_message(obj))
+            raise upstream_failed(self.name, obj)
         token = _token(obj.get("token"), obj.get("top_tokens"))
         text = token.text if token is not None else ""
         tokens = [token] if token is not None else []
         details = obj.get("details")
         if not isinstance(details, dict):
             return Event(text, tokens)
-        usage = TokenUsage(int(details.get("input_length") or 0), int(details.get("generated_tokens") or 0))
+        usage = TokenUsage(count(details.get("input_length")) or 0, count(details.get("generated_tokens")) or 0)
         return Event(text, tokens, _FINISH.get(str(details.get("finish_reason")), "stop"), usage)

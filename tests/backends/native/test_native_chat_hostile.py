@@ -681,3 +681,25 @@ async def test_a_message_or_delta_that_is_not_an_object_is_an_error(
     )
     error = await stream_error(gateway, kind)
     assert "not an object" in error["message"]
+
+
+# --- the completions side reads counters the same way (one reading, common.count) ----------------------
+
+COMPLETION_COUNTERS = {
+    "tgi": ('{"generated_text":" Paris","details":{"finish_reason":"eos_token","generated_tokens":%s,"tokens":[]}}'),
+    "ollama": '{"response":" Paris","done":true,"done_reason":"stop","prompt_eval_count":%s,"eval_count":1}',
+    "llamacpp": '{"content":" Paris","stop":true,"stop_type":"eos","tokens_evaluated":%s,"tokens_predicted":1}',
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("bad", ["-5", "18446744073709551616", "1e30", '"abc"', "1.5", "true"])
+async def test_completions_counters_are_read_the_same_way(
+    kind: str, bad: str, server: NativeServer, gateway: httpx.AsyncClient
+) -> None:
+    server.answer = json_of((COMPLETION_COUNTERS[kind] % bad).encode())
+    resp = await gateway.post("/v1/completions", json={"model": f"{kind}-model", "prompt": "The capital of France is"})
+    assert resp.status_code == 200, resp.text
+    usage = resp.json()["usage"]
+    assert all(isinstance(v, int) and 0 <= v < 2**32 for v in usage.values()), usage
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
