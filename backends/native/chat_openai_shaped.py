@@ -32,7 +32,7 @@ from backends.native.chat import (
     chat_logprobs,
     text_field,
 )
-from backends.native.common import count, upstream_failed
+from backends.native.common import count, finish_of, upstream_failed
 from schemas.chat import ChatCompletionRequest
 from schemas.chat_messages import DeveloperMessage
 
@@ -77,14 +77,7 @@ class OpenAIShapedChat(ChatTranslator):
     trusts_call_ids: ClassVar[bool] = True  # False: the server's ids are not unique ("", "0")
 
     def _finish(self, reason: Any) -> str | None:
-        if reason is None:
-            return None
-        mapped = self.finishes.get(str(reason))
-        if mapped is None:
-            raise UpstreamProtocolError(
-                f"the upstream sent an unknown finish_reason {str(reason)[:40]!r}", backend=self.backend
-            )
-        return mapped
+        return None if reason is None else finish_of(self.finishes, reason, self.backend)
 
     def _answer_finish(self, reason: Any) -> str:
         """A whole answer's finish reason: required (a missing one is never taken for ``stop``)."""

@@ -43,6 +43,7 @@ __all__ = [
     "count",
     "empty_prompt_rule",
     "explicit_sampling",
+    "finish_of",
     "first_stop",
     "fit_tokens",
     "guided_json_schema",
@@ -151,6 +152,15 @@ def upstream_failed(backend: str, obj: dict[str, Any]) -> UpstreamProtocolError:
     the stream with; what the server said is redacted and bounded (``backends.errors.error_fields``)."""
     message = error_fields(obj).message
     return UpstreamProtocolError(f"the upstream failed mid-stream: {message}", backend=backend, reason="stream_error")
+
+
+def finish_of(table: Mapping[str, str], reason: Any, backend: str) -> str:
+    """A final event's finish reason (either endpoint) through the server's ``table``; one the table
+    does not know (or none) is the upstream's error, never taken for ``stop``."""
+    mapped = table.get(reason) if isinstance(reason, str) else None
+    if mapped is None:
+        raise UpstreamProtocolError(f"the upstream sent an unknown finish_reason {str(reason)[:40]!r}", backend=backend)
+    return mapped
 
 
 # A token count no server can mean: at or past 2^32 (the gateway bills by these numbers).

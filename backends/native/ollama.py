@@ -44,7 +44,7 @@ from backends.native.common import (
     upstream_failed,
     upstream_max_tokens,
 )
-from backends.native.ollama_chat import OllamaChat, finish_of
+from backends.native.ollama_chat import OllamaChat, ollama_finish
 from schemas.completions import CompletionRequest
 from schemas.config import OllamaBackendConfig
 
@@ -112,7 +112,7 @@ class OllamaBackend(NativeBackend):
             raise UpstreamProtocolError("Ollama sent an answer without response and done", backend=self.name)
         usage = self._usage(obj)
         text = obj["response"]
-        return Generation(text, self._tokens(obj, text), finish_of(obj, self.name), usage)
+        return Generation(text, self._tokens(obj, text), ollama_finish(obj, self.name), usage)
 
     @staticmethod
     def _usage(obj: dict[str, Any]) -> TokenUsage:
@@ -125,4 +125,4 @@ class OllamaBackend(NativeBackend):
         text = text if isinstance(text, str) else ""
         if not obj.get("done"):
             return Event(text, self._tokens(obj, text))
-        return Event(text, self._tokens(obj, text), finish_of(obj, self.name), self._usage(obj))
+        return Event(text, self._tokens(obj, text), ollama_finish(obj, self.name), self._usage(obj))

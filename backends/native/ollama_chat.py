@@ -62,13 +62,13 @@ from schemas.chat_messages import (
 )
 from schemas.errors import InvalidRequestError
 
-__all__ = ["OllamaChat", "finish_of"]
+__all__ = ["OllamaChat", "ollama_finish"]
 
 _FINISH = {"stop": "stop", "length": "length"}
 _THINK: dict[str, bool | str] = {"none": False, "low": "low", "medium": "medium", "high": "high"}
 
 
-def finish_of(obj: dict[str, Any], backend: str) -> str:
+def ollama_finish(obj: dict[str, Any], backend: str) -> str:
     """A final event's ``done_reason`` (either endpoint) as OpenAI's finish reason; ``load``/``unload``
     or ``""`` (the runner went away) are no answer: an error naming them, never a fake ``stop``."""
     reason = obj.get("done_reason")
@@ -235,7 +235,7 @@ class OllamaChat(ChatTranslator):
             logprobs=chat_logprobs(obj.get("logprobs")),
         )
         if obj.get("done"):
-            piece.finish = finish_of(obj, self.backend)
+            piece.finish = ollama_finish(obj, self.backend)
             piece.usage = self._usage(obj, request)
             piece.done = True
         return piece

@@ -43,6 +43,7 @@ from backends.native.common import (
     TokenLogprob,
     count,
     empty_prompt_rule,
+    finish_of,
     guided_json_schema,
     stops_of,
     upstream_failed,
@@ -168,7 +169,7 @@ class TGIBackend(NativeBackend):
             len(details.get("prefill") or ()) if prompt is None else prompt,
             count(details.get("generated_tokens")) or 0,
         )
-        finish = _FINISH.get(str(details.get("finish_reason")), "stop")
+        finish = finish_of(_FINISH, details.get("finish_reason"), self.name)
         return Generation(obj["generated_text"], tokens, finish, usage)
 
     def event(self, obj: dict[str, Any]) -> Event | None:
@@ -181,4 +182,4 @@ class TGIBackend(NativeBackend):
         if not isinstance(details, dict):
             return Event(text, tokens)
         usage = TokenUsage(count(details.get("input_length")) or 0, count(details.get("generated_tokens")) or 0)
-        return Event(text, tokens, _FINISH.get(str(details.get("finish_reason")), "stop"), usage)
+        return Event(text, tokens, finish_of(_FINISH, details.get("finish_reason"), self.name), usage)

@@ -703,3 +703,26 @@ async def test_completions_counters_are_read_the_same_way(
     usage = resp.json()["usage"]
     assert all(isinstance(v, int) and 0 <= v < 2**32 for v in usage.values()), usage
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize("reason", ['"weird"', "null", "7"])
+async def test_tgi_completions_never_invent_a_finish_reason(
+    streaming: bool, reason: str, server: NativeServer, gateway: httpx.AsyncClient
+) -> None:
+    details = f'{{"finish_reason":{reason},"generated_tokens":1,"input_length":3,"tokens":[]}}'
+    if streaming:
+        token = '{"id":1,"text":" Paris","logprob":-0.3,"special":false}'
+        frame = f'data: {{"token":{token},"generated_text":" Paris","details":{details}}}\n\n'
+        server.answer = body_of("tgi", frame.encode())
+    else:
+        server.answer = json_of(f'{{"generated_text":" Paris","details":{details}}}'.encode())
+    resp = await gateway.post("/v1/completions", json={"model": "tgi-model", "prompt": "Hi", "stream": streaming})
+    if resp.status_code != 200:
+        assert "finish_reason" in upstream_failure(resp)["message"]
+        return
+    events = events_of(resp)
+    if events[-1] == {"done": True}:
+        events.pop()
+    assert "error" in events[-1] and "finish_reason" in events[-1]["error"]["message"], events
+    assert not any(c.get("finish_reason") for e in events if "choices" in e for c in e["choices"])
