@@ -160,9 +160,9 @@ class GatewayMetrics:
         # Set by a worker of ``gateway serve --workers N``: the whole gateway's exposition, merged by
         # the control process (gateway.workers.merge); None: this process is the gateway.
         self.gateway_view: Callable[[], Awaitable[bytes]] | None = None
-        self._request_children: dict[tuple[str, str, str, str], Counter] = {}
-        self._pair_children: dict[tuple[str, str, str], tuple[Histogram, Histogram, Counter, Counter]] = {}
-        self._in_flight_children: dict[tuple[str, str], Gauge] = {}
+        self._request_children: dict[tuple[str, str, int, Endpoint], Counter] = {}
+        self._pair_children: dict[tuple[str, str, Endpoint], tuple[Histogram, Histogram, Counter, Counter]] = {}
+        self._in_flight_children: dict[tuple[str, Endpoint], Gauge] = {}
         for model in self._models:
             for endpoint in Endpoint:
                 self.in_flight.labels(model, endpoint.value)
@@ -217,15 +217,19 @@ class GatewayMetrics:
     def backend_label(self, backend: str | None) -> str:
         return backend if backend in self._backends else NONE
 
+    # The caches are keyed by the ``Endpoint`` member itself: a StrEnum hashes and compares as
+    # its value, so the key is the same as with ``endpoint.value``, without the Python-level
+    # ``value`` property call that each ``.value`` costs on the hot path.
     def _pair(self, model: str, backend: str, endpoint: Endpoint) -> tuple[Histogram, Histogram, Counter, Counter]:
-        key = (model, backend, endpoint.value)
+        key = (model, backend, endpoint)
         children = self._pair_children.get(key)
         if children is None:
+            labels = (model, backend, endpoint.value)
             children = (
-                self.latency.labels(*key),
-                self.ttft.labels(*key),
-                self.prompt_tokens.labels(*key),
-                self.completion_tokens.labels(*key),
+                self.latency.labels(*labels),
+                self.ttft.labels(*labels),
+                self.prompt_tokens.labels(*labels),
+                self.completion_tokens.labels(*labels),
             )
             self._pair_children[key] = children
         return children
@@ -235,14 +239,14 @@ class GatewayMetrics:
     # before chat; the request path always passes its own.
     def request_started(self, model: str, *, endpoint: Endpoint = Endpoint.COMPLETIONS) -> None:
         """``model`` must be a configured name (resolved before calling)."""
-        key = (model, endpoint.value)
+        key = (model, endpoint)
         child = self._in_flight_children.get(key)
         if child is None:
-            child = self._in_flight_children[key] = self.in_flight.labels(*key)
+            child = self._in_flight_children[key] = self.in_flight.labels(model, endpoint.value)
         child.inc()
 
     def request_ended(self, model: str, *, endpoint: Endpoint = Endpoint.COMPLETIONS) -> None:
-        self._in_flight_children[(model, endpoint.value)].dec()
+        self._in_flight_children[(model, endpoint)].dec()
 
     def request_finished(
         self,
@@ -255,10 +259,10 @@ class GatewayMetrics:
     ) -> None:
         model_l = self.model_label(model)
         backend_l = self.backend_label(backend)
-        key = (model_l, backend_l, str(status), endpoint.value)
+        key = (model_l, backend_l, status, endpoint)
         child = self._request_children.get(key)
         if child is None:
-            child = self._request_children[key] = self.requests.labels(*key)
+            child = self._request_children[key] = self.requests.labels(model_l, backend_l, str(status), endpoint.value)
         child.inc()
         if seconds is not None and backend_l != NONE and model_l != UNKNOWN:
             self._pair(model_l, backend_l, endpoint)[0].observe(seconds)
