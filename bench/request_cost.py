@@ -199,7 +199,7 @@ models:
 """)
         python = checkout / ".venv" / "bin" / "python"
         argv = [str(python), str(Path(__file__).resolve()), "--serve-profiled", str(config), str(self.port), self.prof]
-        self.log = open(work / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop()
+        self.log = open(work / f"{name}.log", "ab")  # closed in stop()
         self.proc = subprocess.Popen(argv, cwd=checkout, stdout=self.log, stderr=subprocess.STDOUT,
                                      env={**os.environ, "PYTHONPATH": str(checkout)})
         wait_port(self.port, self.proc)
