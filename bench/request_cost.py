@@ -74,8 +74,6 @@ def serve_profiled(config: str, port: int, out: str) -> None:
 
     def on(*_: Any) -> None:
         gc_time[0], gc_time[2], gc_time[3] = 0.0, 0, 0
-        if os.environ.get("REQUEST_COST_FREEZE"):
-            gc.freeze()
         prof.enable()
         Path(out + ".on").touch()
 
