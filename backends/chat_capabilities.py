@@ -185,9 +185,10 @@ class ChatCapabilities:
         Cost: a set intersection plus one walk over the request's forms (a handful).
         """
         touched = self.fields.unsupported.intersection(request.model_fields_set)
-        for name in CHAT_FIELDS:
-            if name in touched and not _is_neutral(name, getattr(request, name)):
-                return Refusal(name, name, self.reasons.get(name))
+        if touched:  # most requests set none of them: no walk over every chat field then
+            for name in CHAT_FIELDS:
+                if name in touched and not _is_neutral(name, getattr(request, name)):
+                    return Refusal(name, name, self.reasons.get(name))
         for name, form in request_forms(request):
             key = f"{name}={form}"
             if self.forms.get(key) is U:

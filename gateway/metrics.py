@@ -6,8 +6,8 @@ Label values come only from configured names (models, backends) and fixed sets
 series. Request-level series (requests, latency, TTFT, tokens, in flight, unsupported
 parameters, stream failures, disconnects) carry the ``endpoint`` the request came in on.
 
-Hot-path cost: children are cached per label tuple, so recording a request is a
-dict lookup plus a few lock-protected adds.
+Hot-path cost: children are cached per label tuple (their value adders, see :func:`_adder`),
+so recording a request is a dict lookup plus a few lock-protected adds.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from schemas.endpoints import Endpoint
 
 __all__ = ["GATEWAY_SCOPE", "UNKNOWN", "GatewayMetrics"]
 
+_Add = Callable[[float], None]  # adds to one labelled series (negative: a gauge going down)
+
 UNKNOWN = "_unknown"
 GATEWAY_SCOPE = "_gateway"  # the gateway-wide admission queue (backend names cannot start with "_")
 NONE = "_none"  # no backend was involved (validation error, unknown model)
@@ -33,6 +35,17 @@ NONE = "_none"  # no backend was involved (validation error, unknown model)
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 _TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _KEY_REASONS = frozenset({"unauthenticated", "model", "cost_cap", "requests", "tokens", "too_large", "concurrency"})
+
+
+def _adder(child: Counter | Gauge) -> _Add:
+    """What ``child.inc`` ends in, without its checks on every call: one Python call per update, not four.
+
+    The checks cannot fail here: a labelled child is observable, and the amounts the request
+    path adds to counters are never negative (a gauge takes -1 as ``dec`` would). Should
+    prometheus_client keep its value elsewhere one day, this falls back to ``child.inc``.
+    """
+    inc = getattr(getattr(child, "_value", None), "inc", None)
+    return inc if callable(inc) else child.inc
 
 
 class GatewayMetrics:
@@ -160,9 +173,9 @@ class GatewayMetrics:
         # Set by a worker of ``gateway serve --workers N``: the whole gateway's exposition, merged by
         # the control process (gateway.workers.merge); None: this process is the gateway.
         self.gateway_view: Callable[[], Awaitable[bytes]] | None = None
-        self._request_children: dict[tuple[str, str, str, str], Counter] = {}
-        self._pair_children: dict[tuple[str, str, str], tuple[Histogram, Histogram, Counter, Counter]] = {}
-        self._in_flight_children: dict[tuple[str, str], Gauge] = {}
+        self._request_children: dict[tuple[str, str, int, Endpoint], _Add] = {}
+        self._pair_children: dict[tuple[str, str, Endpoint], tuple[Histogram, Histogram, _Add, _Add]] = {}
+        self._in_flight_children: dict[tuple[str, Endpoint], _Add] = {}
         for model in self._models:
             for endpoint in Endpoint:
                 self.in_flight.labels(model, endpoint.value)
@@ -217,15 +230,19 @@ class GatewayMetrics:
     def backend_label(self, backend: str | None) -> str:
         return backend if backend in self._backends else NONE
 
-    def _pair(self, model: str, backend: str, endpoint: Endpoint) -> tuple[Histogram, Histogram, Counter, Counter]:
-        key = (model, backend, endpoint.value)
+    # The caches are keyed by the ``Endpoint`` member itself: a StrEnum hashes and compares as
+    # its value, so the key is the same as with ``endpoint.value``, without the Python-level
+    # ``value`` property call that each ``.value`` costs on the hot path.
+    def _pair(self, model: str, backend: str, endpoint: Endpoint) -> tuple[Histogram, Histogram, _Add, _Add]:
+        key = (model, backend, endpoint)
         children = self._pair_children.get(key)
         if children is None:
+            labels = (model, backend, endpoint.value)
             children = (
-                self.latency.labels(*key),
-                self.ttft.labels(*key),
-                self.prompt_tokens.labels(*key),
-                self.completion_tokens.labels(*key),
+                self.latency.labels(*labels),
+                self.ttft.labels(*labels),
+                _adder(self.prompt_tokens.labels(*labels)),
+                _adder(self.completion_tokens.labels(*labels)),
             )
             self._pair_children[key] = children
         return children
@@ -235,14 +252,14 @@ class GatewayMetrics:
     # before chat; the request path always passes its own.
     def request_started(self, model: str, *, endpoint: Endpoint = Endpoint.COMPLETIONS) -> None:
         """``model`` must be a configured name (resolved before calling)."""
-        key = (model, endpoint.value)
-        child = self._in_flight_children.get(key)
-        if child is None:
-            child = self._in_flight_children[key] = self.in_flight.labels(*key)
-        child.inc()
+        key = (model, endpoint)
+        add = self._in_flight_children.get(key)
+        if add is None:
+            add = self._in_flight_children[key] = _adder(self.in_flight.labels(model, endpoint.value))
+        add(1)
 
     def request_ended(self, model: str, *, endpoint: Endpoint = Endpoint.COMPLETIONS) -> None:
-        self._in_flight_children[(model, endpoint.value)].dec()
+        self._in_flight_children[(model, endpoint)](-1)
 
     def request_finished(
         self,
@@ -253,13 +270,14 @@ class GatewayMetrics:
         *,
         endpoint: Endpoint = Endpoint.COMPLETIONS,
     ) -> None:
-        model_l = self.model_label(model)
-        backend_l = self.backend_label(backend)
-        key = (model_l, backend_l, str(status), endpoint.value)
-        child = self._request_children.get(key)
-        if child is None:
-            child = self._request_children[key] = self.requests.labels(*key)
-        child.inc()
+        model_l = model if model in self._models else UNKNOWN  # model_label, inline: once per request
+        backend_l = backend if backend in self._backends else NONE  # backend_label
+        key = (model_l, backend_l, status, endpoint)
+        add = self._request_children.get(key)
+        if add is None:
+            labels = (model_l, backend_l, str(status), endpoint.value)
+            add = self._request_children[key] = _adder(self.requests.labels(*labels))
+        add(1)
         if seconds is not None and backend_l != NONE and model_l != UNKNOWN:
             self._pair(model_l, backend_l, endpoint)[0].observe(seconds)
 
@@ -273,9 +291,9 @@ class GatewayMetrics:
     ) -> None:
         children = self._pair(model, backend, endpoint)
         if prompt > 0:
-            children[2].inc(prompt)
+            children[2](prompt)
         if completion > 0:
-            children[3].inc(completion)
+            children[3](completion)
 
     def unsupported_parameter(self, backend: str, param: str, *, endpoint: Endpoint = Endpoint.COMPLETIONS) -> None:
         label = param if param in self._fields else UNKNOWN

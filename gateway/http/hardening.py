@@ -83,8 +83,8 @@ async def read_body(request: web.Request, seconds: float) -> bytes:
     """The whole body (inflated), 408 when it takes longer than ``seconds`` to arrive, 400/415
     when its ``Content-Encoding`` is unknown or wrong (the parser's message, which may quote the
     body, is never passed on)."""
-    coding = request.headers.get(hdrs.CONTENT_ENCODING, "").strip().lower()
-    if coding not in _DECODED:
+    coding = request.headers.get(hdrs.CONTENT_ENCODING)  # most requests send none: no str calls then
+    if coding is not None and coding.strip().lower() not in _DECODED:
         raise BodyEncodingError(UNSUPPORTED_ENCODING, status=415, code="unsupported_content_encoding")
     try:
         if request.content.is_eof():  # all of it is buffered already: no timer needed

@@ -36,6 +36,8 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
+from gateway.http.heap import settle_heap
+
 __all__ = ["UNSUPPORTED_ENCODING", "FrontDoorProtocol", "FrontDoorRunner", "malformed_message"]
 
 log = logging.getLogger("gateway")
@@ -161,9 +163,10 @@ class FrontDoorRunner(web.AppRunner):
         super().__init__(app, **kwargs)  # type: ignore[arg-type]
 
     async def _make_server(self) -> web.Server:
-        server = await super()._make_server()
+        server = await super()._make_server()  # the app's startup has run: its heap is built
         # Same state, our protocol factory (aiohttp builds the Server inside the app, privately).
         server.__class__ = _FrontDoorServer
+        settle_heap()  # the collector's settings for serving (gateway.http.heap)
         return server
 
     def start_draining(self) -> None:

@@ -37,5 +37,7 @@ def new_request_id() -> str:
 
 def request_id_of(request: web.Request) -> str:
     """The id set by the middleware (the client's ``x-request-id`` or a fresh one)."""
-    rid = request.get(REQUEST_ID)
-    return rid if isinstance(rid, str) else new_request_id()
+    try:  # not request.get(): Mapping's mixin, two Python calls more on every request
+        return request[REQUEST_ID]
+    except KeyError:
+        return new_request_id()

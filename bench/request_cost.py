@@ -1,0 +1,350 @@
+"""Deterministic per-request cost of the gateway: Python calls per request, and CPU per request.
+
+    .venv/bin/python bench/request_cost.py                          # this checkout
+    .venv/bin/python bench/request_cost.py --ref /work/wt/baseline  # and another one, side by side
+    .venv/bin/python bench/request_cost.py --scenarios ns,chat_ns --top 30 --dump /tmp/prof
+
+Starts the fast fake upstream (bench/fake_upstream.py) and one ``gateway serve`` per
+checkout (each with that checkout's ``.venv/bin/python``, a ``type: openai`` backend, the
+config bench/run.py uses), then per scenario drives ``-n`` requests over ``-c`` keep-alive
+connections from this process:
+
+- calls per request: the gateway process turns cProfile on (SIGUSR1) for exactly those
+  requests and off (SIGUSR2), so start-up and warm-up are not counted. The count is
+  every Python and builtin call the gateway made, divided by the requests: it does not
+  move with the machine's load, so two checkouts compare on a busy machine.
+- CPU per request: the gateway's own run time (``/proc/<pid>/task/*/schedstat``, ns)
+  over ``-n`` unprofiled requests, the median of ``--repeats`` rounds; the checkouts
+  take turns within each round (A/B interleaved), so a load spike hits both.
+
+Scenarios: ``ns`` (completions, 16 tokens), ``st`` (completions stream, 64 tokens),
+``chat_ns``, ``chat_st`` (the same words as one user message). A checkout that does not
+serve an endpoint (404) shows ``n/a`` for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import pstats
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+SCENARIOS = {  # name: (path, chat, stream, max_tokens)
+    "ns": ("/v1/completions", False, False, 16),
+    "st": ("/v1/completions", False, True, 64),
+    "chat_ns": ("/v1/chat/completions", True, False, 16),
+    "chat_st": ("/v1/chat/completions", True, True, 64),
+}
+PROMPT = "Say something about benchmarks please"
+
+
+# --- inside the gateway process ------------------------------------------------------------------
+
+
+def serve_profiled(config: str, port: int, out: str) -> None:
+    """``gateway serve`` with cProfile switched on by SIGUSR1 and off (then dumped) by SIGUSR2."""
+    import cProfile
+
+    sys.path.insert(0, os.getcwd())
+    import gc
+
+    prof = cProfile.Profile()
+    gc_time = [0.0, 0.0, 0, 0]  # seconds in the collector, start of the current one, collections, full ones
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            gc_time[1] = time.perf_counter()
+        else:
+            gc_time[0] += time.perf_counter() - gc_time[1]
+            gc_time[2] += 1
+            gc_time[3] += info["generation"] == 2
+
+    gc.callbacks.append(on_gc)
+
+    def on(*_: Any) -> None:
+        gc_time[0], gc_time[2], gc_time[3] = 0.0, 0, 0
+        prof.enable()
+        Path(out + ".on").touch()
+
+    def off(*_: Any) -> None:
+        prof.disable()
+        prof.dump_stats(out)
+        prof.clear()
+        Path(out + ".gc").write_text(f"{gc_time[0]} {gc_time[2]} {gc_time[3]} {len(gc.get_objects())}")
+        Path(out + ".done").touch()
+
+    signal.signal(signal.SIGUSR1, on)
+    signal.signal(signal.SIGUSR2, off)
+    from gateway.cli import main
+
+    sys.exit(main(["serve", "--config", config, "--port", str(port), "--log-level", "WARNING"]))
+
+
+# --- the driver ----------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"process {proc.args} exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    sys.exit(f"nothing listening on {port} after {timeout}s")
+
+
+def request_bytes(scenario: str, port: int) -> bytes:
+    path, chat, stream, tokens = SCENARIOS[scenario]
+    body: dict[str, Any] = {"model": "bench", "max_tokens": tokens, "temperature": 0}
+    if chat:
+        body["messages"] = [{"role": "user", "content": PROMPT}]
+    else:
+        body["prompt"] = PROMPT
+    if stream:
+        body["stream"] = True
+    import json
+
+    data = json.dumps(body, separators=(",", ":")).encode()
+    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\n\r\n")
+    return head.encode() + data
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    lower = head.lower()
+    if b"transfer-encoding: chunked" in lower:
+        body = bytearray()
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).split(b";", 1)[0], 16)
+            if size == 0:
+                await reader.readuntil(b"\r\n")
+                return status, bytes(body)
+            body += await reader.readexactly(size + 2)
+    length = int(lower.split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
+    return status, await reader.readexactly(length)
+
+
+async def drive(port: int, scenario: str, n: int, concurrency: int) -> tuple[int, int]:
+    """Send ``n`` requests over ``concurrency`` connections: (ok answers, the first other status)."""
+    request = request_bytes(scenario, port)
+    stream = SCENARIOS[scenario][2]
+    ok, bad = 0, 0
+
+    async def one_connection(count: int) -> None:
+        nonlocal ok, bad
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            for _ in range(count):
+                writer.write(request)
+                status, body = await read_response(reader)
+                if status == 200 and (not stream or b"data: [DONE]" in body):
+                    ok += 1
+                elif not bad:
+                    bad = status
+        finally:
+            writer.close()
+
+    share = [n // concurrency + (i < n % concurrency) for i in range(concurrency)]
+    await asyncio.gather(*(one_connection(k) for k in share if k))
+    return ok, bad
+
+
+def run_ns(pid: int) -> int:
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            total += int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[0])
+        except (OSError, ValueError):
+            pass
+    return total
+
+
+class Target:
+    def __init__(self, name: str, checkout: Path, upstream: int, work: Path) -> None:
+        self.name, self.checkout = name, checkout
+        self.port = free_port()
+        self.prof = str(work / f"{name}.prof")
+        config = work / f"{name}.yaml"
+        config.write_text(f"""server: {{host: 127.0.0.1, port: {self.port}, drain_timeout: 1}}
+backends:
+  - {{name: upstream, type: openai, base_url: "http://127.0.0.1:{upstream}/v1", api_key: sk-bench}}
+models:
+  - name: bench
+    routes:
+      - {{backend: upstream, model: bench}}
+""")
+        python = checkout / ".venv" / "bin" / "python"
+        argv = [str(python), str(Path(__file__).resolve()), "--serve-profiled", str(config), str(self.port), self.prof]
+        self.log = open(work / f"{name}.log", "ab")  # closed in stop()
+        self.proc = subprocess.Popen(argv, cwd=checkout, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "PYTHONPATH": str(checkout)})
+        wait_port(self.port, self.proc)
+
+    def signal_and_wait(self, sig: int, marker: str) -> None:
+        Path(marker).unlink(missing_ok=True)
+        os.kill(self.proc.pid, sig)
+        deadline = time.monotonic() + 30
+        while not Path(marker).exists():
+            if time.monotonic() > deadline:
+                sys.exit(f"{self.name}: no answer to signal {sig}")
+            # the handler runs when the loop wakes: a health request wakes it
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+            except OSError:
+                pass
+            time.sleep(0.02)
+
+    def profile(self, scenario: str, n: int, concurrency: int) -> pstats.Stats | None:
+        self.signal_and_wait(signal.SIGUSR1, self.prof + ".on")
+        ok, bad = asyncio.run(drive(self.port, scenario, n, concurrency))
+        self.signal_and_wait(signal.SIGUSR2, self.prof + ".done")
+        if ok != n:
+            print(f"  {self.name} {scenario}: {n - ok} of {n} failed (status {bad})", file=sys.stderr)
+            return None
+        seconds, collections, full, objects = Path(self.prof + ".gc").read_text().split()
+        print(f"  {self.name} {scenario}: GC {float(seconds) / n * 1e6:.1f} us/req, {collections} collections"
+              f" ({full} full), {objects} tracked objects", file=sys.stderr)
+        return pstats.Stats(self.prof)
+
+    def cpu_us(self, scenario: str, n: int, concurrency: int) -> float | None:
+        before = run_ns(self.proc.pid)
+        ok, _ = asyncio.run(drive(self.port, scenario, n, concurrency))
+        return (run_ns(self.proc.pid) - before) / n / 1e3 if ok == n else None
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+def label(func: tuple[str, int, str]) -> str:
+    path, line, name = func
+    if path == "~":
+        return name
+    for root in (str(ROOT), os.getcwd()):
+        path = path.replace(root + "/", "")
+    if "site-packages/" in path:
+        path = path.split("site-packages/", 1)[1]
+    return f"{path}:{line}({name})"
+
+
+def summary(stats: pstats.Stats, n: int, top: int) -> tuple[float, list[str]]:
+    raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
+    total = sum(nc for (_, nc, _, _, _) in raw.values())
+    by_cum = sorted(raw.items(), key=lambda kv: kv[1][3], reverse=True)[:top]
+    by_calls = sorted(raw.items(), key=lambda kv: kv[1][1], reverse=True)[:top]
+    lines = [f"    {'cum us/req':>10} {'calls/req':>9}  function (by cumulative time)"]
+    lines += [f"    {ct / n * 1e6:10.1f} {nc / n:9.2f}  {label(f)}" for f, (_, nc, _, ct, _) in by_cum]
+    lines += [f"    {'':>10} {'calls/req':>9}  function (by calls)"]
+    lines += [f"    {'':>10} {nc / n:9.2f}  {label(f)}" for f, (_, nc, _, _, _) in by_calls]
+    return total / n, lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ref", type=Path, action="append", default=[], help="another checkout (with .venv)")
+    ap.add_argument("-n", type=int, default=2000, help="requests per measurement")
+    ap.add_argument("-c", type=int, default=16, help="keep-alive connections")
+    ap.add_argument("--repeats", type=int, default=5, help="CPU rounds (median); 0: calls only")
+    ap.add_argument("--warmup", type=int, default=300, help="requests before measuring, per scenario")
+    ap.add_argument("--scenarios", default="ns,st,chat_ns,chat_st")
+    ap.add_argument("--top", type=int, default=0, help="print the top N functions per cell")
+    ap.add_argument("--dump", type=Path, help="keep each cell's cProfile stats in this folder")
+    ap.add_argument("--serve-profiled", nargs=3, metavar=("CONFIG", "PORT", "OUT"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.serve_profiled:
+        config, port, out = args.serve_profiled
+        serve_profiled(config, int(port), out)
+        return
+    scenarios = args.scenarios.split(",")
+    for s in scenarios:
+        if s not in SCENARIOS:
+            sys.exit(f"unknown scenario {s!r}: {', '.join(SCENARIOS)}")
+    with tempfile.TemporaryDirectory(prefix="request-cost-") as tmp:
+        work = Path(tmp)
+        upstream_port = free_port()
+        upstream = subprocess.Popen([sys.executable, str(HERE / "fake_upstream.py"), "--port", str(upstream_port)],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        targets: list[Target] = []
+        try:
+            wait_port(upstream_port, upstream)
+            checkouts = [("this", ROOT)] + [(f"ref{i}" if len(args.ref) > 1 else "ref", p.resolve())
+                                             for i, p in enumerate(args.ref)]
+            targets = [Target(name, path, upstream_port, work) for name, path in checkouts]
+            results: dict[tuple[str, str], dict[str, Any]] = {}
+            for s in scenarios:
+                for t in targets:
+                    results[(t.name, s)] = cell = {"calls": None, "lines": [], "cpu": []}
+                    ok, _ = asyncio.run(drive(t.port, s, args.warmup, args.c))
+                    stats = t.profile(s, args.n, args.c) if ok == args.warmup else None
+                    if stats is None:
+                        continue
+                    if args.dump:
+                        args.dump.mkdir(parents=True, exist_ok=True)
+                        stats.dump_stats(str(args.dump / f"{t.name}-{s}.prof"))
+                    cell["calls"], cell["lines"] = summary(stats, args.n, args.top)
+            # Every cell takes its turn in every round (checkouts in alternating order), so
+            # a load spike from elsewhere lands on all of them, not on one scenario's rounds.
+            for r in range(args.repeats):
+                for s in scenarios:
+                    for t in targets if r % 2 == 0 else targets[::-1]:
+                        cell = results[(t.name, s)]
+                        if cell["calls"] is not None:
+                            us = t.cpu_us(s, args.n, args.c)
+                            if us is not None:
+                                cell["cpu"].append(us)
+        finally:
+            for t in targets:
+                t.stop()
+            upstream.send_signal(signal.SIGTERM)
+            upstream.wait(10)
+    print(f"# request cost: -n {args.n} -c {args.c}, CPU median of {args.repeats} interleaved rounds; "
+          f"load {os.getloadavg()[0]:.2f}")
+    print(f"| scenario | {' | '.join(f'{name}: calls/req, CPU us/req' for name, _ in checkouts)} |")
+    print("|---|" + "---|" * len(checkouts))
+    for s in scenarios:
+        cells = []
+        for name, _ in checkouts:
+            cell = results[(name, s)]
+            if cell["calls"] is None:
+                cells.append("n/a")
+            else:
+                cpu = f"{statistics.median(cell['cpu']):.0f}" if cell["cpu"] else "-"
+                cells.append(f"{cell['calls']:.1f}, {cpu}")
+        print(f"| {s} | {' | '.join(cells)} |")
+    if args.top:
+        for s in scenarios:
+            for name, path in checkouts:
+                cell = results[(name, s)]
+                if cell["calls"] is not None:
+                    print(f"\n## {s} @ {name} ({path})")
+                    print("\n".join(cell["lines"]))
+
+
+if __name__ == "__main__":
+    main()
