@@ -188,6 +188,7 @@ def _serve_workers(args: argparse.Namespace, server: ServerConfig, config: Gatew
         drain_timeout=server.drain_timeout,
         log_level=args.log_level,
         pools=shared_configs(config.backends),
+        config=config,
     )
     return asyncio.run(control.run())
 

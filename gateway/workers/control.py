@@ -10,7 +10,9 @@ whose per-listener queue loses its connections when a worker dies).
 - SIGTERM/SIGINT: its copy of the socket closes and every worker gets SIGTERM at once: each drains
   as a single gateway does (``Connection: close``, streams finish within ``drain_timeout``); the
   control process exits when they have, killing any still there ``drain_timeout + 15`` s later.
-- SIGHUP is forwarded to every worker (config reload happens in each); nothing is restarted.
+- SIGHUP: the file is checked here first (refused: logged with YAML paths, nothing forwarded),
+  then forwarded to every worker (config reload happens in each), then a changed ``vllm-pool``
+  is rolled here, one vLLM worker at a time (:mod:`gateway.workers.sighup`).
 - It merges the workers' metrics (:mod:`gateway.workers.merge`) for any worker's ``/metrics``.
 - It owns the ``vllm-pool`` backends and the ``vllm`` backends over ``base_urls``/``discovery``
   (:mod:`gateway.workers.pools`): started before the first worker, stopped after the last one
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -36,7 +39,8 @@ from backends.registry import PoolOwnership
 from gateway.workers.channel import read_frame, write_frame
 from gateway.workers.merge import MetricsMerger
 from gateway.workers.pools import PoolWatchers
-from schemas.config import VLLMBackendConfig, VLLMPoolBackendConfig
+from gateway.workers.sighup import ControlReload
+from schemas.config import GatewayConfig, VLLMBackendConfig, VLLMPoolBackendConfig
 
 __all__ = ["Control"]
 
@@ -70,6 +74,7 @@ class Control:
         drain_timeout: float,
         log_level: str = "INFO",
         pools: list[VLLMPoolBackendConfig | VLLMBackendConfig] | None = None,
+        config: GatewayConfig | None = None,
     ) -> None:
         self._config_path = config_path
         self._workers = workers
@@ -82,6 +87,9 @@ class Control:
         self._ids = itertools.count(1)
         self._pool_configs = pools or []
         self._pools: PoolWatchers | None = None
+        self._config = config  # the file as read at start (what SIGHUP's reload is held against)
+        self.reload: ControlReload | None = None
+        self._reloading: set[asyncio.Task[bool]] = set()
         self.restarts = 0
 
     async def run(self) -> int:
@@ -93,12 +101,17 @@ class Control:
         server = await asyncio.start_unix_server(self._on_worker, channel)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        loop.add_signal_handler(signal.SIGHUP, self._forward, signal.SIGHUP)
         slots: list[asyncio.Task[None]] = []
         try:
             if self._pool_configs:
                 self._pools = PoolWatchers(PoolOwnership(self._pool_configs, self._workers, workdir))
                 await self._pools.start()  # spawns the vLLM processes; the workers find them
+            if self._config is not None:
+                forward = functools.partial(self._forward, signal.SIGHUP)
+                self.reload = ControlReload(self._config_path, self._config, self._pools, forward)
+                loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
+            else:  # no config to check against: each worker checks the file itself
+                loop.add_signal_handler(signal.SIGHUP, self._forward, signal.SIGHUP)
             slots = [asyncio.create_task(self._keep(k, channel)) for k in range(self._workers)]
             await stop.wait()
             log.info("shutting down: draining %d worker(s)", len(self._procs))
@@ -113,8 +126,9 @@ class Control:
                 log.warning("%d worker(s) did not stop in time: killed", len(pending))
                 await asyncio.wait(pending, timeout=5.0)
         finally:
-            for task in slots:
+            for task in (*slots, *self._reloading):
                 task.cancel()
+            await asyncio.gather(*self._reloading, return_exceptions=True)
             if self._pools is not None:
                 await self._pools.close()  # only now: the workers' calls to vLLM have finished
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -122,6 +136,13 @@ class Control:
             server.close()
             shutil.rmtree(workdir, ignore_errors=True)
         return 0
+
+    def _on_sighup(self) -> None:
+        if self.reload is None or self._stopping:
+            return
+        task = asyncio.get_running_loop().create_task(self.reload.reload(), name="control-reload")
+        self._reloading.add(task)
+        task.add_done_callback(self._reloading.discard)
 
     def _forward(self, sig: int) -> None:
         for proc in self._procs.values():

@@ -24,8 +24,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Any
 
-from backends.registry import PoolClients, PoolOwnership
+from backends.registry import PoolClients, PoolOwnership, shared_configs
 from gateway.configfile import ConfigError
 from gateway.workers.channel import read_frame, write_frame
 from schemas.config import GatewayConfig, VLLMPoolBackendConfig
@@ -38,15 +39,23 @@ _MAX_BACKLOG = 4 * 1024 * 1024  # bytes unsent to one worker before its watch is
 
 
 class PoolWatchers:
-    """The control process's end: every worker's watch connection, told each change of ``owner``."""
+    """The control process's end: every worker's watch connection, told each change of ``owner``.
+
+    Frames are numbered (``seq``); a worker answers ``{"op": "applied", "seq": n}`` once it routes
+    on frame ``n``. :meth:`synced` waits for those answers: a rollout retires a vLLM worker only
+    after every gateway worker has taken it out of its routing (then its column of the in-flight
+    table can only go down, and reading zero there means no call is left on it).
+    """
 
     def __init__(self, owner: PoolOwnership) -> None:
         self.owner = owner
-        self._watchers: set[asyncio.StreamWriter] = set()
+        self._watchers: dict[asyncio.StreamWriter, int] = {}  # -> the last frame it applied
         self._scheduled = False
+        self._seq = 0
+        self._acked = asyncio.Event()  # replaced at each answer (see synced)
 
     async def start(self) -> None:
-        await self.owner.start(self._changed)
+        await self.owner.start(self._changed, self.synced)
 
     async def close(self) -> None:
         for writer in list(self._watchers):
@@ -59,29 +68,55 @@ class PoolWatchers:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._publish)
 
+    def _frame(self) -> dict[str, Any]:
+        self._seq += 1
+        return {**self.owner.frame(), "seq": self._seq}
+
     def _publish(self) -> None:
         self._scheduled = False
-        frame = self.owner.frame()
+        frame = self._frame()
         for writer in list(self._watchers):
             transport = writer.transport
             if transport.is_closing() or transport.get_write_buffer_size() > _MAX_BACKLOG:
-                self._watchers.discard(writer)  # a stuck worker: it routes on its last view until it dies
+                self._drop(writer)  # a stuck worker: it routes on its last view until it dies
                 writer.close()
                 continue
             write_frame(writer, frame)
 
+    def _drop(self, writer: asyncio.StreamWriter) -> None:
+        self._watchers.pop(writer, None)
+        self._wake()
+
+    def _wake(self) -> None:
+        self._acked.set()
+        self._acked = asyncio.Event()
+
+    async def synced(self) -> None:
+        """Publish the pools now; return once every gateway worker watching has applied that frame
+        (or hung up: a worker that comes later starts from a newer one)."""
+        self._publish()
+        seq = self._seq
+        while any(applied < seq for applied in self._watchers.values()):
+            await self._acked.wait()
+
     async def watch(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One worker's watch connection, until it ends."""
-        self._watchers.add(writer)
+        self._watchers[writer] = 0
         try:
-            write_frame(writer, self.owner.frame())
+            write_frame(writer, self._frame())
             await writer.drain()
             while True:
                 message = await read_frame(reader)
-                if message.get("op") == "suspect":
+                op = message.get("op")
+                if op == "applied":
+                    seq = message.get("seq")
+                    if isinstance(seq, int) and writer in self._watchers:
+                        self._watchers[writer] = max(self._watchers[writer], seq)
+                        self._wake()
+                elif op == "suspect":
                     self.owner.suspect(message.get("pool"), message.get("index"), message.get("generation"))
         finally:
-            self._watchers.discard(writer)
+            self._drop(writer)
 
 
 class PoolFeed:
@@ -99,16 +134,23 @@ class PoolFeed:
         self._clients.on_suspect(self._suspect)
         write_frame(self._writer, {"op": "watch"})
         await self._writer.drain()
-        self._clients.apply(await read_frame(reader))
+        self._apply(await read_frame(reader))
         self._task = asyncio.create_task(self._follow(reader))
 
     async def _follow(self, reader: asyncio.StreamReader) -> None:
         try:
             while True:
-                self._clients.apply(await read_frame(reader))
+                self._apply(await read_frame(reader))
         except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
             # The control process is gone or dropped us; its metrics channel drains this worker.
             log.warning("pool feed lost (%s): routing on the last view", exc)
+
+    def _apply(self, frame: dict[str, Any]) -> None:
+        self._clients.apply(frame)
+        # Routing follows this frame from now on: the control process may stop what it retired.
+        seq = frame.get("seq")
+        if isinstance(seq, int) and self._writer is not None and not self._writer.is_closing():
+            write_frame(self._writer, {"op": "applied", "seq": seq})
 
     def _suspect(self, pool: str, index: int, generation: int) -> None:
         if self._writer is not None and not self._writer.is_closing():
@@ -124,21 +166,31 @@ class PoolFeed:
 
 
 def same_pools(started: GatewayConfig, reloaded: GatewayConfig, source: str) -> GatewayConfig:
-    """``reloaded`` if its ``vllm-pool`` sections are the ones the control process runs; else ConfigError.
+    """``reloaded`` if the control process can serve its shared backends as they are; else ConfigError.
 
-    A worker's SIGHUP reload would otherwise build a new or changed pool inside the worker (N
-    supervisors, vLLM tied to one worker); the control process starts pools only at start-up.
+    A changed ``vllm-pool`` section passes: the control process rolls its vLLM workers
+    (``gateway.workers.sighup``) and each gateway worker's client takes the section in place
+    (routing, guards; keys only a restart applies are refused by ``gateway.reload.restart_needed``).
+    Refused, naming the section: a pool added or removed (the control process starts and stops
+    pools only with the gateway: an added one would need its processes, its in-flight table and
+    a client in every worker, built at start), and a changed multi-server ``vllm`` backend (the
+    worker would build its discovery and probes itself, once per worker).
     """
-    running = {b.name: b for b in started.backends if isinstance(b, VLLMPoolBackendConfig)}
-    problems = [
-        (
-            f"backends[{i}]",
-            f"vllm-pool {b.name!r} is new or changed; with --workers the control process runs the pools "
-            "and starts them only at start-up: restart the gateway to apply it",
-        )
-        for i, b in enumerate(reloaded.backends)
-        if isinstance(b, VLLMPoolBackendConfig) and running.get(b.name) != b
-    ]
+    running = {b.name: b for b in shared_configs(started.backends)}
+    problems = []
+    for i, b in enumerate(reloaded.backends):
+        was = running.pop(b.name, None)
+        if isinstance(was, VLLMPoolBackendConfig) and isinstance(b, VLLMPoolBackendConfig):
+            continue  # rolled by the control process
+        if (was is None and b in shared_configs([b])) or (was is not None and b != was):
+            problems.append((f"backends[{i}]", f"{b.type} backend {b.name!r} is new or changed; {_AT_START}"))
+    for b in running.values():
+        problems.append(("backends", f"{b.type} backend {b.name!r} is removed; {_AT_START}"))
     if problems:
         raise ConfigError(source, problems)
     return reloaded
+
+
+_AT_START = (
+    "with --workers the control process starts its shared backends only at start-up: restart the gateway to apply it"
+)

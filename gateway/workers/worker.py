@@ -99,7 +99,8 @@ def worker_main(args: argparse.Namespace) -> int:
     app = create_app(config, backends=built)
     # SIGHUP (forwarded by the control process) reloads the file in every worker, each taking
     # its share of the caps as at start.
-    # Pool sections stay as the control process started them (gateway.workers.pools.same_pools).
+    # The control process checked the file before forwarding; a changed pool section is taken by
+    # its client here and rolled there; an added or removed one is refused (gateway.workers.pools.same_pools).
     enable_reload(
         app, args.config, adapt=lambda reloaded: split_caps(same_pools(started, reloaded, args.config), args.workers)
     )

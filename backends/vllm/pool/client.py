@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -41,11 +42,12 @@ from backends.vllm.pool.dispatch import DispatchedBackend, Dispatcher
 from backends.vllm.pool.inflight import InFlightTable, SharedEndpoint
 from backends.vllm.pool.pool import endpoint_config, worker_count
 from backends.vllm.pool.remote import server_config
+from backends.vllm.pool.rollout import apply_routing, restart_keys, split_changes
 from backends.vllm.pool.scrape import WorkerLoad
 from backends.vllm.pool.status import PoolStatus
 from schemas.config import VLLMBackendConfig, VLLMPoolBackendConfig
 
-__all__ = ["SharedEndpointsClient", "VLLMEndpointsClient", "VLLMPoolClient"]
+__all__ = ["ClientReport", "SharedEndpointsClient", "VLLMEndpointsClient", "VLLMPoolClient"]
 
 log = logging.getLogger("gateway.pool")
 
@@ -182,8 +184,27 @@ class SharedEndpointsClient(DispatchedBackend):
         )
 
 
+@dataclass
+class ClientReport:
+    """What a gateway worker's client applied of a changed pool section (``backends.base.ReconfigureReport``)."""
+
+    backend: str
+    in_place: list[str]
+    rolled: list[str]
+    ok: bool = True
+
+    def describe(self) -> str:
+        rolled = f"; the control process replaces its vLLM workers for: {', '.join(self.rolled)}" if self.rolled else ""
+        return f"pool {self.backend!r}: routing here follows {', '.join(self.in_place) or 'no key'}{rolled}"
+
+
 class VLLMPoolClient(SharedEndpointsClient):
-    """A ``vllm-pool`` whose vLLM processes the control process runs."""
+    """A ``vllm-pool`` whose vLLM processes the control process runs.
+
+    Reconfigurable (``backends.base``) on a worker's reload: the keys that matter here (routing,
+    and the guards ``gateway.reload`` rebuilds) are taken in place; the vLLM processes of a
+    changed section are the control process's to roll, and this client follows its views.
+    """
 
     kind: ClassVar[str] = "vllm-pool"
 
@@ -191,6 +212,24 @@ class VLLMPoolClient(SharedEndpointsClient):
         super().__init__(config, row=row)
         self.config = config
         self.stop_timeout = config.stop_timeout
+
+    def runs(self, config: object) -> bool:
+        return config == self.config
+
+    def restart_keys(self, config: object) -> list[tuple[str, str]] | None:
+        if not isinstance(config, VLLMPoolBackendConfig) or config.name != self.name:
+            return None
+        return restart_keys(self.config, config)
+
+    async def reconfigure(self, config: object) -> ClientReport:
+        if not isinstance(config, VLLMPoolBackendConfig) or config.name != self.name:
+            raise TypeError(f"pool {self.name!r} cannot take {config!r}")
+        in_place, rolled = split_changes(self.config, config)
+        apply_routing(self.dispatcher, config)
+        self.routing = config.routing
+        # Adapters built from now on (the control process's new vLLM workers) take the new section.
+        self.config, self.stop_timeout = config, config.stop_timeout
+        return ClientReport(self.name, in_place, rolled)
 
     def _server_config(self, url: str, version: str | None) -> VLLMBackendConfig:
         return endpoint_config(self.config, url, version)

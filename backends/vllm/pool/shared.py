@@ -22,11 +22,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from backends.errors import UpstreamConnectError
+from backends.vllm.pool.balancer import Endpoint
 from backends.vllm.pool.client import SharedEndpointsClient, VLLMEndpointsClient, VLLMPoolClient
 from backends.vllm.pool.inflight import InFlightTable
 from backends.vllm.pool.pool import VLLMPoolBackend
@@ -63,8 +64,13 @@ class PoolOwnership:
     def __bool__(self) -> bool:
         return bool(self._configs)
 
-    async def start(self, on_change: Callable[[], None]) -> None:
-        """Spawn the pools' vLLM processes, find the servers (readiness comes later); ``on_change``: each change."""
+    async def start(self, on_change: Callable[[], None], synced: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Spawn the pools' vLLM processes, find the servers (readiness comes later); ``on_change``: each change.
+
+        ``synced``: returns once every gateway worker has applied the current frame. A pool worker
+        that a rollout retires stops only after that and once its column of the table reads zero
+        (the gateway workers' calls, not this process's, are the ones to wait for).
+        """
         for i, config in enumerate(self._configs):
             pool = (
                 VLLMPoolBackend(config) if isinstance(config, VLLMPoolBackendConfig) else VLLMEndpointsBackend(config)
@@ -75,6 +81,9 @@ class PoolOwnership:
             table = InFlightTable(path, self._workers, pool.table_columns(), create=True)
             self._tables[config.name] = pool.in_flight_table = table
             pool.listeners.append(on_change)
+            if isinstance(pool, VLLMPoolBackend):
+                pool.supervisor.in_flight_of = functools.partial(_gateway_in_flight, table)
+                pool.supervisor.drain_barrier = synced
 
     async def close(self) -> None:
         """Stop every vLLM process; returns when none is left."""
@@ -95,6 +104,13 @@ class PoolOwnership:
         endpoint = next((ep for ep in pool.dispatcher.endpoints if ep.index == index), None)
         if endpoint is not None and endpoint.generation == generation:
             pool.suspect(endpoint, UpstreamConnectError("a gateway worker could not connect"))
+
+
+def _gateway_in_flight(table: InFlightTable, endpoint: Endpoint) -> int:
+    """Every gateway worker's calls in flight to ``endpoint``; an endpoint past the table's
+    columns (the pool grew in a rollout) is not counted there: taken as busy, so its retirement
+    waits its full ``stop_timeout`` rather than stopping a server that may still answer."""
+    return table.column(endpoint.index) if endpoint.index < table.cols else 1
 
 
 class PoolClients:

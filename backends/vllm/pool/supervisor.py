@@ -88,6 +88,12 @@ class Supervisor:
         self._scraper: asyncio.Task[None] | None = None
         self._generations = 0  # ready spells of all workers: (index, generation) names one process
         self._changed = asyncio.Event()  # replaced on each state change (see wait_change)
+        # Where a retiring worker's calls in flight are counted. With ``--workers N`` the gateway
+        # workers make the calls, not this process: the control process sets both hooks
+        # (backends.vllm.pool.shared) so that a worker stops only once every gateway worker has
+        # seen it leave routing (``drain_barrier``) and its column of the shared table is zero.
+        self.in_flight_of: Callable[[Endpoint], int] = lambda ep: ep.in_flight
+        self.drain_barrier: Callable[[], Awaitable[None]] | None = None
 
     # --- life cycle ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -314,9 +320,12 @@ class Supervisor:
     async def _drained(self, worker: Worker, within: float) -> None:
         """Wait until no call is in flight on the worker (it takes no new ones), ``within`` s at most."""
         deadline = time.monotonic() + within
+        if self.drain_barrier is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.drain_barrier(), within)
         # Polled: in_flight is a bare counter on the request path, which must not pay for an
         # event per call; this loop runs only while a rollout retires a worker.
-        while worker.endpoint.in_flight and time.monotonic() < deadline:  # noqa: ASYNC110
+        while self.in_flight_of(worker.endpoint) and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(_DRAIN_POLL)
 
     async def _watch(self, worker: Worker, proc: WorkerProcess) -> str:
