@@ -183,7 +183,8 @@ def same_pools(started: GatewayConfig, reloaded: GatewayConfig, source: str) -> 
         if isinstance(was, VLLMPoolBackendConfig) and isinstance(b, VLLMPoolBackendConfig):
             continue  # rolled by the control process
         if (was is None and b in shared_configs([b])) or (was is not None and b != was):
-            problems.append((f"backends[{i}]", f"{b.type} backend {b.name!r} is new or changed; {_AT_START}"))
+            what = "new" if was is None else "changed"
+            problems.append((f"backends[{i}]", f"{b.type} backend {b.name!r} is {what}; {_AT_START}"))
     for b in running.values():
         problems.append(("backends", f"{b.type} backend {b.name!r} is removed; {_AT_START}"))
     if problems:

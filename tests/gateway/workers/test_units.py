@@ -235,10 +235,11 @@ def test_k8s_sizes_workers_from_the_pods_cpu_request() -> None:
 
 
 # --- reload with pools -------------------------------------------------------------------------
-async def test_a_worker_refuses_a_reload_that_adds_or_changes_a_pool(
+async def test_a_worker_refuses_a_reload_that_adds_a_pool(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A worker's SIGHUP would build the pool inside the worker: refused, naming it, old config serving."""
+    """A worker's SIGHUP would build the pool inside the worker: refused, naming it, old config serving
+    (a changed pool section is taken: tests/gateway/workers/test_control_reload.py)."""
     from gateway.app import create_app
     from gateway.configfile import load_config
     from gateway.reload import enable_reload
@@ -257,7 +258,7 @@ async def test_a_worker_refuses_a_reload_that_adds_or_changes_a_pool(
     caplog.set_level(logging.ERROR, logger="gateway.reload")
     assert not await reloader.reload()
     errors = "\n".join(r.getMessage() for r in caplog.records)
-    assert "backends[1]: vllm-pool 'p' is new or changed" in errors and "restart the gateway" in errors
+    assert "backends[1]: vllm-pool backend 'p' is new" in errors and "restart the gateway" in errors
     assert set(app[STATE].backends) == {"b"}
     path.write_text(base + "  - {name: c, type: mock}\n" + models)  # anything else still reloads
     assert await reloader.reload()
