@@ -12,7 +12,9 @@ This module is the channel between the two ends. A worker opens a second connect
 control socket with ``{"op": "watch"}`` (:class:`PoolFeed`); the control process
 (:class:`PoolWatchers`) answers with the pools' frame at once and again after every change
 (a state change, each metrics scrape); the worker sends ``{"op": "suspect", ...}`` back when a
-call could not connect. Why this channel rather than the status file or shared memory: the
+call could not connect, and ``{"op": "applied", "seq": n}`` after applying frame ``n`` (frames
+are numbered), so a rollout stops a vLLM worker only once every gateway worker routes without
+it (:meth:`PoolWatchers.synced`). Why this channel rather than the status file or shared memory: the
 views are small, change at most once per scrape interval, and must arrive at once when a vLLM
 worker becomes ready or goes away (polling a file trades latency for wake-ups). The one figure
 that changes per request, calls in flight, has its shared-memory table instead

@@ -194,8 +194,10 @@ class ClientReport:
     ok: bool = True
 
     def describe(self) -> str:
-        rolled = f"; the control process replaces its vLLM workers for: {', '.join(self.rolled)}" if self.rolled else ""
-        return f"pool {self.backend!r}: routing here follows {', '.join(self.in_place) or 'no key'}{rolled}"
+        return (
+            f"pool {self.backend!r}: applied here: {', '.join(self.in_place) or '-'}; "
+            f"new vLLM workers from the control process for: {', '.join(self.rolled) or '-'}"
+        )
 
 
 class VLLMPoolClient(SharedEndpointsClient):

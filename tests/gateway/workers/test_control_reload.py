@@ -107,7 +107,9 @@ async def test_a_gateway_worker_takes_a_changed_pool_section_in_place(
     assert app[STATE].backends["p"] is client and client.config.vllm_args == ["--x"]
     assert client.dispatcher.balancer.routing.strategy == "least-load"
     infos = [r.getMessage() for r in caplog.records]
-    assert any("the control process replaces its vLLM workers for: vllm_args" in m for m in infos), infos
+    assert any("applied here: routing; new vLLM workers from the control process for: vllm_args" in m for m in infos), (
+        infos
+    )
 
     # A key only a restart applies: refused by name, as in a single gateway.
     path.write_text(_pool(tmp_path, routing="{strategy: least-load}", vllm_args="[--x]", timeout="{total: 5}") + MODELS)

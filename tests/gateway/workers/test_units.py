@@ -235,9 +235,7 @@ def test_k8s_sizes_workers_from_the_pods_cpu_request() -> None:
 
 
 # --- reload with pools -------------------------------------------------------------------------
-async def test_a_worker_refuses_a_reload_that_adds_a_pool(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+async def test_a_worker_refuses_a_reload_that_adds_a_pool(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A worker's SIGHUP would build the pool inside the worker: refused, naming it, old config serving
     (a changed pool section is taken: tests/gateway/workers/test_control_reload.py)."""
     from gateway.app import create_app
