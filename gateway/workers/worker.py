@@ -21,9 +21,10 @@ from collections.abc import Callable
 
 from backends.registry import build_worker_backends
 from gateway.configfile import ConfigError, load_config
-from gateway.workers.caps import split_caps
+from gateway.workers.caps import overshoots, split_caps
 from gateway.workers.channel import ControlClient
 from gateway.workers.pools import PoolFeed, same_pools
+from schemas.config import GatewayConfig
 
 __all__ = ["add_worker_parser", "worker_main"]
 
@@ -78,7 +79,9 @@ def worker_main(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         return 1
     started = config
-    config = split_caps(config, args.workers)
+    for cap in overshoots(config, args.workers) if index == 0 else ():
+        log.warning("%s is below --workers %d: each worker gets 1, so up to %d run at once", cap, *[args.workers] * 2)
+    config = split_caps(config, args.workers, index)
     sock = socket.socket(fileno=args.fd)
     loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop
     try:
@@ -97,13 +100,15 @@ def worker_main(args: argparse.Namespace) -> int:
     # vllm-pool backends: the control process runs them; this worker routes over their endpoints.
     built, pools = build_worker_backends(config.backends, index)
     app = create_app(config, backends=built)
+
     # SIGHUP (forwarded by the control process) reloads the file in every worker, each taking
     # its share of the caps as at start.
     # The control process checked the file before forwarding; a changed pool section is taken by
     # its client here and rolled there; an added or removed one is refused (gateway.workers.pools.same_pools).
-    enable_reload(
-        app, args.config, adapt=lambda reloaded: split_caps(same_pools(started, reloaded, args.config), args.workers)
-    )
+    def adapt(reloaded: GatewayConfig) -> GatewayConfig:
+        return split_caps(same_pools(started, reloaded, args.config), args.workers, index)
+
+    enable_reload(app, args.config, adapt=adapt)
     metrics = app[STATE].metrics
     server = config.server
 

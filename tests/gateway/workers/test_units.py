@@ -10,7 +10,7 @@ import pytest
 
 from gateway.flow import router
 from gateway.metrics import GatewayMetrics
-from gateway.workers.caps import split_caps
+from gateway.workers.caps import overshoots, split_caps
 from gateway.workers.cpus import available_cpus, cgroup_cpu_limit
 from gateway.workers.merge import MetricsMerger, snapshot
 from schemas.config import GatewayConfig, worker_problems
@@ -62,14 +62,27 @@ def test_auto_is_the_affinity_mask_capped_by_the_quota(monkeypatch: pytest.Monke
 
 
 # --- caps and config ---------------------------------------------------------------------------
-def test_caps_split_ceil_per_worker_and_unchanged_for_one() -> None:
+def test_caps_split_so_the_shares_add_up_to_the_limit_and_unchanged_for_one() -> None:
     config = _config()
     assert split_caps(config, 1) is config
-    split = split_caps(config, 2)
-    assert split.server.admission.max_in_flight == 5  # ceil(9/2)
-    assert split.server.admission.queue_size == 3
-    assert split.backends[0].max_concurrency == 2  # type: ignore[union-attr]
+    first, second = split_caps(config, 2, 0), split_caps(config, 2, 1)
+    assert (first.server.admission.max_in_flight, second.server.admission.max_in_flight) == (5, 4)  # 9 = 5 + 4
+    assert first.server.admission.queue_size + second.server.admission.queue_size == config.server.admission.queue_size
+    assert first.backends[0].max_concurrency + second.backends[0].max_concurrency == 3  # type: ignore[union-attr,operator]
     assert config.server.admission.max_in_flight == 9  # the original is untouched
+    for n in (2, 3, 4, 7):
+        shares = [split_caps(config, n, k) for k in range(n)]
+        assert sum(s.server.admission.max_in_flight for s in shares) == 9
+        assert sum(s.server.admission.queue_size for s in shares) == config.server.admission.queue_size
+    assert overshoots(config, 2) == []
+
+
+def test_a_cap_below_the_worker_count_gives_each_worker_one_and_is_named() -> None:
+    config = _config()  # max_concurrency 3
+    shares = [split_caps(config, 4, k).backends[0].max_concurrency for k in range(4)]  # type: ignore[union-attr]
+    assert shares == [1, 1, 1, 1]  # a share of 0 could never serve
+    assert overshoots(config, 4) == ["backends[0].max_concurrency (3)"]
+    assert overshoots(config, 10) == ["server.admission.max_in_flight (9)", "backends[0].max_concurrency (3)"]
 
 
 def test_per_key_limits_with_workers_need_redis_naming_the_keys() -> None:
