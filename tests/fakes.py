@@ -281,8 +281,9 @@ class FakeUpstream:
 
     # --- lifecycle ------------------------------------------------------------------
     async def start(self) -> str:
-        app = web.Application()
+        app = web.Application(client_max_size=64 * 1024 * 1024)  # as large as any gateway request body
         app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._completions)  # chat shapes when the body has messages
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
@@ -338,6 +339,18 @@ class FakeUpstream:
 
     def completion(self, body: dict[str, Any], *, text: str = " hello world") -> dict[str, Any]:
         n = int(body.get("n") or 1)
+        if "messages" in body:  # a chat request: OpenAI's chat answer with the same text
+            message = {"role": "assistant", "content": text}
+            return {
+                "id": "chatcmpl-fake",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body.get("model"),
+                "choices": [
+                    {"index": i, "message": message, "logprobs": None, "finish_reason": "length"} for i in range(n)
+                ],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 2 * n, "total_tokens": 3 + 2 * n},
+            }
         return {
             "id": "cmpl-fake",
             "object": "text_completion",
@@ -348,6 +361,17 @@ class FakeUpstream:
         }
 
     def chunk(self, body: dict[str, Any], text: str, finish: str | None = None) -> bytes:
+        if "messages" in body:  # a chat stream chunk with the same text
+            delta = {"role": "assistant", "content": text}
+            chat = {
+                "id": "chatcmpl-fake",
+                "object": "chat.completion.chunk",
+                "created": 1,
+                "model": body.get("model"),
+                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+                "usage": None,
+            }
+            return b"data: " + self._dumps(chat) + b"\n\n"
         obj = {
             "id": "cmpl-fake",
             "object": "text_completion",
