@@ -453,16 +453,19 @@ class FakeUpstream:
             except ConnectionResetError:
                 return resp
         step = behaviour.events or len(data) or 1
-        for at in range(0, len(data), step):
-            await resp.write(data[at : at + step])
-        await resp.write_eof()
+        try:
+            for at in range(0, len(data), step):
+                await resp.write(data[at : at + step])
+            await resp.write_eof()
+        except ConnectionResetError:  # the gateway hung up (a body over its caps): as a real upstream sees it
+            pass
         return resp
 
     async def _stream(self, request: web.Request, body: dict[str, Any], behaviour: Behaviour) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         self.open_streams += 1
-        tokens = int(body.get("max_tokens") or 16)
+        tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)  # chat sends the latter
         try:
             for i in range(tokens):
                 if behaviour.kind in ("cut", "stall_mid", "error_event", "garbage_event") and i == behaviour.events:

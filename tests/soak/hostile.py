@@ -30,7 +30,7 @@ import orjson
 
 from tests.fakes import Behaviour
 
-__all__ = ["CHAT_MODES", "MODES", "Probe", "gzip_bomb", "probes", "send_probe", "upstream_chooser"]
+__all__ = ["CHAT_MODES", "MODES", "Probe", "chat_probes", "gzip_bomb", "probes", "send_probe", "upstream_chooser"]
 
 BIG = 2**70  # far past int64 and uint64
 
@@ -227,10 +227,12 @@ class Probe:
     leave_after_first_read: bool = False  # a stream client that walks away
 
 
-def _post(headers: bytes, body: bytes, *, length: int | None = None) -> bytes:
+def _post(headers: bytes, body: bytes, *, length: int | None = None, path: bytes = b"/v1/completions") -> bytes:
     size = len(body) if length is None else length
     return (
-        b"POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+        b"POST "
+        + path
+        + b" HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
         + headers
         + (b"Content-Length: %d\r\n" % size)
     )
@@ -267,6 +269,33 @@ def probes(key: str) -> list[Probe]:
               leave_after_first_read=True),
     ]  # fmt: skip
     found += [Probe(f"int-2^64-{i}", _post(auth + b"\r\n" + close, body), body) for i, body in enumerate(huge)]
+    found += chat_probes(auth + b"\r\n" + close, auth + b"\r\n")
+    return found
+
+
+def chat_probes(head: bytes, keep_alive: bytes) -> list[Probe]:
+    """Chat requests a client can send at will: integers of 2^64 in chat fields and schemas, 10,000-deep
+    tool parameters, unknown keys inside messages, a 2 MB content string, a tool-call stream left midway."""
+    chat = b"/v1/chat/completions"
+    msgs = b'"messages": [{"role": "user", "content": "x"}]'
+    tool = b'"tools": [{"type": "function", "function": {"name": "f", "parameters": %s}}]'
+    bodies = {
+        "chat-int-2^64-max_completion_tokens": b'{"model": "fine", %s, "max_completion_tokens": %d}' % (msgs, 2**64),
+        "chat-int-2^64-top_logprobs": b'{"model": "fine", %s, "logprobs": true, "top_logprobs": %d}' % (msgs, 2**64),
+        "chat-int-2^64-tool-params": b'{"model": "fine", %s, %s}' % (msgs, tool % (b'{"maximum": %d}' % 2**64)),
+        "chat-int-2^64-json_schema": b'{"model": "fine", %s, "response_format": {"type": "json_schema", '
+        b'"json_schema": {"name": "s", "schema": {"minimum": -%d}}}}' % (msgs, 2**64),
+        "chat-deep-tool-params": b'{"model": "fine", %s, %s}' % (msgs, tool % (b"[" * 10_000 + b"]" * 10_000)),
+        "chat-unknown-in-message": b'{"model": "fine", "messages": [{"role": "user", "content": "x", "foo": 1}]}',
+    }
+    found = [Probe(name, _post(head, body, path=chat), body) for name, body in bodies.items()]
+    long = b'{"model": "fine", "messages": [{"role": "user", "content": "%s"}], "max_tokens": 4}' % (b"a" * 60_000)
+    stream = b'{"model": "fine", %s, "max_tokens": 64, "stream": true, %s}' % (msgs, tool % b'{"type": "object"}')
+    found += [
+        Probe("chat-long-content", _post(head, long, path=chat), long, frozenset({200})),
+        Probe("chat-leaves-mid-stream", _post(keep_alive, stream, path=chat), stream, frozenset({200}),
+              leave_after_first_read=True),
+    ]  # fmt: skip
     return found
 
 
