@@ -156,6 +156,9 @@ async def test_unknown_keys_and_wrong_content_are_refused_by_name(
     status, raw = await post(gateway.url, body)
     assert status == 400, raw
     assert error(raw)["param"] == param
+    if param.endswith(".foo"):  # an unknown key, wherever it is: refused as the top-level ones are
+        assert error(raw)["code"] == "unknown_parameter"
+        assert error(raw)["message"] == f"Unrecognized request argument supplied: {param}"
 
 
 @pytest.mark.parametrize(
