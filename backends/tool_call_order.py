@@ -23,12 +23,12 @@ Cost: the request path wraps only streams whose request offers ``tools``
 Inside, a read without ``"tool_calls"`` while no call is open is passed on after one
 ``bytes`` search; only events of a stream with calls open are parsed.
 
-Bounds: what is held is bounded by ``limits.max_event_bytes`` (the held calls may leave in one
-event), counted over the whole stream: each held fragment's JSON size, plus a fixed charge per
-call index and per choice index tracked (an upstream that opens 100,000 calls, or streams one
-call's arguments forever while the call before never closes, would otherwise grow a buffer
-without end). Past it the stream fails with :class:`~backends.errors.UpstreamTooLargeError`,
-which the client sees as an error event, like an upstream event over the same limit.
+Bounds: what is held is bounded by ``limits.max_response_bytes`` (held calls are what a whole
+answer would carry; the native backends bound their calls by the same limit), counted over the
+stream: each held fragment's JSON size, plus a fixed charge per call index and per choice index
+tracked (an upstream that opens 100,000 calls, or streams one call's arguments forever while the
+call before never closes, would otherwise grow a buffer without end). Past it the stream fails
+with :class:`~backends.errors.UpstreamTooLargeError`, which the client sees as an error event.
 A call ``index`` must be an integer (not a bool); others pass as they came, never reordered.
 
 The wrapped stream's contract (:class:`~backends.base.CompletionStream`) is kept: whole
@@ -48,7 +48,7 @@ __all__ = ["MAX_HELD_BYTES", "SequentialToolCalls"]
 
 _TOOL_CALLS = b'"tool_calls"'  # JSON structure only: inside generated text the quotes are escaped
 _KEEP_FIRST = frozenset({"index", "id", "type"})  # a call's identity, never concatenated
-MAX_HELD_BYTES = 8 * 1024 * 1024  # limits.max_event_bytes' default
+MAX_HELD_BYTES = 64 * 1024 * 1024  # limits.max_response_bytes' default
 _TRACKED = 64  # bytes charged per call or choice index tracked (its entry in a dict or set)
 
 
@@ -65,7 +65,7 @@ class _Budget:
         if self.used > self.limit:
             raise UpstreamTooLargeError(
                 f"the upstream stream's held tool calls are larger than {self.limit} bytes "
-                "(limits.max_event_bytes): a call streamed while an earlier one never closed",
+                "(limits.max_response_bytes): a call streamed while an earlier one never closed",
                 backend=self.backend,
             )
 
@@ -144,7 +144,8 @@ class _Choice:
 
     __slots__ = ("arguments", "budget", "done", "held", "live", "sizes")
 
-    def __init__(self, budget: _Budget) -> None:
+    def __init__(self, budget: _Budget | None = None) -> None:
+        budget = budget or _Budget(MAX_HELD_BYTES, "")
         budget.charge(_TRACKED)
         self.budget = budget
         self.sizes: dict[int, int] = {}  # bytes charged per held call, given back when it leaves

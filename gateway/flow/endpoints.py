@@ -55,9 +55,9 @@ def _chat_stream(backend: Backend, call: ChatCall) -> Awaitable[CompletionStream
 async def _sequential(backend: Backend, call: ChatCall) -> CompletionStream:
     """Every backend's chat stream with tool calls, re-emitted one call after another (as OpenAI's)."""
     inner = await backend.chat_stream(call)
-    # Held calls are bounded like one upstream event: by the backend's limits.max_event_bytes.
+    # Held calls are bounded like a whole answer: by the backend's limits.max_response_bytes.
     limits = getattr(getattr(backend, "config", None), "limits", None)
-    max_held = getattr(limits, "max_event_bytes", MAX_HELD_BYTES)
+    max_held = getattr(limits, "max_response_bytes", MAX_HELD_BYTES)
     return SequentialToolCalls(inner, max_held=max_held, backend=backend.name)
 
 

@@ -261,7 +261,7 @@ EXPECTED: dict[str, tuple[int, int | str]] = {
     "tool_flood": (502, "error"),
     "tool_index_huge": (502, "ok"),
     "tool_index_neg": (502, "ok"),
-    "tool_indexes": (502, "error"),
+    "tool_indexes": (502, "ok"),  # held, about 10 MB, under the default 64 MiB bound (tight: see below)
     "tool_no_id": (502, "ok"),
 }
 SLOW = {"stall", "endless_events"}  # bounded by timeouts or by the client: the fault run has them
@@ -323,14 +323,14 @@ async def test_a_call_streamed_forever_behind_an_open_call_ends_in_an_error_even
     assert status == 200
     events = check_stream(raw)
     assert events[-1]["error"]["code"] == "upstream_response_too_large"
-    assert "max_event_bytes" in events[-1]["error"]["message"]
+    assert "max_response_bytes" in events[-1]["error"]["message"]
     await eventually(lambda: wild.upstream.active == 0)  # the endless upstream was hung up on
 
 
 async def test_100000_tool_call_indexes_are_bounded(make_gateway: MakeGateway, fake_upstream: FakeUpstream) -> None:
     gw = await make_gateway(
         extra_backends=f"  - name: tight\n    type: openai\n    base_url: {fake_upstream.url}\n"
-        "    limits: {max_event_bytes: 1048576}\n",
+        "    limits: {max_response_bytes: 1048576}\n",
         extra_models="  - name: tight-model\n    routes: [{backend: tight, model: t}]\n",
     )
     fake_upstream.default = upstream_chooser(UPSTREAM_KEY, b"")
@@ -370,7 +370,7 @@ async def test_held_fragments_past_the_bound_fail_the_stream() -> None:
     blocks = [fragment(0, 0, '{"a": ', first=True), fragment(0, 1, "", first=True)]
     blocks += [fragment(0, 1, "x" * 1000, first=False)] * 10
     stream = SequentialToolCalls(Blocks(blocks), max_held=4096, backend="up")
-    with pytest.raises(UpstreamTooLargeError, match="max_event_bytes"):
+    with pytest.raises(UpstreamTooLargeError, match="max_response_bytes"):
         async for _ in stream:
             pass
     assert stream._budget.used <= 4096 + 1100  # the fragment over the bound was never kept
