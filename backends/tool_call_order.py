@@ -23,6 +23,14 @@ Cost: the request path wraps only streams whose request offers ``tools``
 Inside, a read without ``"tool_calls"`` while no call is open is passed on after one
 ``bytes`` search; only events of a stream with calls open are parsed.
 
+Bounds: what is held is bounded by ``limits.max_response_bytes`` (held calls are what a whole
+answer would carry; the native backends bound their calls by the same limit), counted over the
+stream: each held fragment's JSON size, plus a fixed charge per call index and per choice index
+tracked (an upstream that opens 100,000 calls, or streams one call's arguments forever while the
+call before never closes, would otherwise grow a buffer without end). Past it the stream fails
+with :class:`~backends.errors.UpstreamTooLargeError`, which the client sees as an error event.
+A call ``index`` must be an integer (not a bool); others pass as they came, never reordered.
+
 The wrapped stream's contract (:class:`~backends.base.CompletionStream`) is kept: whole
 events, ``finished``/``usage`` copied from the inner stream after each read, ``aclose()`` closes it.
 """
@@ -34,11 +42,32 @@ from typing import Any
 import orjson
 
 from backends.base import CompletionStream
+from backends.errors import UpstreamTooLargeError
 
-__all__ = ["SequentialToolCalls"]
+__all__ = ["MAX_HELD_BYTES", "SequentialToolCalls"]
 
 _TOOL_CALLS = b'"tool_calls"'  # JSON structure only: inside generated text the quotes are escaped
 _KEEP_FIRST = frozenset({"index", "id", "type"})  # a call's identity, never concatenated
+MAX_HELD_BYTES = 64 * 1024 * 1024  # limits.max_response_bytes' default
+_TRACKED = 64  # bytes charged per call or choice index tracked (its entry in a dict or set)
+
+
+class _Budget:
+    """What one stream holds, in bytes, against its cap (the module docstring's Bounds)."""
+
+    __slots__ = ("backend", "limit", "used")
+
+    def __init__(self, limit: int, backend: str) -> None:
+        self.limit, self.backend, self.used = limit, backend, 0
+
+    def charge(self, size: int) -> None:
+        self.used += size
+        if self.used > self.limit:
+            raise UpstreamTooLargeError(
+                f"the upstream stream's held tool calls are larger than {self.limit} bytes "
+                "(limits.max_response_bytes): a call streamed while an earlier one never closed",
+                backend=self.backend,
+            )
 
 
 class _Arguments:
@@ -113,9 +142,13 @@ def _joined(merged: dict[str, Any]) -> dict[str, Any]:
 class _Choice:
     """One choice's calls: the live one, the held ones (merged) and the ones already done."""
 
-    __slots__ = ("arguments", "done", "held", "live")
+    __slots__ = ("arguments", "budget", "done", "held", "live", "sizes")
 
-    def __init__(self) -> None:
+    def __init__(self, budget: _Budget | None = None) -> None:
+        budget = budget or _Budget(MAX_HELD_BYTES, "")
+        budget.charge(_TRACKED)
+        self.budget = budget
+        self.sizes: dict[int, int] = {}  # bytes charged per held call, given back when it leaves
         self.live: int | None = None
         self.arguments = _Arguments()
         self.held: dict[int, dict[str, Any]] = {}
@@ -126,10 +159,11 @@ class _Choice:
         out: list[Any] = []
         for fragment in fragments:
             index = fragment.get("index") if isinstance(fragment, dict) else None
-            if not isinstance(index, int):
+            if not isinstance(index, int) or isinstance(index, bool):
                 out.append(fragment)  # not a call fragment we can place: as it came
                 continue
             if self.live is None and index not in self.done:
+                self.budget.charge(_TRACKED)  # it joins ``done`` when it closes
                 self.live, self.arguments = index, _Arguments()
             if index == self.live:
                 out.append(fragment)
@@ -138,6 +172,9 @@ class _Choice:
             elif index in self.done:
                 out.append(fragment)  # late bytes of a closed call (trailing space): never dropped
             else:
+                size = len(orjson.dumps(fragment)) + (0 if index in self.held else _TRACKED)
+                self.budget.charge(size)  # before it is held: over the cap, nothing more is kept
+                self.sizes[index] = self.sizes.get(index, 0) + size
                 held = self.held.get(index)
                 if held is None:
                     self.held[index] = _copy(fragment)
@@ -155,13 +192,16 @@ class _Choice:
                 return
             index = min(self.held)
             merged = _joined(self.held.pop(index))
+            self.budget.used -= self.sizes.pop(index, 0) - _TRACKED  # it stays tracked, in ``done`` later
             out.append(merged)
             self.live, self.arguments = index, _Arguments()
             if not self.arguments.feed(_arguments_of(merged)):
                 return
 
     def release(self) -> list[dict[str, Any]]:
-        """Every held call, merged, in index order (the choice is finishing)."""
+        """Every held call, merged, in index order (the choice is finishing: its charge is given back)."""
+        self.budget.used -= sum(self.sizes.values()) + _TRACKED * (len(self.done) + (self.live is not None) + 1)
+        self.sizes.clear()
         return [_joined(self.held[index]) for index in sorted(self.held)]
 
 
@@ -174,8 +214,9 @@ def _copy(fragment: dict[str, Any]) -> dict[str, Any]:
 class SequentialToolCalls(CompletionStream):
     """A chat stream with each choice's tool calls re-emitted one after another (module docstring)."""
 
-    def __init__(self, inner: CompletionStream) -> None:
+    def __init__(self, inner: CompletionStream, *, max_held: int = MAX_HELD_BYTES, backend: str = "") -> None:
         self._inner = inner
+        self._budget = _Budget(max_held, backend)
         self._choices: dict[Any, _Choice] = {}  # by choice index, while it has calls and no finish yet
         self._envelope: dict[str, Any] | None = None  # the last parsed chunk, for a release at the end
         self._ended = False
@@ -242,7 +283,7 @@ class SequentialToolCalls(CompletionStream):
             state = self._choices.get(index)
             if isinstance(fragments, list) and fragments:
                 if state is None:
-                    state = self._choices[index] = _Choice()
+                    state = self._choices[index] = _Choice(self._budget)
                 now = state.take(fragments)
                 if len(now) != len(fragments) or any(a is not b for a, b in zip(now, fragments, strict=True)):
                     changed = True

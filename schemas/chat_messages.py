@@ -52,6 +52,10 @@ __all__ = [
 # A tool or json_schema name: OpenAI's own rule (a-z, A-Z, 0-9, underscores and dashes, at most 64).
 Name = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
 NonEmpty = Annotated[str, Field(min_length=1)]
+# A participant's name: no control characters (NUL, newlines, ...). Templates render it into the
+# prompt next to role markers, where a newline could start a turn of its own; OpenAI refuses even
+# whitespace in it.
+ParticipantName = Annotated[str, Field(pattern=r"^[^\x00-\x1f\x7f]*$")]
 
 
 class _Strict(BaseModel):
@@ -145,19 +149,19 @@ class AudioRef(_Strict):
 class SystemMessage(_Strict):
     role: Literal["system"]
     content: str | TextParts
-    name: str | None = None
+    name: ParticipantName | None = None
 
 
 class DeveloperMessage(_Strict):
     role: Literal["developer"]
     content: str | TextParts
-    name: str | None = None
+    name: ParticipantName | None = None
 
 
 class UserMessage(_Strict):
     role: Literal["user"]
     content: str | Annotated[list[ContentPart], Field(min_length=1)]
-    name: str | None = None
+    name: ParticipantName | None = None
 
 
 class AssistantMessage(_Strict):
@@ -167,7 +171,7 @@ class AssistantMessage(_Strict):
     role: Literal["assistant"]
     content: str | Annotated[list[AssistantPart], Field(min_length=1)] | None = None
     refusal: str | None = None
-    name: str | None = None
+    name: ParticipantName | None = None
     audio: AudioRef | None = None
     tool_calls: Annotated[list[ToolCall], Field(min_length=1)] | None = None
     function_call: FunctionCall | None = None  # deprecated by OpenAI, still accepted

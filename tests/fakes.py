@@ -281,8 +281,9 @@ class FakeUpstream:
 
     # --- lifecycle ------------------------------------------------------------------
     async def start(self) -> str:
-        app = web.Application()
+        app = web.Application(client_max_size=64 * 1024 * 1024)  # as large as any gateway request body
         app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._completions)  # chat shapes when the body has messages
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
@@ -338,6 +339,18 @@ class FakeUpstream:
 
     def completion(self, body: dict[str, Any], *, text: str = " hello world") -> dict[str, Any]:
         n = int(body.get("n") or 1)
+        if "messages" in body:  # a chat request: OpenAI's chat answer with the same text
+            message = {"role": "assistant", "content": text}
+            return {
+                "id": "chatcmpl-fake",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body.get("model"),
+                "choices": [
+                    {"index": i, "message": message, "logprobs": None, "finish_reason": "length"} for i in range(n)
+                ],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 2 * n, "total_tokens": 3 + 2 * n},
+            }
         return {
             "id": "cmpl-fake",
             "object": "text_completion",
@@ -348,6 +361,17 @@ class FakeUpstream:
         }
 
     def chunk(self, body: dict[str, Any], text: str, finish: str | None = None) -> bytes:
+        if "messages" in body:  # a chat stream chunk with the same text
+            delta = {"role": "assistant", "content": text}
+            chat = {
+                "id": "chatcmpl-fake",
+                "object": "chat.completion.chunk",
+                "created": 1,
+                "model": body.get("model"),
+                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+                "usage": None,
+            }
+            return b"data: " + self._dumps(chat) + b"\n\n"
         obj = {
             "id": "cmpl-fake",
             "object": "text_completion",
@@ -429,16 +453,19 @@ class FakeUpstream:
             except ConnectionResetError:
                 return resp
         step = behaviour.events or len(data) or 1
-        for at in range(0, len(data), step):
-            await resp.write(data[at : at + step])
-        await resp.write_eof()
+        try:
+            for at in range(0, len(data), step):
+                await resp.write(data[at : at + step])
+            await resp.write_eof()
+        except ConnectionResetError:  # the gateway hung up (a body over its caps): as a real upstream sees it
+            pass
         return resp
 
     async def _stream(self, request: web.Request, body: dict[str, Any], behaviour: Behaviour) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         self.open_streams += 1
-        tokens = int(body.get("max_tokens") or 16)
+        tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)  # chat sends the latter
         try:
             for i in range(tokens):
                 if behaviour.kind in ("cut", "stall_mid", "error_event", "garbage_event") and i == behaviour.events:

@@ -16,7 +16,7 @@ from types import MappingProxyType
 from typing import Any
 
 from backends.base import Backend, Call, ChatCall, CompletionResult, CompletionStream, UpstreamCall
-from backends.tool_call_order import SequentialToolCalls
+from backends.tool_call_order import MAX_HELD_BYTES, SequentialToolCalls
 from gateway.served import ServedRequest
 from schemas.endpoints import ENDPOINT_PATHS, Endpoint
 from schemas.errors import UnsupportedParameterError
@@ -54,7 +54,11 @@ def _chat_stream(backend: Backend, call: ChatCall) -> Awaitable[CompletionStream
 
 async def _sequential(backend: Backend, call: ChatCall) -> CompletionStream:
     """Every backend's chat stream with tool calls, re-emitted one call after another (as OpenAI's)."""
-    return SequentialToolCalls(await backend.chat_stream(call))
+    inner = await backend.chat_stream(call)
+    # Held calls are bounded like a whole answer: by the backend's limits.max_response_bytes.
+    limits = getattr(getattr(backend, "config", None), "limits", None)
+    max_held = getattr(limits, "max_response_bytes", MAX_HELD_BYTES)
+    return SequentialToolCalls(inner, max_held=max_held, backend=backend.name)
 
 
 @dataclass(frozen=True, slots=True)

@@ -121,6 +121,10 @@ def _to_client_error(exc: ValidationError, body: bytes, param_of: _Params) -> In
     if len(errors[deepest]["loc"]) > len(loc) and params[deepest] != param:
         first, param = dict(errors[deepest]), params[deepest]
         loc = tuple(first["loc"])
+        if first["type"] == "extra_forbidden":  # an unknown key inside a content part, say
+            return InvalidRequestError(
+                f"Unrecognized request argument supplied: {param}", param=param, code="unknown_parameter"
+            )
     leaf = (param or "").rsplit(".", 1)[-1].split("[", 1)[0]
     if leaf in _SHAPES and params.count(param) > 1:
         return InvalidRequestError(f"Invalid value for '{param}': expected {_SHAPES[leaf]}.", param=param)

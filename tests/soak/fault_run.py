@@ -10,6 +10,9 @@ metrics key, the audit log) fronts one ``tests.fakes.FakeUpstream`` through two 
 read-then-close, the upstream key echoed in error bodies, integers past 2^64, ...). Workers,
 each on one keep-alive connection, send a mix of both for ``FAULT_RUN_SECONDS``; beside them,
 hostile clients (one per probe of ``tests.soak.hostile.probes``) send theirs on their own connections.
+About a third of the workers' requests are chat (``/v1/chat/completions``, half of them offering
+tools), meeting the same modes in chat shapes plus the chat-only ones (tool-call floods, an error
+event, a malformed chunk, ...); the hostile clients send chat probes too.
 Then SIGTERM, with the load still running through the drain.
 
 It fails (exit status 1, or the test ``tests/gateway/test_fault_run.py``) on any of:
@@ -40,13 +43,14 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import orjson
 
 from tests.conftest import free_port
 from tests.fakes import FakeUpstream
-from tests.soak.hostile import MODES, Probe, gzip_bomb, probes, send_probe, upstream_chooser
+from tests.soak.hostile import CHAT_MODES, MODES, Probe, gzip_bomb, probes, send_probe, upstream_chooser
 
 __all__ = ["FaultReport", "run_fault"]
 
@@ -57,6 +61,7 @@ METRICS_KEY = "sk-fr-metrics-9a8b7c6d5e4f3021cc"
 SECRETS = (GATEWAY_KEY, UPSTREAM_KEY, METRICS_KEY)
 DRAIN_DELAY = 1.0
 CLEAN = {200, 400, 401, 403, 408, 413, 415, 429, 502, 503, 504}
+CHAT_TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 
 CONFIG = """
 server: {{host: 127.0.0.1, port: {port}, drain_timeout: 10, drain_delay: {delay}, audit_log: true,
@@ -136,7 +141,16 @@ def _status_mb(pid: int, field_name: str) -> float:
     return 0.0
 
 
-def check_answer(model: str, mode: str, stream: bool, status: int, raw: bytes, headers: str) -> str | None:
+def _text(choice: dict[str, Any], chat: bool) -> str:
+    if not chat:
+        return str(choice["text"])
+    part = choice.get("message") or choice.get("delta") or {}
+    return str(part.get("content") or "")
+
+
+def check_answer(
+    model: str, mode: str, stream: bool, status: int, raw: bytes, headers: str, chat: bool = False
+) -> str | None:
     """What is wrong with one answer, or None."""
     if leaked(raw) or leaked(headers.encode()):
         return f"secret in the answer: {raw[:200]!r}"
@@ -150,7 +164,7 @@ def check_answer(model: str, mode: str, stream: bool, status: int, raw: bytes, h
             if not isinstance(obj.get("error"), dict) or set(obj["error"]) != {"message", "type", "param", "code"}:
                 return f"status {status} without the envelope: {raw[:200]!r}"
             return None if model == "wild" else f"fine request refused: {status} {raw[:200]!r}"
-        if model == "fine" and [c["text"] for c in obj["choices"]] != [" hello world"]:
+        if model == "fine" and [_text(c, chat) for c in obj["choices"]] != [" hello world"]:
             return f"fine answer altered: {raw[:200]!r}"
         return None
     if not raw.endswith(b"data: [DONE]\n\n") or raw.count(b"[DONE]") != 1:
@@ -165,7 +179,7 @@ def check_answer(model: str, mode: str, stream: bool, status: int, raw: bytes, h
         if objs and "error" in objs[-1]:
             return f"fine stream ended in an error: {objs[-1]}"
         if (
-            "".join(o["choices"][0]["text"] for o in objs) != "".join(f" t{i}" for i in range(len(objs)))
+            "".join(_text(o["choices"][0], chat) for o in objs) != "".join(f" t{i}" for i in range(len(objs)))
             or len(objs) != 8
         ):
             return f"fine stream altered: {raw[:200]!r}"
@@ -194,21 +208,31 @@ class Run:
             fresh = True  # the next request opens a new connection
             while not self.stop.is_set():
                 wild = rng.random() < 0.4
-                mode = rng.choice(MODES) if wild else "ok"
+                chat = rng.random() < 0.35
+                mode = rng.choice(MODES + CHAT_MODES if chat else MODES) if wild else "ok"
                 model = "wild" if wild else "fine"
-                stream = rng.random() < 0.5 if not mode.endswith("_stream") else True
-                body = {"model": model, "prompt": f"wild:{mode}" if wild else "hi", "max_tokens": 8, "stream": stream}
+                stream = rng.random() < 0.5 if not mode.endswith("_stream") and mode not in CHAT_MODES else True
+                text = f"wild:{mode}" if wild else "hi"
+                body: dict[str, Any] = {"model": model, "max_tokens": 8, "stream": stream}
+                if chat:
+                    body["messages"] = [{"role": "user", "content": text}]
+                    if rng.random() < 0.5 or mode.startswith("tool_"):
+                        body["tools"] = CHAT_TOOLS
+                else:
+                    body["prompt"] = text
+                path = "/v1/chat/completions" if chat else "/v1/completions"
+                model_tag = f"chat-{model}" if chat else model
                 sent = time.monotonic()
-                self.in_flight[n] = f"{model}/{mode} stream={stream}"
+                self.in_flight[n] = f"{model_tag}/{mode} stream={stream}"
                 try:
-                    async with session.post(self.url + "/v1/completions", json=body, timeout=timeout) as resp:
+                    async with session.post(self.url + path, json=body, timeout=timeout) as resp:
                         closing = resp.headers.get("Connection", "").lower() == "close"
                         if mode == "endless_events" and resp.status == 200:
                             # Valid events without end: nothing bounds a stream's length but its client
                             # (and the drain deadline), so this client reads a while and walks away.
                             raw = await resp.content.read(256 * 1024)
                             resp.close()
-                            self.report.outcomes["wild:endless_events/left"] += 1
+                            self.report.outcomes[f"{model_tag}:endless_events/left"] += 1
                             del self.in_flight[n]
                             fresh = True
                             continue
@@ -223,12 +247,12 @@ class Run:
                     if fresh and self.after_listener_closed(sent):
                         self.report.refused += 1  # in the listen backlog when the listener closed
                         return
-                    self.report.failures.append(f"lost request ({model}/{mode}, stream={stream}): {exc!r}")
+                    self.report.failures.append(f"lost request ({model_tag}/{mode}, stream={stream}): {exc!r}")
                     return
-                problem = check_answer(model, mode, stream, resp.status, raw, str(resp.headers))
+                problem = check_answer(model, mode, stream, resp.status, raw, str(resp.headers), chat)
                 if problem is not None:
-                    self.report.failures.append(problem)
-                self.report.outcomes[f"{model}:{mode}/{resp.status}" if wild else f"fine/{resp.status}"] += 1
+                    self.report.failures.append(f"{path}: {problem}")
+                self.report.outcomes[f"{model_tag}:{mode}/{resp.status}" if wild else f"{model_tag}/{resp.status}"] += 1
                 if self.signalled is not None and sent > self.signalled + 0.05:
                     self.report.during_drain += 1
                 fresh = closing

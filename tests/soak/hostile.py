@@ -5,6 +5,11 @@ the request's prompt (``wild:<mode>``), so a worker decides what its request mee
 something issue 13 saw go wrong: gzip bombs, endless bodies and events, a double ``[DONE]``,
 ``retry:``/``event:``/``id:`` lines, a request read and then dropped unanswered, error bodies
 echoing the upstream key (one straddling the 500-character cut), integers past 2^64, garbage.
+A chat request picks its mode by its last message's content (``wild:<mode>``) and meets the same
+modes in OpenAI's chat shapes, plus the chat-only ones of :data:`CHAT_MODES` (an error event
+mid-stream, a malformed chunk, ``choices`` of the wrong type, and tool-call streams: one call's
+arguments streamed forever while the call before never closes, 100,000 call indexes, negative
+and huge indexes, a call without an ``id``).
 
 Clients: :func:`probes` are raw-socket requests a client can send at will (the gateway's key
 followed by NUL, CR or VT; bad and unknown ``Content-Encoding``; integers of 2^64; a body
@@ -25,7 +30,7 @@ import orjson
 
 from tests.fakes import Behaviour
 
-__all__ = ["MODES", "Probe", "gzip_bomb", "probes", "send_probe", "upstream_chooser"]
+__all__ = ["CHAT_MODES", "MODES", "Probe", "chat_probes", "gzip_bomb", "probes", "send_probe", "upstream_chooser"]
 
 BIG = 2**70  # far past int64 and uint64
 
@@ -38,65 +43,166 @@ def gzip_bomb(inflated_mb: int) -> bytes:
     return b"".join(parts) + comp.flush()
 
 
-def _chunk(text: str, finish: str | None = None, **extra: Any) -> bytes:
-    obj = {"id": "cmpl-wild", "object": "text_completion", "created": 1, "model": "up-wild",
-           "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}], **extra}  # fmt: skip
+def _chunk_of(text: str, finish: str | None = None, *, chat: bool = False, **extra: Any) -> bytes:
+    if chat:
+        obj = {"id": "chatcmpl-wild", "object": "chat.completion.chunk", "created": 1, "model": "up-wild",
+               "choices": [{"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish}],
+               **extra}  # fmt: skip
+    else:
+        obj = {"id": "cmpl-wild", "object": "text_completion", "created": 1, "model": "up-wild",
+               "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}], **extra}  # fmt: skip
     return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def _calls(*fragments: dict[str, Any], finish: str | None = None) -> bytes:
+    """One chat chunk carrying tool-call fragments."""
+    choice = {"index": 0, "delta": {"tool_calls": list(fragments)}, "logprobs": None, "finish_reason": finish}
+    obj = {"id": "chatcmpl-wild", "object": "chat.completion.chunk", "created": 1, "model": "up-wild",
+           "choices": [choice]}  # fmt: skip
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def _call(index: int, arguments: str, *, name: str | None = None, id: str | None = None) -> dict[str, Any]:
+    function: dict[str, Any] = {"arguments": arguments}
+    if name is not None:
+        function["name"] = name
+    fragment: dict[str, Any] = {"index": index, "type": "function", "function": function}
+    if id is not None:
+        fragment["id"] = id
+    return fragment
+
+
+def _chat_modes() -> dict[str, Callable[[], Behaviour]]:
+    """The chat-only modes: OpenAI chat chunks an upstream should not send."""
+    done = b"data: [DONE]\n\n"
+    opened = _calls(_call(0, '{"a": ', name="f", id="call_0"), _call(1, "", name="g", id="call_1"))
+    return {
+        "error_event": lambda: Behaviour(
+            kind="raw",
+            body=_chunk_of(" one", chat=True) + b'data: {"error": {"message": "engine died", "code": 500}}\n\n' + done,
+        ),
+        "malformed_chunk": lambda: Behaviour(
+            kind="raw", body=_chunk_of(" one", chat=True) + b"data: {not json\n\n" + done
+        ),
+        "choices_wrong_type": lambda: Behaviour(
+            kind="raw",
+            body=b'data: {"id":"x","object":"chat.completion.chunk","created":1,"model":"m",'
+            b'"choices":{"0":"no"}}\n\n' + done,
+        ),
+        # call 0 never closes while call 1's arguments keep coming: what is held must stay bounded
+        "tool_flood": lambda: Behaviour(kind="endless", body=opened + _calls(_call(1, "x" * 60_000)) * 4),
+        "tool_indexes": lambda: Behaviour(
+            kind="raw",
+            body=opened + b"".join(_calls(_call(i, "{}", name="h", id=f"c{i}")) for i in range(2, 100_002)) + done,
+            events=1 << 20,
+        ),
+        "tool_index_neg": lambda: Behaviour(
+            kind="raw",
+            body=_calls(_call(-1, "{}", name="f", id="c"))
+            + _calls(_call(0, "{}", name="g", id="d"), finish="tool_calls")
+            + done,
+        ),
+        "tool_index_huge": lambda: Behaviour(
+            kind="raw",
+            body=b'data: {"id":"x","object":"chat.completion.chunk","created":1,"model":"m","choices":'
+            b'[{"index":0,"delta":{"tool_calls":[{"index":%d,"id":"c","type":"function","function":{"name":"f",'
+            b'"arguments":"{}"}}]},"finish_reason":"tool_calls"}]}\n\n' % BIG + done,
+        ),
+        "tool_no_id": lambda: Behaviour(
+            kind="raw",
+            body=_calls(_call(0, '{"a": 1}', name="f")) + _calls(_call(1, "{}", name="g"), finish="tool_calls") + done,
+        ),
+    }
+
+
+CHAT_MODES = ("error_event", "malformed_chunk", "choices_wrong_type", "tool_flood", "tool_indexes",
+              "tool_index_neg", "tool_index_huge", "tool_no_id")  # fmt: skip
+
+
+def _wild(body: dict[str, Any]) -> tuple[str | None, bool]:
+    """The mode a request asks for (its prompt, or its last message's content) and whether it is chat."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        last = messages[-1] if messages else None
+        text = last.get("content") if isinstance(last, dict) else None
+        chat = True
+    else:
+        text, chat = body.get("prompt"), False
+    if isinstance(text, str) and text.startswith("wild:"):
+        return text[5:], chat
+    return None, chat
 
 
 def upstream_chooser(upstream_key: str, bomb: bytes) -> Callable[[dict[str, Any]], Behaviour]:
     """``FakeUpstream.default`` for the run: a ``wild:<mode>`` prompt picks the mode, anything else is served."""
     key = upstream_key.encode()
-    # orjson refuses integers past 64 bits, so this body is written by hand.
+    # orjson refuses integers past 64 bits, so these bodies are written by hand.
     huge = (
         b'{"id":"cmpl-wild","object":"text_completion","created":%d,"model":"up-wild","choices":[{"index":0,'
         b'"text":" big","logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":%d,'
         b'"completion_tokens":%d,"total_tokens":%d}}' % (BIG, BIG, BIG, BIG)
     )
-    modes: dict[str, Callable[[], Behaviour]] = {
-        "gzip_bomb": lambda: Behaviour(kind="status", status=200, body=bomb, headers={"Content-Encoding": "gzip"}),
-        "gzip_bomb_stream": lambda: Behaviour(kind="raw", body=bomb, headers={"Content-Encoding": "gzip"}),
-        "endless_body": lambda: Behaviour(kind="endless", body=b'{"id": "x", ' * 4096),
-        "endless_event": lambda: Behaviour(kind="endless", body=b"data: " + b"a" * 16384),
-        "endless_events": lambda: Behaviour(kind="endless", body=_chunk(" again") * 64),
-        "double_done": lambda: Behaviour(kind="raw", body=_chunk(" one", "stop") + b"data: [DONE]\n\ndata: [DONE]\n\n"),
-        "sse_fields": lambda: Behaviour(
-            kind="raw",
-            body=(
-                b'retry: 1\n\nevent: ping\ndata: {"x": 1}\n\n: a comment\n\nid: 7\n'
-                + _chunk(" one")
-                + b"just a bare line\n\n"
-                + _chunk(" two", "stop")
-                + b"data: [DONE]\n\n"
+    huge_chat = (
+        b'{"id":"chatcmpl-wild","object":"chat.completion","created":%d,"model":"up-wild","choices":[{"index":0,'
+        b'"message":{"role":"assistant","content":" big"},"logprobs":null,"finish_reason":"length"}],'
+        b'"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}}' % (BIG, BIG, BIG, BIG)
+    )
+    chat_modes = _chat_modes()
+
+    def modes_for(chat: bool) -> dict[str, Callable[[], Behaviour]]:
+        def _chunk(text: str, finish: str | None = None) -> bytes:
+            return _chunk_of(text, finish, chat=chat)
+
+        huge_body = huge_chat if chat else huge
+        huge_stream = (
+            b'data: {"id":"x","object":"chat.completion.chunk","created":%d,"model":"m","choices":[{"index":%d,'
+            b'"delta":{"content":" n"},"logprobs":null,"finish_reason":null}],"usage":{"prompt_tokens":%d,'
+            b'"completion_tokens":1,"total_tokens":%d}}\n\ndata: [DONE]\n\n' % (BIG, BIG, BIG, BIG)
+            if chat
+            else b'data: {"id":"x","object":"text_completion","created":%d,"model":"m","choices":[{"index":%d,'
+            b'"text":" n","logprobs":null,"finish_reason":null}]}\n\ndata: [DONE]\n\n' % (BIG, BIG)
+        )
+        return {
+            "gzip_bomb": lambda: Behaviour(kind="status", status=200, body=bomb, headers={"Content-Encoding": "gzip"}),
+            "gzip_bomb_stream": lambda: Behaviour(kind="raw", body=bomb, headers={"Content-Encoding": "gzip"}),
+            "endless_body": lambda: Behaviour(kind="endless", body=b'{"id": "x", ' * 4096),
+            "endless_event": lambda: Behaviour(kind="endless", body=b"data: " + b"a" * 16384),
+            "endless_events": lambda: Behaviour(kind="endless", body=_chunk(" again") * 64),
+            "double_done": lambda: Behaviour(
+                kind="raw", body=_chunk(" one", "stop") + b"data: [DONE]\n\ndata: [DONE]\n\n"
             ),
-            events=7,
-        ),
-        "read_then_close": lambda: Behaviour(kind="reset"),
-        "key_in_text_4xx": lambda: Behaviour(kind="status", status=401, body=b"x" * 490 + b" bad key " + key + b"!"),
-        "key_in_json_4xx": lambda: Behaviour(
-            kind="status", status=400, body={"error": {"message": f"key {upstream_key} refused", "param": "prompt"}}
-        ),
-        "key_in_5xx": lambda: Behaviour(kind="status", status=500, body=b"<html>" + key + b"</html>"),
-        "huge_ints": lambda: Behaviour(kind="status", status=200, body=huge),
-        "huge_ints_stream": lambda: Behaviour(
-            kind="raw",
-            body=(
-                b'data: {"id":"x","object":"text_completion","created":%d,"model":"m","choices":[{"index":%d,'
-                b'"text":" n","logprobs":null,"finish_reason":null}]}\n\ndata: [DONE]\n\n' % (BIG, BIG)
+            "sse_fields": lambda: Behaviour(
+                kind="raw",
+                body=(
+                    b'retry: 1\n\nevent: ping\ndata: {"x": 1}\n\n: a comment\n\nid: 7\n'
+                    + _chunk(" one")
+                    + b"just a bare line\n\n"
+                    + _chunk(" two", "stop")
+                    + b"data: [DONE]\n\n"
+                ),
+                events=7,
             ),
-        ),
-        "garbage": lambda: Behaviour(kind="garbage"),
-        "stall": lambda: Behaviour(kind="stall", delay=3.0),
-        "cut": lambda: Behaviour(kind="cut", events=2),
-    }
+            "read_then_close": lambda: Behaviour(kind="reset"),
+            "key_in_text_4xx": lambda: Behaviour(
+                kind="status", status=401, body=b"x" * 490 + b" bad key " + key + b"!"
+            ),
+            "key_in_json_4xx": lambda: Behaviour(
+                kind="status", status=400, body={"error": {"message": f"key {upstream_key} refused", "param": "prompt"}}
+            ),
+            "key_in_5xx": lambda: Behaviour(kind="status", status=500, body=b"<html>" + key + b"</html>"),
+            "huge_ints": lambda: Behaviour(kind="status", status=200, body=huge_body),
+            "huge_ints_stream": lambda: Behaviour(kind="raw", body=huge_stream),
+            "garbage": lambda: Behaviour(kind="garbage"),
+            "stall": lambda: Behaviour(kind="stall", delay=3.0),
+            "cut": lambda: Behaviour(kind="cut", events=2),
+        }
+
+    modes, chat_shaped = modes_for(False), {**modes_for(True), **chat_modes}
 
     def choose(body: dict[str, Any]) -> Behaviour:
-        prompt = body.get("prompt")
-        if isinstance(prompt, str) and prompt.startswith("wild:"):
-            make = modes.get(prompt[5:])
-            if make is not None:
-                return make()
-        return Behaviour()
+        mode, chat = _wild(body)
+        make = (chat_shaped if chat else modes).get(mode or "")
+        return make() if make is not None else Behaviour()
 
     return choose
 
@@ -121,10 +227,12 @@ class Probe:
     leave_after_first_read: bool = False  # a stream client that walks away
 
 
-def _post(headers: bytes, body: bytes, *, length: int | None = None) -> bytes:
+def _post(headers: bytes, body: bytes, *, length: int | None = None, path: bytes = b"/v1/completions") -> bytes:
     size = len(body) if length is None else length
     return (
-        b"POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+        b"POST "
+        + path
+        + b" HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
         + headers
         + (b"Content-Length: %d\r\n" % size)
     )
@@ -161,6 +269,33 @@ def probes(key: str) -> list[Probe]:
               leave_after_first_read=True),
     ]  # fmt: skip
     found += [Probe(f"int-2^64-{i}", _post(auth + b"\r\n" + close, body), body) for i, body in enumerate(huge)]
+    found += chat_probes(auth + b"\r\n" + close, auth + b"\r\n")
+    return found
+
+
+def chat_probes(head: bytes, keep_alive: bytes) -> list[Probe]:
+    """Chat requests a client can send at will: integers of 2^64 in chat fields and schemas, 10,000-deep
+    tool parameters, unknown keys inside messages, a 2 MB content string, a tool-call stream left midway."""
+    chat = b"/v1/chat/completions"
+    msgs = b'"messages": [{"role": "user", "content": "x"}]'
+    tool = b'"tools": [{"type": "function", "function": {"name": "f", "parameters": %s}}]'
+    bodies = {
+        "chat-int-2^64-max_completion_tokens": b'{"model": "fine", %s, "max_completion_tokens": %d}' % (msgs, 2**64),
+        "chat-int-2^64-top_logprobs": b'{"model": "fine", %s, "logprobs": true, "top_logprobs": %d}' % (msgs, 2**64),
+        "chat-int-2^64-tool-params": b'{"model": "fine", %s, %s}' % (msgs, tool % (b'{"maximum": %d}' % 2**64)),
+        "chat-int-2^64-json_schema": b'{"model": "fine", %s, "response_format": {"type": "json_schema", '
+        b'"json_schema": {"name": "s", "schema": {"minimum": -%d}}}}' % (msgs, 2**64),
+        "chat-deep-tool-params": b'{"model": "fine", %s, %s}' % (msgs, tool % (b"[" * 10_000 + b"]" * 10_000)),
+        "chat-unknown-in-message": b'{"model": "fine", "messages": [{"role": "user", "content": "x", "foo": 1}]}',
+    }
+    found = [Probe(name, _post(head, body, path=chat), body) for name, body in bodies.items()]
+    long = b'{"model": "fine", "messages": [{"role": "user", "content": "%s"}], "max_tokens": 4}' % (b"a" * 60_000)
+    stream = b'{"model": "fine", %s, "max_tokens": 64, "stream": true, %s}' % (msgs, tool % b'{"type": "object"}')
+    found += [
+        Probe("chat-long-content", _post(head, long, path=chat), long, frozenset({200})),
+        Probe("chat-leaves-mid-stream", _post(keep_alive, stream, path=chat), stream, frozenset({200}),
+              leave_after_first_read=True),
+    ]  # fmt: skip
     return found
 
 
