@@ -1,6 +1,6 @@
 """Which Chat Completions fields (and which *forms* of them) each backend type can honour, as frozen data.
 
-A chat table has three layers, all data (spec chat-protocol.md is the source of every entry):
+A chat table has these layers, all data (spec chat-protocol.md is the source of every entry):
 
 - ``fields``: a :class:`~backends.capabilities.Capabilities` with a level per field of
   :class:`~schemas.chat.ChatCompletionRequest` (native / translated / emulated / unsupported);
@@ -14,6 +14,8 @@ A chat table has three layers, all data (spec chat-protocol.md is the source of 
 - ``limits``: an upper bound per integer field the backend caps lower than the schema
   (TGI's ``top_logprobs`` <= 5), and ``exclusive``: field sets a backend refuses together
   (TGI's ``response_format`` + ``tools``).
+- ``notes``: how a field (``user``) or a form (``tools=strict``) is honoured where its level alone
+  does not say; the matrix footnotes them.
 
 :meth:`ChatCapabilities.first_refusal` names the field to put in the 400 (``param``), the
 key that matched (a field or a ``field=form``) and the reason to quote. Tables are built once
@@ -141,6 +143,8 @@ class ChatCapabilities:
     limits: Mapping[str, int] = dataclass_field(default_factory=lambda: MappingProxyType({}))
     exclusive: tuple[Exclusive, ...] = ()
     reasons: Mapping[str, str] = dataclass_field(default_factory=lambda: MappingProxyType({}))
+    # How a form is honoured where its level alone does not say (``tools=strict``: by which grammar).
+    form_notes: Mapping[str, str] = dataclass_field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod
     def build(
@@ -157,20 +161,26 @@ class ChatCapabilities:
         unknown = set(levels) - set(CHAT_FIELDS)
         unknown |= {key.split("=")[0] for key in forms or {}} - set(CHAT_FIELDS)
         unknown |= set(limits or {}) - set(CHAT_FIELDS)
+        field_notes = {key: note for key, note in (notes or {}).items() if "=" not in key}
+        form_notes = {key: note for key, note in (notes or {}).items() if "=" in key}
+        unknown |= {key.split("=")[0] for key in form_notes} - set(CHAT_FIELDS)
         if unknown:
             raise ValueError(f"unknown chat request fields: {sorted(unknown)}")
         table = {name: levels.get(name, default) for name in CHAT_FIELDS}
         unsupported = frozenset(name for name, level in table.items() if level is U)
         return cls(
-            Capabilities(MappingProxyType(table), unsupported).with_notes(notes or {}),
+            Capabilities(MappingProxyType(table), unsupported).with_notes(field_notes),
             MappingProxyType(dict(forms or {})),
             MappingProxyType(dict(limits or {})),
             exclusive,
             MappingProxyType(dict(reasons or {})),
+            MappingProxyType(form_notes),
         )
 
-    def note(self, field: str) -> str | None:
-        """How the gateway honours ``field`` here, where its level alone does not say."""
+    def note(self, field: str, form: str | None = None) -> str | None:
+        """How ``field`` (or its ``form``) is honoured here, where the level alone does not say."""
+        if form is not None:
+            return self.form_notes.get(f"{field}={form}")
         return self.fields.notes.get(field)
 
     def level(self, field: str, form: str | None = None) -> Level:
@@ -258,6 +268,15 @@ MOCK_CHAT = ChatCapabilities.build(
 
 # --- TGI Messages API (v3.3.7): unlisted fields are unsupported -------------------------------
 
+# router/src/infer/tool_grammar.rs: every call is generated under a JSON grammar built from the
+# function's properties and required (additionalProperties false), whatever strict says; TGI's
+# FunctionDefinition has no strict key. What that grammar drops is refused in backends.native.tgi_chat.
+TGI_STRICT_NOTE = (
+    "TGI's tool grammar always holds a call's arguments to the function's properties and required "
+    "(no extra keys), so strict is not sent; a strict tool whose parameters need more at the top "
+    "(`$defs`, `anyOf`, ...) is refused"
+)
+
 TGI_CHAT = ChatCapabilities.build(
     U,
     {
@@ -269,7 +288,7 @@ TGI_CHAT = ChatCapabilities.build(
     {
         "messages=input_audio": U, "messages=file": U, "tools=custom": U, "tool_choice=custom": U,
         "tool_choice=allowed_tools": U, "stream_options=continuous_usage_stats": U,
-        "stream_options=include_obfuscation": U,
+        "stream_options=include_obfuscation": U, "tools=strict": N,
     },
     limits={"top_logprobs": 5},
     exclusive=(Exclusive(("tools", "response_format"), "TGI refuses a grammar and tools together"),),
@@ -278,7 +297,7 @@ TGI_CHAT = ChatCapabilities.build(
         "logit_bias": "TGI accepts logit_bias but does not apply it",
         "top_logprobs>5": "TGI returns at most max_top_n_tokens (default 5) alternatives",
     },
-    notes={"user": AUDIT_USER_NOTE},
+    notes={"user": AUDIT_USER_NOTE, "tools=strict": TGI_STRICT_NOTE},
 )  # fmt: skip
 
 # --- Ollama native /api/chat: options{}, format, images[]; unlisted fields are unsupported ------
@@ -297,12 +316,18 @@ OLLAMA_CHAT = ChatCapabilities.build(
         "tool_choice=required": U, "tool_choice=function": U, "tool_choice=custom": U,
         "tool_choice=allowed_tools": U, "parallel_tool_calls=false": U,
         "stream_options=continuous_usage_stats": U, "stream_options=include_obfuscation": U,
+        # Its tool schema has no strict; a template-rendered model (the default) is parsed from free text.
+        "tools=strict": U,
     },
     reasons={
         "messages=remote_image_url": "Ollama takes images only as data: URLs (base64)",
         "tool_choice=required": "Ollama cannot force a tool call (it has no tool_choice)",
         "tool_choice=function": "Ollama cannot force a tool call (it has no tool_choice)",
         "parallel_tool_calls=false": "Ollama cannot limit a reply to one tool call",
+        "tools=strict": (
+            "Ollama renders tools into the prompt and parses calls from the model's text: nothing holds "
+            "the arguments to the function's parameters"
+        ),
     },
     notes={"user": AUDIT_USER_NOTE},
 )  # fmt: skip
@@ -319,7 +344,7 @@ LLAMACPP_CHAT = ChatCapabilities.build(
         "ignore_eos": N,
     },
     {
-        "messages=file": U, "tools=custom": U,
+        "messages=file": U, "tools=custom": U, "tools=strict": N,
         # llama.cpp reads tool_choice as a string: an object silently falls back to "auto".
         "tool_choice=function": U, "tool_choice=custom": U, "tool_choice=allowed_tools": U,
         "stream_options=continuous_usage_stats": U, "stream_options=include_obfuscation": U,
@@ -330,5 +355,13 @@ LLAMACPP_CHAT = ChatCapabilities.build(
     reasons={
         "tool_choice=function": "llama.cpp reads tool_choice as a string and would downgrade a named choice to auto",
     },
-    notes={"user": AUDIT_USER_NOTE},
+    # common/chat.cpp: each function's parameters become a grammar rule (resolve_refs + the JSON-schema
+    # grammar), applied from the tool-call trigger on (from the start with "required"); strict is not read.
+    notes={
+        "user": AUDIT_USER_NOTE,
+        "tools=strict": (
+            "llama.cpp (--jinja) generates every tool call under a grammar built from the function's parameters "
+            "schema, strict or not"
+        ),
+    },
 )  # fmt: skip

@@ -174,7 +174,7 @@ def render_chat() -> str:
                     note = f"`{'` with `'.join(rule.fields)}`: {rule.why}"
                     if kind not in notes.setdefault(note, []):
                         notes[note].append(kind)
-            cells.append(cell + ("" if form else _noted(field, kind, table.note(field), how)))
+            cells.append(cell + _noted(key, kind, table.note(field, form or None), how))
         lines.append(f"| `{key}` | " + " | ".join(cells) + " |")
     heading = "\\* refused (400 `unsupported_parameter`) together with another field"
     lines += ["", heading + _HOW_HEADING * bool(how) + ":"]

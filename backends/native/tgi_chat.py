@@ -14,8 +14,11 @@ Request, every trap of spec chat-protocol.md (TGI) closed:
 - tools: TGI constrains a call with a JSON grammar and makes **at most one** call per reply.
   ``parallel_tool_calls: false`` is therefore always honoured; ``parallel_tool_calls: true``
   with ``tool_choice: "required"`` (the client insists on calls and allows several) is
-  refused by name, since only one can come back. ``strict`` is not sent (the grammar
-  already holds the arguments to the schema); ``tool_choice`` is sent explicitly;
+  refused by name, since only one can come back. ``strict`` is not sent (TGI has no such key:
+  its grammar holds every call's arguments to the function's ``properties`` and ``required``
+  with no extra keys, strict or not); a strict tool whose parameters lean on anything else at
+  the top (``$defs``, ``anyOf``, ...) is refused by name, since TGI's grammar drops it;
+  ``tool_choice`` is sent explicitly;
 - ``stream_options.include_usage`` is always asked for (2.3.0+), so the gateway has counts
   for every stream; the client sees the usage chunk only when it asked.
 
@@ -33,9 +36,13 @@ from backends.emulation.best_of import is_greedy
 from backends.native.chat_openai_shaped import OpenAIShapedChat, openai_messages, openai_tools
 from backends.native.common import stops_of
 from schemas.chat import ChatCompletionRequest
-from schemas.chat_messages import JSONSchemaResponseFormat
+from schemas.chat_messages import FunctionTool, JSONSchemaResponseFormat
 
 __all__ = ["TGIChat"]
+
+# The top-level keys of a function's parameters TGI's tool grammar keeps or needs not keep
+# (router/src/infer/tool_grammar.rs copies properties and required, sets additionalProperties false).
+_GRAMMAR_KEYS = frozenset({"type", "properties", "required", "additionalProperties", "title", "description", "$schema"})
 
 
 class TGIChat(OpenAIShapedChat):
@@ -51,6 +58,15 @@ class TGIChat(OpenAIShapedChat):
                 'TGI makes at most one tool call per reply, so "required" with parallel calls cannot be honoured '
                 "(send parallel_tool_calls: false)",
             )
+        for tool in request.tools or ():
+            if isinstance(tool, FunctionTool) and tool.function.strict:
+                dropped = sorted(set(tool.function.parameters or {}) - _GRAMMAR_KEYS)
+                if dropped:
+                    raise self.refuse(
+                        "tools",
+                        f"TGI's tool grammar keeps only properties and required, so strict cannot hold "
+                        f"{', '.join(dropped)} of {tool.function.name}'s parameters",
+                    )
 
     def payload(self, request: ChatCompletionRequest, model: str, *, stream: bool) -> dict[str, Any]:
         body: dict[str, Any] = {"model": "tgi", "messages": openai_messages(request), "stream": stream}

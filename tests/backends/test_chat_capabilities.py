@@ -215,3 +215,35 @@ def test_extras_and_openai_only_fields_partition() -> None:
     assert not OPENAI_ONLY_FIELDS & VLLM_CHAT_EXTRAS
     assert {"echo", "request_id", "structured_outputs", "top_k"} <= VLLM_CHAT_EXTRAS
     assert "user" not in VLLM_CHAT_EXTRAS
+
+
+# --- a function tool's strict: true on the native servers ----------------------------------------
+
+STRICT = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}, "strict": True}}
+
+
+@pytest.mark.parametrize(
+    ("table", "level", "expected"),
+    [
+        (TGI_CHAT, Level.NATIVE, None),  # its tool grammar holds the arguments to the schema
+        (OLLAMA_CHAT, Level.UNSUPPORTED, ("tools", "tools=strict")),  # nothing does
+        (LLAMACPP_CHAT, Level.NATIVE, None),  # its lazy tool grammar follows the parameters
+    ],
+)
+def test_native_servers_honour_or_refuse_a_strict_tool(
+    table: ChatCapabilities, level: Level, expected: tuple[str, str] | None
+) -> None:
+    assert table.level("tools", "strict") is level
+    assert refusal(table, req(tools=[STRICT])) == expected
+    assert refusal(table, req(tools=[FN])) is None  # strict is the only thing asked beyond tools
+    if expected is None:
+        assert table.note("tools", "strict"), "an honoured strict says how (the matrix footnotes it)"
+    else:
+        assert table.note("tools", "strict") is None and "parses calls" in table.reasons["tools=strict"]
+
+
+def test_form_notes_are_kept_apart_from_field_notes() -> None:
+    table = ChatCapabilities.build(Level.NATIVE, {}, notes={"user": "audited", "tools=strict": "by a grammar"})
+    assert (table.note("user"), table.note("tools", "strict"), table.note("tools")) == ("audited", "by a grammar", None)
+    with pytest.raises(ValueError, match="tool"):
+        ChatCapabilities.build(Level.NATIVE, {}, notes={"tool=strict": "typo"})

@@ -242,3 +242,39 @@ async def test_every_field_is_sent_or_refused_by_name(
     assert reached(sent, field, NATIVE_VALUES.get((kind, field), value)), (
         f"{kind} answered 200 but {field}={value!r} is not in what it sent: {sent}"
     )
+
+
+# --- value forms the field table cannot show: a function tool's strict: true --------------------------
+
+STRICT_TOOL = {"type": "function", "function": {**TOOL["function"], "strict": True}}
+# What each backend type's upstream gets of a strict tool it honours: the key itself where the server
+# reads it (or ignores it harmlessly: llama.cpp), none where the server has no such key (TGI: its grammar
+# holds the arguments anyway).
+STRICT_SENT = {"openai": True, "vllm": True, "llamacpp": True, "tgi": False}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_strict_tool_is_honoured_or_refused_by_name(chat_gateway: ChatGateway, kind: str) -> None:
+    chat_gateway.reset()
+    body = {"model": model_of(kind), "messages": BASE, "tools": [STRICT_TOOL]}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{chat_gateway.url}/v1/chat/completions", json=body) as resp:
+            status, raw = resp.status, await resp.read()
+    level = TABLES[kind].level("tools", "strict")
+    if level is Level.UNSUPPORTED:
+        assert status == 400, raw
+        error = json.loads(raw)["error"]
+        assert (error["code"], error["param"]) == ("unsupported_parameter", "tools"), error
+        assert "strict" in error["message"], error  # the form is named, not just the field
+        assert all(not u.requests for u in chat_gateway.upstreams.values()), "refused, yet sent"
+        return
+    assert status == 200, raw
+    if kind == "mock":
+        return  # the simulator's arguments follow the schema (tests/backends/test_mock_chat.py)
+    assert kind in STRICT_SENT, f"{kind} took a strict tool no one there enforces"
+    (sent,) = chat_gateway.sent(kind)
+    (tool,) = sent["tools"]
+    assert tool["function"]["parameters"] == TOOL["function"]["parameters"], "the schema the grammar needs"
+    assert ("strict" in tool["function"]) is STRICT_SENT[kind], tool
+    if not STRICT_SENT[kind]:  # not sent: the table must say how it is honoured all the same
+        assert TABLES[kind].note("tools", "strict"), kind

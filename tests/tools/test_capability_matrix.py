@@ -69,7 +69,9 @@ def test_chat_rows_are_every_field_then_every_form_of_every_table() -> None:
     assert forms == sorted(forms) and all("=" in key for key in forms)
 
 
-@pytest.mark.parametrize("key", ["tgi_top_logprobs", "ollama_tool_choice_required", "vllm_unknown_auto"])
+@pytest.mark.parametrize(
+    "key", ["tgi_top_logprobs", "ollama_tool_choice_required", "vllm_unknown_auto", "native_strict_tools"]
+)
 def test_chat_cells_say_what_the_tables_enforce(key: str) -> None:
     rows = {line.split(" | ")[0].strip("| `"): line for line in render_chat().splitlines() if line.startswith("| `")}
     titles = [title for _, title, _ in chat_columns()]
@@ -78,6 +80,13 @@ def test_chat_cells_say_what_the_tables_enforce(key: str) -> None:
         assert cells["top_logprobs"][titles.index("`tgi`")] == "native ≤ 5"
     elif key == "ollama_tool_choice_required":
         assert cells["tool_choice=required"][titles.index("`ollama`")] == Level.UNSUPPORTED.value
+    elif key == "native_strict_tools":  # honoured with a footnote saying how, or refused
+        strict = cells["tools=strict"]
+        assert strict[titles.index("`tgi`")] == strict[titles.index("`llamacpp`")] == Level.NATIVE.value + "†"
+        assert strict[titles.index("`ollama`")] == Level.UNSUPPORTED.value
+        chat = render_chat()
+        assert "- † `tools=strict` on `tgi`: TGI's tool grammar" in chat
+        assert "- † `tools=strict` on `llamacpp`: llama.cpp (--jinja)" in chat
     else:  # no tool parser: "auto" refused; with one (newest column) the field's level
         assert cells["tool_choice=auto"][1] == Level.UNSUPPORTED.value
         assert cells["tool_choice=auto"][2] == Level.NATIVE.value

@@ -35,6 +35,8 @@ WEATHER = {
         "strict": True,
     },
 }
+# WEATHER without strict: Ollama refuses strict tools (nothing there holds the arguments to the schema).
+LOOSE_WEATHER = {"type": "function", "function": {k: v for k, v in WEATHER["function"].items() if k != "strict"}}
 TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
 
 

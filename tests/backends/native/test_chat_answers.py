@@ -17,6 +17,7 @@ from tests.backends.native.chat_helpers import (
     GOLDEN_CHAT,
     GOLDEN_LOGPROBS,
     GOLDEN_USAGE,
+    LOOSE_WEATHER,
     TIME,
     WEATHER,
     chat_call,
@@ -103,7 +104,8 @@ async def test_error_mid_stream_ends_with_the_upstream_error(mock: respx.MockRou
 @pytest.mark.parametrize("piece", [0, 11])
 async def test_two_parallel_tool_calls_streamed_never_mix(mock: respx.MockRouter, kind: str, piece: int) -> None:
     chat_route(mock, kind).mock(return_value=stream_answer(kind, "chat_tools_stream", piece=piece))
-    call = chat_call(kind, tools=[WEATHER, TIME], stream=True, stream_options={"include_usage": True})
+    weather = LOOSE_WEATHER if kind == "ollama" else WEATHER
+    call = chat_call(kind, tools=[weather, TIME], stream=True, stream_options={"include_usage": True})
     events = await drain(await make_backend(kind).chat_stream(call))
     got = reassemble(events[:-1])[0]
     calls = got["calls"]
@@ -120,8 +122,8 @@ async def test_two_parallel_tool_calls_streamed_never_mix(mock: respx.MockRouter
 async def test_ollama_tool_calls_get_string_arguments_and_stable_ids(mock: respx.MockRouter) -> None:
     chat_route(mock, "ollama").mock(return_value=json_answer("ollama", "chat_tools.json"))
     backend = make_backend("ollama")
-    first = orjson.loads((await backend.chat(chat_call("ollama", tools=[WEATHER, TIME]))).body)
-    again = orjson.loads((await backend.chat(chat_call("ollama", tools=[WEATHER, TIME]))).body)
+    first = orjson.loads((await backend.chat(chat_call("ollama", tools=[LOOSE_WEATHER, TIME]))).body)
+    again = orjson.loads((await backend.chat(chat_call("ollama", tools=[LOOSE_WEATHER, TIME]))).body)
     message = first["choices"][0]["message"]
     assert message["content"] is None and first["choices"][0]["finish_reason"] == "tool_calls"
     # In list order; a whole message's calls have no "index" (OpenAI's shape: that key is for stream deltas).

@@ -10,7 +10,7 @@ import pytest
 import respx
 
 from schemas.errors import InvalidRequestError, UnsupportedParameterError
-from tests.backends.native.chat_helpers import USER, WEATHER, chat_call, chat_route, json_answer
+from tests.backends.native.chat_helpers import LOOSE_WEATHER, TIME, USER, WEATHER, chat_call, chat_route, json_answer
 from tests.backends.native.helpers import make_backend
 
 
@@ -132,7 +132,7 @@ async def test_ollama_conversation_with_tool_result_and_image(mock: respx.MockRo
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
     ]  # fmt: skip
     body = await sent_body(
-        mock, "ollama", messages=messages, tools=[WEATHER], max_tokens=7, stop="x", seed=4,
+        mock, "ollama", messages=messages, tools=[LOOSE_WEATHER], max_tokens=7, stop="x", seed=4,
         logprobs=True, top_logprobs=2, response_format={"type": "json_object"}, reasoning_effort="none",
     )  # fmt: skip
     assert body["messages"] == [
@@ -142,9 +142,7 @@ async def test_ollama_conversation_with_tool_result_and_image(mock: respx.MockRo
             {"id": "call_1", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
         {"role": "tool", "content": "sunny", "tool_name": "get_weather", "tool_call_id": "call_1"},
     ]  # fmt: skip
-    assert body["tools"] == [
-        {"type": "function", "function": {k: v for k, v in WEATHER["function"].items() if k != "strict"}}
-    ]
+    assert body["tools"] == [LOOSE_WEATHER]
     assert body["options"] == {"num_predict": 7, **SAMPLING, "stop": ["x"], "seed": 4}
     assert (body["logprobs"], body["top_logprobs"], body["format"], body["think"]) == (True, 2, "json", False)
 
@@ -154,11 +152,15 @@ async def test_ollama_json_schema_format_and_tool_choice_none(mock: respx.MockRo
     rf = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
     body = await sent_body(mock, "ollama", response_format=rf)
     assert body["format"] == schema
-    assert "tools" not in await sent_body(mock, "ollama", tools=[WEATHER], tool_choice="none")
+    assert "tools" not in await sent_body(mock, "ollama", tools=[LOOSE_WEATHER], tool_choice="none")
 
 
 # --- refusals: each named --------------------------------------------------------------------------
 
+# A strict tool whose parameters lean on $defs: TGI's tool grammar copies only properties and required.
+STRICT_WITH_DEFS: dict[str, Any] = {"type": "function", "function": {"name": "get_place", "strict": True,
+    "parameters": {"type": "object", "properties": {"where": {"$ref": "#/$defs/city"}}, "required": ["where"],
+                   "additionalProperties": False, "$defs": {"city": {"type": "string"}}}}}  # fmt: skip
 TOOL_CALL = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
 REFUSALS: list[tuple[str, dict[str, Any], str, str]] = [
     ("tgi", {"presence_penalty": 0.5}, "presence_penalty", "presence_penalty + 2"),
@@ -173,6 +175,11 @@ REFUSALS: list[tuple[str, dict[str, Any], str, str]] = [
      "url": "https://x.test/a.png"}}]}]}, "messages", "data: URLs"),
     ("ollama", {"tools": [WEATHER], "tool_choice": "required"}, "tool_choice", "cannot force"),
     ("ollama", {"tools": [WEATHER], "parallel_tool_calls": False}, "parallel_tool_calls", "one tool call"),
+    ("ollama", {"tools": [WEATHER]}, "tools", "parses calls from the model's text"),
+    ("ollama", {"tools": [TIME, WEATHER], "tool_choice": "none"}, "tools", "nothing holds the arguments"),
+    ("tgi", {"tools": [STRICT_WITH_DEFS]}, "tools", "cannot hold $defs of get_place's parameters"),
+    ("tgi", {"tools": [{**STRICT_WITH_DEFS, "function": {**STRICT_WITH_DEFS["function"], "parameters": {
+     "anyOf": [{"type": "object"}]}}}]}, "tools", "cannot hold anyOf"),
     ("ollama", {"reasoning_effort": "minimal"}, "reasoning_effort", "none, low, medium or high"),
     ("ollama", {"messages": [{"role": "user", "content": "hi", "name": "ann"}]}, "messages", "participant names"),
     ("ollama", {"logit_bias": {"1": 1.0}}, "logit_bias", "ollama"),
@@ -211,3 +218,27 @@ async def test_ollama_messages_it_cannot_translate(mock: respx.MockRouter, messa
     with pytest.raises(InvalidRequestError, match=why) as caught:
         await make_backend("ollama").chat(chat_call("ollama", messages=messages))
     assert caught.value.param == "messages" and not route.called
+
+
+# --- a function tool's strict: true ----------------------------------------------------------------
+
+
+async def test_tgi_strict_tool_is_sent_without_strict(mock: respx.MockRouter) -> None:
+    """TGI has no strict key; its grammar holds the arguments to properties + required anyway."""
+    strict = {"type": "function", "function": {**LOOSE_WEATHER["function"], "strict": True, "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+        "additionalProperties": False, "title": "W", "description": "d"}}}  # fmt: skip
+    body = await sent_body(mock, "tgi", tools=[strict])
+    assert body["tools"] == [{"type": "function", "function": {k: v for k, v in strict["function"].items()
+                                                               if k != "strict"}}]  # fmt: skip
+
+
+async def test_tgi_non_strict_tool_with_defs_is_not_refused(mock: respx.MockRouter) -> None:
+    """Without strict nothing was promised: the $defs refusal is about strict only."""
+    loose = {"type": "function", "function": {k: v for k, v in STRICT_WITH_DEFS["function"].items() if k != "strict"}}
+    assert (await sent_body(mock, "tgi", tools=[loose]))["tools"] == [loose]
+
+
+async def test_llamacpp_strict_tool_is_sent_as_is(mock: respx.MockRouter) -> None:
+    """llama.cpp ignores the key (its grammar follows the parameters either way); sent as the client wrote it."""
+    assert (await sent_body(mock, "llamacpp", tools=[WEATHER]))["tools"] == [WEATHER]
