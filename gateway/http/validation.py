@@ -127,6 +127,13 @@ def _to_client_error(exc: ValidationError, body: bytes, param_of: _Params) -> In
             )
     leaf = (param or "").rsplit(".", 1)[-1].split("[", 1)[0]
     if leaf in _SHAPES and params.count(param) > 1:
+        # A member whose own check failed (a schema with an integer past 2^64) says more than the shapes.
+        said = next(
+            (e["msg"] for e, p in zip(errors, params, strict=True) if p == param and e["type"] == "value_error"), None
+        )
+        if said is not None:
+            said = said.removeprefix("Value error, ")
+            return InvalidRequestError(f"Invalid value for '{param}': {said}.", param=param)
         return InvalidRequestError(f"Invalid value for '{param}': expected {_SHAPES[leaf]}.", param=param)
     if param_of is _chat_param:
         where = param
