@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 
@@ -55,21 +55,20 @@ class UpstreamError(GatewayError):
     type = "upstream_error"
     code = "upstream_error"
     retryable = False
+    # A subclass names its kind of failure here instead of an ``__init__`` of its own.
+    default_reason: ClassVar[str] = "error"
 
-    def __init__(self, message: str, *, backend: str = "", reason: str = "error", **kwargs: Any) -> None:
+    def __init__(self, message: str, *, backend: str = "", reason: str | None = None, **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
         self.backend = backend
         # A short fixed word for metrics labels: connect, timeout, status_5xx, protocol ...
-        self.reason = reason
+        self.reason = reason if reason is not None else self.default_reason
 
 
 class UpstreamConnectError(UpstreamError):
     code = "upstream_unreachable"
     retryable = True
-
-    def __init__(self, message: str, **kwargs: Any) -> None:
-        kwargs.setdefault("reason", "connect")
-        super().__init__(message, **kwargs)
+    default_reason = "connect"
 
 
 class UpstreamClosedError(UpstreamConnectError):
@@ -80,38 +79,26 @@ class UpstreamClosedError(UpstreamConnectError):
     """
 
     code = "upstream_closed"
-
-    def __init__(self, message: str, **kwargs: Any) -> None:
-        kwargs.setdefault("reason", "closed")
-        super().__init__(message, **kwargs)
+    default_reason = "closed"
 
 
 class UpstreamTimeoutError(UpstreamError):
     status = 504
     code = "upstream_timeout"
     retryable = True
-
-    def __init__(self, message: str, **kwargs: Any) -> None:
-        kwargs.setdefault("reason", "timeout")
-        super().__init__(message, **kwargs)
+    default_reason = "timeout"
 
 
 class UpstreamProtocolError(UpstreamError):
     code = "upstream_protocol_error"
-
-    def __init__(self, message: str, **kwargs: Any) -> None:
-        kwargs.setdefault("reason", "protocol")
-        super().__init__(message, **kwargs)
+    default_reason = "protocol"
 
 
 class UpstreamTooLargeError(UpstreamProtocolError):
     """Over a ``limits`` cap of the backend, or in a ``Content-Encoding`` the gateway did not ask for."""
 
     code = "upstream_response_too_large"
-
-    def __init__(self, message: str, **kwargs: Any) -> None:
-        kwargs.setdefault("reason", "too_large")
-        super().__init__(message, **kwargs)
+    default_reason = "too_large"
 
 
 class UpstreamStatusError(UpstreamError):

@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from backends.base import Backend, Call, ChatCall, CompletionResult, CompletionStream, UpstreamCall
 from backends.errors import UpstreamError, retryable
@@ -37,6 +37,8 @@ from schemas.config import PoolRoutingConfig
 from schemas.endpoints import Endpoint as EndpointKind
 
 __all__ = ["DispatchedBackend", "Dispatcher", "NoReadyWorkerError"]
+
+_T = TypeVar("_T")
 
 # Retry-After for a 503: soon while workers are starting, later when none can.
 _RETRY_AFTER_STARTING = 5.0
@@ -49,10 +51,7 @@ class NoReadyWorkerError(UpstreamError):
     status = 503
     code = "upstream_unavailable"
     retryable = True
-
-    def __init__(self, message: str, **kwargs: Any) -> None:
-        kwargs.setdefault("reason", "no_ready_worker")
-        super().__init__(message, **kwargs)
+    default_reason = "no_ready_worker"
 
 
 class Dispatcher:
@@ -148,39 +147,27 @@ class Dispatcher:
 
     # --- calls --------------------------------------------------------------------------
     async def complete(self, call: UpstreamCall) -> CompletionResult:
-        return await self._answer(call, lambda adapter: adapter.complete(call))
+        return await self._answer(call, lambda adapter, _: adapter.complete(call), holds=False)
 
     async def chat(self, call: ChatCall) -> CompletionResult:
-        return await self._answer(call, lambda adapter: adapter.chat(call))
+        return await self._answer(call, lambda adapter, _: adapter.chat(call), holds=False)
 
     async def stream(self, call: UpstreamCall) -> CompletionStream:
-        return await self._open(call, lambda adapter: adapter.stream(call))
+        return await self._answer(call, lambda adapter, release: _opened(adapter.stream(call), release), holds=True)
 
     async def chat_stream(self, call: ChatCall) -> CompletionStream:
-        return await self._open(call, lambda adapter: adapter.chat_stream(call))
+        return await self._answer(
+            call, lambda adapter, release: _opened(adapter.chat_stream(call), release), holds=True
+        )
 
     async def _answer(
-        self, call: Call[Any], send: Callable[[Backend], Awaitable[CompletionResult]]
-    ) -> CompletionResult:
-        keys = self._keys(call)
-        tried: set[tuple[int, int]] = set()
-        deadline = asyncio.get_running_loop().time() + self.routing.wait_for_ready
-        last: UpstreamError | None = None
-        for _ in range(self.routing.max_attempts):
-            ep, adapter = await self._acquire(keys, tried, deadline, last)
-            try:
-                return await send(adapter)
-            except UpstreamError as exc:
-                self._failed(ep, exc, tried)
-                if not retryable(exc):
-                    raise
-                last = exc
-            finally:
-                self._release(ep)
-        assert last is not None
-        raise last
+        self, call: Call[Any], send: Callable[[Backend, Callable[[], None]], Awaitable[_T]], *, holds: bool
+    ) -> _T:
+        """Send ``call`` to endpoints in turn until one answers or a failure is not worth another try.
 
-    async def _open(self, call: Call[Any], start: Callable[[Backend], Awaitable[CompletionStream]]) -> CompletionStream:
+        ``send`` gets the chosen endpoint's adapter and its release; with ``holds`` (a stream)
+        its result keeps the endpoint and releases it when closed, otherwise it is released here.
+        """
         keys = self._keys(call)
         tried: set[tuple[int, int]] = set()
         deadline = asyncio.get_running_loop().time() + self.routing.wait_for_ready
@@ -189,16 +176,9 @@ class Dispatcher:
             ep, adapter = await self._acquire(keys, tried, deadline, last)
             handed_over = False
             try:
-                inner = await start(adapter)
-                try:
-                    first: bytes | None = await inner.__anext__()
-                except StopAsyncIteration:
-                    first = None
-                except BaseException:
-                    await inner.aclose()
-                    raise
-                handed_over = True
-                return _PoolStream(first, inner, functools.partial(self._release, ep))
+                result = await send(adapter, functools.partial(self._release, ep))
+                handed_over = holds
+                return result
             except UpstreamError as exc:
                 self._failed(ep, exc, tried)
                 if not retryable(exc):
@@ -209,6 +189,19 @@ class Dispatcher:
                     self._release(ep)
         assert last is not None
         raise last
+
+
+async def _opened(opening: Awaitable[CompletionStream], release: Callable[[], None]) -> CompletionStream:
+    """The endpoint's stream with its first event read (so a failure before it can move on), holding ``release``."""
+    inner = await opening
+    try:
+        first: bytes | None = await inner.__anext__()
+    except StopAsyncIteration:
+        first = None
+    except BaseException:
+        await inner.aclose()
+        raise
+    return _PoolStream(first, inner, release)
 
 
 class DispatchedBackend(Backend):
