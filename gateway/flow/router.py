@@ -144,18 +144,14 @@ class Weighted:
         return [best, *(r for r in routes if r is not best)]
 
 
-class LeastOutstanding:
-    __slots__ = ("_next",)
+class LeastOutstanding(RoundRobin):
+    """The least busy route first; equally busy routes in the round-robin turn."""
 
-    def __init__(self) -> None:
-        self._next = _start(1 << 16)
+    __slots__ = ()
 
     def order(self, routes: list[Route]) -> list[Route]:
-        i = self._next % len(routes)
-        self._next = i + 1
-        rotated = routes[i:] + routes[:i] if i else routes
         # sorted() is stable: equally loaded routes keep the rotation, so ties take turns.
-        return sorted(rotated, key=lambda r: r.guard.limiter.active)
+        return sorted(RoundRobin.order(self, routes), key=lambda r: r.guard.limiter.active)
 
 
 def make_strategy(name: str) -> Strategy:
