@@ -27,7 +27,7 @@ from aiohttp import web
 from backends.errors import UpstreamError
 from gateway.accounting import RequestRecord
 from gateway.flow.endpoints import OPS, EndpointOps
-from gateway.flow.router import ModelEntry, Route
+from gateway.flow.service import OpenedStream
 from gateway.http.hardening import read_body, redact
 from gateway.http.request_id import request_id_of
 from gateway.http.validation import parse_chat_request, parse_completion_request
@@ -143,9 +143,19 @@ async def _serve(
         except asyncio.CancelledError:
             _cancelled(state)
         try:
+            service = state.service
+            try:
+                if req.stream:
+                    opened = await service.open_stream(ops, entry, routes, req, record.request_id, priority, record)
+                else:
+                    result, route = await service.complete(ops, entry, routes, req, record.request_id, priority, record)
+            except asyncio.CancelledError:
+                _cancelled(state)  # before an answer: a cancel while relaying one is _stream's to end
             if req.stream:
-                return await _stream(request, state, ops, entry, routes, req, priority, record)
-            return await _complete(state, ops, entry, routes, req, priority, record)
+                return await _stream(request, state, endpoint, entry.name, opened, record)
+            record.backend = route.backend.name
+            record.usage = result.usage
+            return web.Response(body=result.body, content_type=_JSON, headers={"x-request-id": record.request_id})
         finally:
             limiter.release()
     finally:
@@ -170,41 +180,15 @@ def _shutting_down() -> ServiceUnavailableError:
     )
 
 
-async def _complete(
-    state: GatewayState,
-    ops: EndpointOps,
-    entry: ModelEntry,
-    routes: list[Route],
-    req: ServedRequest,
-    priority: int,
-    record: RequestRecord,
-) -> web.Response:
-    try:
-        result, route = await state.service.complete(ops, entry, routes, req, record.request_id, priority, record)
-    except asyncio.CancelledError:
-        _cancelled(state)
-    record.backend = route.backend.name
-    record.usage = result.usage
-    return web.Response(body=result.body, content_type=_JSON, headers={"x-request-id": record.request_id})
-
-
 async def _stream(
     request: web.Request,
     state: GatewayState,
-    ops: EndpointOps,
-    entry: ModelEntry,
-    routes: list[Route],
-    req: ServedRequest,
-    priority: int,
+    endpoint: Endpoint,
+    model: str,
+    opened: OpenedStream,
     record: RequestRecord,
 ) -> web.StreamResponse:
     metrics = state.metrics
-    model = entry.name
-    endpoint = ops.endpoint
-    try:
-        opened = await state.service.open_stream(ops, entry, routes, req, record.request_id, priority, record)
-    except asyncio.CancelledError:
-        _cancelled(state)
     backend = record.backend = opened.route.backend.name
     stream = opened.stream
     record.relayed = 0
