@@ -13,8 +13,7 @@ be reused.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
 import orjson
@@ -26,12 +25,12 @@ from backends.native.chat import ChatPiece, ChatTranslator, ChatTurn, estimate_u
 from backends.native.choice import ChoiceTracker
 from backends.native.common import Event
 from backends.transport.base import UpstreamResponse
-from backends.transport.sse import EventBuffer, sse_data
+from backends.transport.sse import sse_data
+from backends.transport.upstream_events import UpstreamEvents
 from schemas.chat import ChatCompletionRequest
 
 __all__ = ["ChatEvents", "Events", "Finished", "NativeChoiceStream", "TextEvents"]
 
-_DRAIN_SECONDS = 1.0
 _CALL_BYTES = 64  # what one tool call costs whatever its size (its id, type, index, dicts)
 
 
@@ -166,8 +165,10 @@ class ChatEvents:
             )
 
 
-class NativeChoiceStream(ChoiceStream):
+class NativeChoiceStream(UpstreamEvents[list[dict[str, Any]]], ChoiceStream):
     """One native stream as choice deltas (see :class:`backends.emulation.fanout.ChoiceStream`)."""
+
+    _cut_message = "the upstream closed the stream before its last event"
 
     def __init__(
         self,
@@ -178,55 +179,17 @@ class NativeChoiceStream(ChoiceStream):
         framing: Literal["sse", "ndjson"],
         max_event_bytes: int,
     ) -> None:
-        self._backend = backend
-        self._resp = resp
-        self._chunks: AsyncIterator[bytes] = resp.iter_chunks()
-        self._events_of = events
         self._sse = framing == "sse"
-        self._events = EventBuffer(b"\n\n" if self._sse else b"\n", max_event_bytes, backend)
-        self._pending: UpstreamError | None = None
-        self._released = False
+        super().__init__(resp, backend, sep=b"\n\n" if self._sse else b"\n", max_event=max_event_bytes)
+        self._events_of = events
 
-    async def next(self) -> list[dict[str, Any]]:
-        if self._pending is not None:
-            error, self._pending = self._pending, None
-            self._release()
-            raise error
-        if self.done:
-            raise StopAsyncIteration
-        while True:
-            try:
-                chunk = await self._chunks.__anext__()
-            except StopAsyncIteration:
-                self._release()
-                raise UpstreamProtocolError(
-                    "the upstream closed the stream before its last event",
-                    backend=self._backend,
-                    reason="stream_cut",
-                ) from None
-            except BaseException:
-                self._release()
-                raise
-            try:
-                block = self._events.feed(chunk)
-            except UpstreamError:
-                self._release()
-                raise
-            if not block:
-                continue
-            if self._sse:
-                frames = list(sse_data(block))
-            else:
-                frames = [line for line in block.split(b"\n") if line.strip()]
-            out = self._decode(frames)
-            if out:
-                return out
-            if self.done:  # a last event with nothing for the client (a usage-only chunk)
-                raise StopAsyncIteration
-            if self._pending is not None:
-                return await self.next()
+    next = UpstreamEvents._pull  # an alias: the loop is the shared one, no call more per read
 
-    def _decode(self, frames: list[bytes]) -> list[dict[str, Any]]:
+    def _process(self, block: bytes) -> list[dict[str, Any]]:
+        if self._sse:
+            frames = list(sse_data(block))
+        else:
+            frames = [line for line in block.split(b"\n") if line.strip()]
         out: list[dict[str, Any]] = []
         events = self._events_of
         for frame in frames:
@@ -252,22 +215,5 @@ class NativeChoiceStream(ChoiceStream):
                 break
             if events.done:
                 self.usage = events.usage
-                self.done = True
+                self.done = self.finished = True  # finished: the shared loop's end
         return out
-
-    def _release(self) -> None:
-        if not self._released:
-            self._released = True
-            self._resp.release()
-
-    async def aclose(self) -> None:
-        if self.done and not self._released:
-            # After the final event read the body's end so the connection can be reused;
-            # bounded, so an upstream that keeps the body open costs a connection, not a hang.
-            try:
-                async with asyncio.timeout(_DRAIN_SECONDS):
-                    async for _ in self._chunks:
-                        pass
-            except Exception:
-                pass
-        self._release()

@@ -20,19 +20,18 @@ escaped, so ``"model":``, ``"usage":{``, ``data: {"error"`` and
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import orjson
 
 from backends.base import Call, CompletionResult, CompletionStream, TokenUsage
-from backends.errors import UpstreamError, UpstreamProtocolError, error_fields
+from backends.errors import UpstreamProtocolError, error_fields
 from backends.transport.base import UpstreamResponse
-from backends.transport.sse import EventBuffer, sse_data
+from backends.transport.sse import sse_data
+from backends.transport.upstream_events import UpstreamEvents
 
 __all__ = ["OpenAIStreamRelay", "relay_completion_body", "usage_of", "with_usage_null"]
 
-_DRAIN_SECONDS = 1.0
 _MAX_EVENT = 8 * 1024 * 1024  # limits.max_event_bytes' default
 
 
@@ -108,8 +107,10 @@ def _special_at(block: bytes) -> int:
     return min(usage, error)
 
 
-class OpenAIStreamRelay(CompletionStream):
+class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
     """A :class:`CompletionStream` over an OpenAI-shaped SSE upstream (OpenAI, vLLM)."""
+
+    _cut_message = "the upstream closed the stream before [DONE]"
 
     def __init__(
         self,
@@ -121,12 +122,7 @@ class OpenAIStreamRelay(CompletionStream):
         client_wants_continuous_usage: bool,
         max_event: int = _MAX_EVENT,
     ) -> None:
-        self._resp = resp
-        self._chunks = resp.iter_chunks()
-        self._backend = backend
-        self._events = EventBuffer(b"\n\n", max_event, backend)
-        self.finished = False
-        self._released = False
+        super().__init__(resp, backend, sep=b"\n\n", max_event=max_event)
         self._public = call.public_model
         upstream = orjson.dumps(call.upstream_model)
         self._old = b'"model":' + upstream
@@ -135,43 +131,8 @@ class OpenAIStreamRelay(CompletionStream):
         self._keep_usage_chunk = client_wants_usage
         self._keep_chunk_usage = client_wants_continuous_usage
         self.usage: TokenUsage | None = None
-        self._pending: UpstreamProtocolError | None = None
 
-    async def __anext__(self) -> bytes:
-        if self._pending is not None:
-            error, self._pending = self._pending, None
-            self._release()
-            raise error
-        while not self.finished:
-            try:
-                chunk = await self._chunks.__anext__()
-            except StopAsyncIteration:
-                self._release()
-                raise UpstreamProtocolError(
-                    "the upstream closed the stream before [DONE]", backend=self._backend, reason="stream_cut"
-                ) from None
-            except BaseException:
-                self._release()
-                raise
-            try:
-                block = self._events.feed(chunk)
-            except UpstreamError:
-                self._release()
-                raise
-            if not block:
-                continue
-            out = self._process(block)
-            if self._pending is not None:
-                # Events that arrived before the upstream's failure still reach the
-                # client; the error is raised on the next call.
-                self.finished = False
-                if out:
-                    return out
-                return await self.__anext__()
-
-            if out:
-                return out
-        raise StopAsyncIteration
+    __anext__ = UpstreamEvents._pull  # an alias: the loop is the shared one, no call more per read
 
     def _process(self, block: bytes) -> bytes:
         done_at = _find_done(block)
@@ -196,6 +157,10 @@ class OpenAIStreamRelay(CompletionStream):
             if self._pending is not None:
                 break
             block = block[end:]
+        if self._pending is not None:
+            # Events that arrived before the upstream's failure still reach the client (an
+            # error after [DONE] in the same read included); the error is raised at the next call.
+            self.finished = False
         return out[0] if len(out) == 1 else b"".join(out)
 
     def _rename(self, block: bytes) -> bytes:
@@ -252,25 +217,6 @@ class OpenAIStreamRelay(CompletionStream):
             obj["model"] = self._public
             out.append(b"data: " + orjson.dumps(obj) + b"\n\n")
         return b"".join(out)
-
-    def _release(self) -> None:
-        if not self._released:
-            self._released = True
-            self._resp.release()
-
-    async def aclose(self) -> None:
-        if self.finished and not self._released and self._pending is None:
-            # After [DONE] read the body's end so the connection goes back to the pool.
-            # Done here, after the client got its last chunk, and bounded, so an upstream
-            # that keeps the body open after [DONE] costs a closed connection, not a hang.
-            try:
-                async with asyncio.timeout(_DRAIN_SECONDS):
-                    async for _ in self._chunks:
-                        pass
-            except Exception:
-                pass
-        self.finished = True
-        self._release()
 
 
 _USAGE_NULL = b',"usage":null}\n\n'
