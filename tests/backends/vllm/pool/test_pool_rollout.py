@@ -99,7 +99,7 @@ async def test_a_worker_that_never_gets_ready_stops_the_rollout(make_pool: MakeP
         tmp_path / "logs0",
         ports=pool.config.port_range,
         workers=2,
-        startup_timeout=1,
+        startup_timeout=5,  # long enough to see it answer with the wrong model: 1 s raced slow starts under load
         extra_args=("--standin-list-model", "x"),
     )
     report = await pool.reconfigure(bad)
