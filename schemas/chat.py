@@ -13,6 +13,7 @@ never forwards one. Messages, tools and formats live in :mod:`schemas.chat_messa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
@@ -212,12 +213,28 @@ class ChatCompletionRequest(_Strict):
     priority: Int64 | None = None
     request_id: NonEmpty | None = None
 
-    # --- cross-field rules --------------------------------------------------------------------
+    # --- cross-field rules ----------------------------------------------------------------------
     @model_validator(mode="after")
-    def check_messages(self) -> ChatCompletionRequest:
+    def check_rules(self) -> ChatCompletionRequest:
+        """The cross-field rules, in this order (the first one broken is the error).
+
+        One validator, not one per rule: a rule runs only when a field that can break it
+        was set (an unset field is its default, which breaks no rule), so a plain request
+        (messages and a few sampling fields) pays for the message check alone.
+        """
+        self._check_messages()
+        touched = self.__pydantic_fields_set__ & _RULE_FIELDS
+        if touched:
+            for fields, rule in _RULES:
+                if not touched.isdisjoint(fields):
+                    rule(self)
+        return self
+
+    def _check_messages(self) -> None:
         for i, message in enumerate(self.messages):
             if (
-                isinstance(message, AssistantMessage)
+                message.role == "assistant"  # an attribute read: most messages stop here, no call
+                and isinstance(message, AssistantMessage)
                 and message.content is None
                 and not (message.tool_calls or message.function_call or message.audio)
             ):
@@ -226,39 +243,31 @@ class ChatCompletionRequest(_Strict):
                     f"messages[{i}]: an assistant message needs content unless it has tool_calls "
                     "(or function_call / audio)",
                 )
-        return self
 
-    @model_validator(mode="after")
-    def check_max_tokens_pair(self) -> ChatCompletionRequest:
+    def _check_max_tokens_pair(self) -> None:
         if self.max_tokens is not None and self.max_completion_tokens is not None:
             raise FieldRuleError(
                 "max_tokens",
                 "max_tokens and max_completion_tokens cannot both be set; use max_completion_tokens",
             )
-        return self
 
-    @model_validator(mode="after")
-    def check_top_logprobs(self) -> ChatCompletionRequest:
+    def _check_top_logprobs(self) -> None:
         if self.top_logprobs is not None and not self.logprobs:
             raise FieldRuleError("top_logprobs", "top_logprobs requires logprobs to be true")
-        return self
 
-    @model_validator(mode="after")
-    def check_stream_options(self) -> ChatCompletionRequest:
+    def _check_stream_options(self) -> None:
         check_stream_options(self.stream_options, self.stream)
-        return self
 
-    @model_validator(mode="after")
-    def check_logit_bias_keys(self) -> ChatCompletionRequest:
+    def _check_logit_bias_keys(self) -> None:
         check_logit_bias_keys(self.logit_bias)
-        return self
 
-    @model_validator(mode="after")
-    def check_tools(self) -> ChatCompletionRequest:
-        names = [t.function.name if isinstance(t, FunctionTool) else t.custom.name for t in self.tools or ()]
-        duplicate = next((n for i, n in enumerate(names) if n in names[:i]), None)
-        if duplicate is not None:
-            raise FieldRuleError("tools", f"the names in tools must be unique; {duplicate!r} is given twice")
+    def _check_tools(self) -> None:
+        names: set[str] = set()
+        for tool in self.tools or ():
+            name = tool.function.name if isinstance(tool, FunctionTool) else tool.custom.name
+            if name in names:  # the first name given twice, in the client's order
+                raise FieldRuleError("tools", f"the names in tools must be unique; {name!r} is given twice")
+            names.add(name)
         choice = self.tool_choice
         if choice is not None and choice != "none" and not names:
             raise FieldRuleError("tool_choice", "tool_choice is only allowed when tools are specified")
@@ -276,29 +285,23 @@ class ChatCompletionRequest(_Strict):
                 raise FieldRuleError(
                     "tool_choice", f"tool_choice names a {ref.type} tool {name!r} that is not in tools"
                 )
-        return self
 
-    @model_validator(mode="after")
-    def check_functions(self) -> ChatCompletionRequest:
+    def _check_functions(self) -> None:
         if self.function_call is None or self.function_call == "none":
-            return self
+            return
         names = {f.name for f in self.functions or ()}
         if not names:
             raise FieldRuleError("function_call", "function_call is only allowed when functions are specified")
         if not isinstance(self.function_call, str) and self.function_call.name not in names:
             raise FieldRuleError("function_call", f"function_call names {self.function_call.name!r}, not in functions")
-        return self
 
-    @model_validator(mode="after")
-    def check_audio(self) -> ChatCompletionRequest:
+    def _check_audio(self) -> None:
         if self.modalities is not None and "audio" in self.modalities and self.audio is None:
             raise FieldRuleError("audio", "audio (voice and format) is required when modalities include 'audio'")
-        return self
 
-    @model_validator(mode="after")
-    def check_template_flags(self) -> ChatCompletionRequest:
+    def _check_template_flags(self) -> None:
         if not self.continue_final_message:
-            return self
+            return
         if self.add_generation_prompt:
             raise FieldRuleError(
                 "continue_final_message",
@@ -308,19 +311,15 @@ class ChatCompletionRequest(_Strict):
             raise FieldRuleError(
                 "continue_final_message", "continue_final_message needs the last message to be the assistant's"
             )
-        return self
 
-    @model_validator(mode="after")
-    def check_min_tokens(self) -> ChatCompletionRequest:
+    def _check_min_tokens(self) -> None:
         limit = self.max_output_tokens
         if self.min_tokens and limit is not None and self.min_tokens > limit:
             raise FieldRuleError(
                 "min_tokens", f"min_tokens ({self.min_tokens}) must be less than or equal to max tokens ({limit})"
             )
-        return self
 
-    @model_validator(mode="after")
-    def check_one_constraint(self) -> ChatCompletionRequest:
+    def _check_one_constraint(self) -> None:
         """One output constraint at a time: guided_*, structured_outputs or a JSON response_format."""
         constraints = [name for name in ("response_format", *GUIDED_FIELDS) if getattr(self, name) is not None]
         if self.response_format is not None and self.response_format.type == "text":
@@ -333,12 +332,15 @@ class ChatCompletionRequest(_Strict):
             whitespace_pattern=self.guided_whitespace_pattern,
             decoding_backend=self.guided_decoding_backend,
         )
-        return self
 
     # --- helpers for the request path ------------------------------------------------------------
     def upstream_fields(self) -> dict[str, Any]:
-        """The fields the client set to a non-null value, as plain JSON-able data (wire names)."""
-        return self.model_dump(exclude_none=True, exclude_unset=True, by_alias=True)
+        """The fields the client set to a non-null value, as plain JSON-able data (wire names).
+
+        ``model_dump(exclude_none=True, exclude_unset=True, by_alias=True)``, straight to the
+        serializer: the same output without ``model_dump``'s Python layer, once per attempt.
+        """
+        return self.__pydantic_serializer__.to_python(self, by_alias=True, exclude_unset=True, exclude_none=True)  # type: ignore[no-any-return]
 
     @property
     def effective_n(self) -> int:
@@ -409,6 +411,26 @@ class ChatCompletionRequest(_Strict):
     def routing_text(self) -> str:
         """The conversation's leading part (roles and texts in order), for prefix routing."""
         return "".join(f"<{m.role}>{_message_text(m)}" for m in self.messages)
+
+
+# Each rule after the message check, in order, with the fields without which it cannot fail.
+_RULES: tuple[tuple[frozenset[str], Callable[[ChatCompletionRequest], None]], ...] = (
+    (frozenset({"max_completion_tokens"}), ChatCompletionRequest._check_max_tokens_pair),
+    (frozenset({"top_logprobs"}), ChatCompletionRequest._check_top_logprobs),
+    (frozenset({"stream_options"}), ChatCompletionRequest._check_stream_options),
+    (frozenset({"logit_bias"}), ChatCompletionRequest._check_logit_bias_keys),
+    (frozenset({"tools", "tool_choice", "parallel_tool_calls"}), ChatCompletionRequest._check_tools),
+    (frozenset({"function_call"}), ChatCompletionRequest._check_functions),
+    (frozenset({"modalities"}), ChatCompletionRequest._check_audio),
+    (frozenset({"continue_final_message"}), ChatCompletionRequest._check_template_flags),
+    (frozenset({"min_tokens"}), ChatCompletionRequest._check_min_tokens),
+    (
+        frozenset({"response_format", *GUIDED_FIELDS, "structured_outputs"})
+        | {"guided_whitespace_pattern", "guided_decoding_backend"},
+        ChatCompletionRequest._check_one_constraint,
+    ),
+)
+_RULE_FIELDS: frozenset[str] = frozenset().union(*(fields for fields, _ in _RULES))
 
 
 def _message_text(message: ChatMessage) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+import schemas.chat as chat_module
 from schemas.chat import ChatCompletionRequest
 from schemas.completions import INT64_MAX
 from schemas.errors import FieldRuleError
@@ -418,6 +419,62 @@ def test_both_max_token_fields_named(mode: str) -> None:
 @pytest.mark.parametrize("fields", RULE_KEEPS, ids=[str(sorted(f)) for f in RULE_KEEPS])
 def test_cross_field_rule_allows(fields: dict[str, Any], mode: str) -> None:
     make(mode, **fields)
+
+
+# Two rules broken at once: the earlier rule (in the validator's order) is the error, as when
+# each rule was its own model_validator.
+RULE_ORDER: list[tuple[dict[str, Any], str]] = [
+    ({"messages": [USER, {"role": "assistant", "content": None}], "max_tokens": 1, "max_completion_tokens": 1},
+     "messages"),
+    ({"max_tokens": 1, "max_completion_tokens": 1, "top_logprobs": 2}, "max_tokens"),
+    ({"top_logprobs": 2, "stream_options": {}}, "top_logprobs"),
+    ({"stream_options": {}, "logit_bias": {"abc": 1}}, "stream_options"),
+    ({"logit_bias": {"abc": 1}, "tool_choice": "auto"}, "logit_bias"),
+    ({"parallel_tool_calls": True, "function_call": "auto"}, "parallel_tool_calls"),
+    ({"function_call": "auto", "modalities": ["audio"]}, "function_call"),
+    ({"modalities": ["audio"], "continue_final_message": True}, "audio"),
+    ({"continue_final_message": True, "min_tokens": 5, "max_tokens": 4}, "continue_final_message"),
+    ({"min_tokens": 5, "max_tokens": 4, "guided_decoding_backend": "xgrammar"}, "min_tokens"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("fields", "param"), RULE_ORDER, ids=[p for _, p in RULE_ORDER])
+def test_first_rule_broken_is_the_error(fields: dict[str, Any], param: str, mode: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        make(mode, **fields)
+    [err] = info.value.errors()
+    assert err["ctx"]["error"].param == param
+
+
+def test_plain_request_runs_only_the_message_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request with messages and sampling fields only pays for the message check (issue 14)."""
+    ran: list[str] = []
+    rules = tuple((fields, lambda _r, f=fields: ran.append(min(f))) for fields, _ in chat_module._RULES)
+    monkeypatch.setattr(chat_module, "_RULES", rules)
+    make(max_tokens=16, temperature=0.5, top_p=1.0, n=1, stream=True, seed=1, stop="x", user="u")
+    assert ran == []
+    make(tools=TOOLS, min_tokens=1)
+    assert ran == ["parallel_tool_calls", "min_tokens"]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        *RULE_KEEPS,
+        {"messages": [{"role": "user", "content": "x", "name": None},
+                      {"role": "assistant", "content": None, "tool_calls": [
+                          {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+                       "refusal": None},
+                      {"role": "tool", "content": [{"type": "text", "text": "r"}], "tool_call_id": "c"}]},
+        {"structured_outputs": {"json": {"a": None}, "disable_fallback": None}, "stream_options": None},
+    ],
+    ids=str,
+)  # fmt: skip
+def test_upstream_fields_is_model_dump(fields: dict[str, Any]) -> None:
+    """``upstream_fields`` skips model_dump's Python layer; its output must stay exactly the dump's."""
+    request = make("json", **fields)
+    assert request.upstream_fields() == request.model_dump(exclude_none=True, exclude_unset=True, by_alias=True)
 
 
 # --- helpers --------------------------------------------------------------------------------
