@@ -26,6 +26,7 @@ from schemas.chat_messages import (
     FunctionTool,
     NamedCustomChoice,
     NamedFunctionChoice,
+    RefusalPart,
     ResponseFormat,
     TextPart,
     Tool,
@@ -434,14 +435,22 @@ _RULE_FIELDS: frozenset[str] = frozenset().union(*(fields for fields, _ in _RULE
 
 
 def _message_text(message: ChatMessage) -> str:
-    """A message's text: string content, text/refusal parts, tool-call names and arguments."""
-    content = getattr(message, "content", None)
+    """A message's text: string content, text/refusal parts, tool-call names and arguments.
+
+    Attributes are read by type, never with ``getattr(..., default)``: a pydantic model's
+    missing attribute costs an ``AttributeError`` (microseconds, on every request's estimate).
+    """
+    content = message.content  # every role has one
     if isinstance(content, str):
         text = content
-    elif isinstance(content, list):
-        text = "".join(getattr(part, "text", None) or getattr(part, "refusal", None) or "" for part in content)
-    else:
+    elif content is None:
         text = ""
-    for call in getattr(message, "tool_calls", None) or ():
-        text += str(call)
+    else:
+        text = "".join(
+            part.text if isinstance(part, TextPart) else part.refusal if isinstance(part, RefusalPart) else ""
+            for part in content
+        )
+    if isinstance(message, AssistantMessage) and message.tool_calls:
+        for call in message.tool_calls:
+            text += str(call)
     return text

@@ -522,3 +522,25 @@ def test_request_is_frozen() -> None:
     request = make()
     with pytest.raises(ValidationError):
         request.temperature = 0.5  # type: ignore[misc]
+
+
+def test_message_text_reads_every_kind() -> None:
+    """The estimate and the routing text read string content, text and refusal parts, and the
+    assistant's tool calls; image parts and null content count nothing."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    request = make(
+        messages=[
+            {"role": "system", "content": [{"type": "text", "text": "sys"}]},
+            {"role": "user", "content": [{"type": "text", "text": "look"},
+                                         {"type": "image_url", "image_url": {"url": "https://x/i.png"}}]},
+            {"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "content": "42", "tool_call_id": "c1"},
+            {"role": "function", "content": None, "name": "f"},
+        ]
+    )  # fmt: skip
+    tool_call = str(request.messages[3].tool_calls[0])  # type: ignore[union-attr,index]
+    assert "f" in tool_call and '{"a": 1}' in tool_call
+    assert request.routing_text() == (f"<system>sys<user>look<assistant>no<assistant>{tool_call}<tool>42<function>")
+    chars = len("sys") + len("look") + len("no") + len(tool_call) + len("42")
+    assert request.prompt_estimate() == chars // 4 + 3 * 6 + 3
