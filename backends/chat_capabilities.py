@@ -82,7 +82,7 @@ CHAT_NEUTRAL_VALUES: Mapping[str, tuple[Any, ...]] = MappingProxyType(
 def request_forms(request: ChatCompletionRequest) -> Iterator[tuple[str, str]]:
     """``(field, form)`` for every value-level form the request uses (schema order, repeats possible)."""
     for message in request.messages:
-        content = getattr(message, "content", None)
+        content = message.content  # every role has one (a getattr default would cost a raised AttributeError)
         if isinstance(content, list):
             for part in content:
                 yield "messages", part.type
@@ -98,8 +98,10 @@ def request_forms(request: ChatCompletionRequest) -> Iterator[tuple[str, str]]:
                 yield "stream_options", option
         if request.stream_options.include_obfuscation:  # false means "do not obfuscate": nothing to do
             yield "stream_options", "include_obfuscation"
-    for tool in request.tools or ():
-        yield "tools", tool.type
+    tools = request.tools
+    if tools:
+        for tool in tools:
+            yield "tools", tool.type
     choice = request.tool_choice
     if isinstance(choice, str):
         yield "tool_choice", choice
@@ -108,7 +110,7 @@ def request_forms(request: ChatCompletionRequest) -> Iterator[tuple[str, str]]:
     if request.parallel_tool_calls is not None:
         yield "parallel_tool_calls", "true" if request.parallel_tool_calls else "false"
     # Last, so a table that refuses a tool_choice form names tool_choice first (as before strict had a form).
-    if any(isinstance(tool, FunctionTool) and tool.function.strict for tool in request.tools or ()):
+    if tools and any(isinstance(tool, FunctionTool) and tool.function.strict for tool in tools):
         yield "tools", "strict"
 
 
