@@ -34,6 +34,13 @@ from schemas.chat_messages import (
     ToolMessage,
 )
 from schemas.chat_messages import FunctionCallChoice as FunctionCallChoice
+from schemas.chat_options import (
+    AudioOutput,
+    ChatStreamOptions,
+    ChatStructuredOutputs,
+    Prediction,
+    WebSearchOptions,
+)
 from schemas.common import (
     CHARS_PER_TOKEN,
     GUIDED_FIELDS,
@@ -74,69 +81,6 @@ UNSET_OUTPUT_ESTIMATE = 16
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
-
-
-class ChatStreamOptions(_Strict):
-    include_usage: StrictBool | None = None
-    include_obfuscation: StrictBool | None = None
-    # vLLM extra: a usage object on every chunk.
-    continuous_usage_stats: StrictBool | None = None
-
-
-class AudioOutput(_Strict):
-    voice: NonEmpty  # a built-in voice name (OpenAI adds new ones; not enumerated here)
-    format: Literal["wav", "aac", "mp3", "flac", "opus", "pcm16"]
-
-
-class Prediction(_Strict):
-    type: Literal["content"]
-    content: str | Annotated[list[TextPart], Field(min_length=1)]
-
-
-class ApproximateLocation(_Strict):
-    city: str | None = None
-    country: str | None = None
-    region: str | None = None
-    timezone: str | None = None
-
-
-class UserLocation(_Strict):
-    type: Literal["approximate"]
-    approximate: ApproximateLocation
-
-
-class WebSearchOptions(_Strict):
-    search_context_size: Literal["low", "medium", "high"] | None = None
-    user_location: UserLocation | None = None
-
-
-class ChatStructuredOutputs(_Strict):
-    """vLLM's ``structured_outputs`` (0.11+): exactly one constraint, plus its options."""
-
-    json_: str | JsonObject | None = Field(default=None, alias="json")
-    regex: NonEmpty | None = None
-    choice: GuidedChoice | None = None
-    grammar: NonEmpty | None = None
-    json_object: StrictBool | None = None
-    structural_tag: NonEmpty | None = None
-    disable_fallback: StrictBool | None = None
-    disable_any_whitespace: StrictBool | None = None
-    disable_additional_properties: StrictBool | None = None
-    whitespace_pattern: str | None = None
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False, populate_by_name=True)
-
-    @model_validator(mode="after")
-    def check_one_constraint(self) -> ChatStructuredOutputs:
-        kinds = ("json_", "regex", "choice", "grammar", "json_object", "structural_tag")
-        set_kinds = [k.rstrip("_") for k in kinds if getattr(self, k) not in (None, False)]
-        if len(set_kinds) != 1:
-            raise FieldRuleError(
-                "structured_outputs",
-                f"structured_outputs needs exactly one of json, regex, choice, grammar, json_object, structural_tag; "
-                f"got {', '.join(set_kinds) or 'none'}",
-            )
-        return self
 
 
 # Named apart from schemas.completions.StructuredOutputs so the OpenAPI components keep both short names.
