@@ -113,6 +113,9 @@ class CompletionStream(ABC):
     # True once the upstream finished cleanly: the next ``__anext__`` will stop. Lets the
     # consumer send the last chunk, ``[DONE]`` and the end of the body in one write.
     finished: bool = False
+    # Events yielded so far, for a stream that counts them as it cuts them (the OpenAI-shaped
+    # relays); None: the consumer counts the ``data:`` events itself.
+    relayed_events: int | None = None
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self

@@ -78,18 +78,6 @@ def _find_done(block: bytes) -> int:
     return -1
 
 
-def _data_events(block: bytes) -> int:
-    """How many events a block of whole events holds if they are all one-line ``data:`` events, else 0.
-
-    Every LF is then one of a ``\\n\\ndata:`` between events or of the final ``\\n\\n``:
-    no ``id:``/``event:``/``retry:`` field, comment, bare or multi-line ``data`` line.
-    """
-    if not block.startswith(b"data:"):
-        return 0
-    events = block.count(b"\n\ndata:") + 1
-    return events if block.count(b"\n") == 2 * events else 0
-
-
 def _special_at(block: bytes) -> int:
     """Where the first event that must be parsed (a usage object, an error) is, or -1.
 
@@ -111,6 +99,7 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
     """A :class:`CompletionStream` over an OpenAI-shaped SSE upstream (OpenAI, vLLM)."""
 
     _cut_message = "the upstream closed the stream before [DONE]"
+    relayed_events: int
 
     def __init__(
         self,
@@ -131,6 +120,7 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
         self._keep_usage_chunk = client_wants_usage
         self._keep_chunk_usage = client_wants_continuous_usage
         self.usage: TokenUsage | None = None
+        self.relayed_events = 0  # events returned so far (CompletionStream.relayed_events)
 
     __anext__ = UpstreamEvents._pull  # an alias: the loop is the shared one, no call more per read
 
@@ -164,18 +154,24 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
         return out[0] if len(out) == 1 else b"".join(out)
 
     def _rename(self, block: bytes) -> bytes:
-        """Ordinary events: swap the upstream model id for the public name, bytes only."""
-        # Self-check: data events only, one "model" key per event, all spelled as expected;
-        # anything else (other SSE fields, garbage, a renamed model) is parsed.
-        events = _data_events(block)
-        models = block.count(b'"model"')
-        if not events or models != events:
+        """Ordinary events: swap the upstream model id for the public name, bytes only.
+
+        Self-check first (anything else is parsed): data events only, each one line, so every
+        LF is one of a ``\\n\\ndata:`` between events or of the final ``\\n\\n`` (no
+        ``id:``/``event:``/``retry:`` field, comment, bare or multi-line ``data`` line); one
+        ``"model"`` key per event, all spelled as expected. The event count is also what the
+        relay reports as relayed (``relayed_events``): the handler does not scan the block again.
+        """
+        if not block.startswith(b"data:"):
             return self._process_slow(block)
-        if not models:
-            return block
-        if block.count(self._old) == models:
+        events = block.count(b"\n\ndata:") + 1
+        if block.count(b"\n") != 2 * events or block.count(b'"model"') != events:
+            return self._process_slow(block)
+        if block.count(self._old) == events:
+            self.relayed_events += events
             return block.replace(self._old, self._new)
-        if block.count(self._old_spaced) == models:
+        if block.count(self._old_spaced) == events:
+            self.relayed_events += events
             return block.replace(self._old_spaced, self._new)
         return self._process_slow(block)
 
@@ -216,6 +212,7 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
                 self._old_spaced = b'"model": ' + orjson.dumps(upstream_model)
             obj["model"] = self._public
             out.append(b"data: " + orjson.dumps(obj) + b"\n\n")
+        self.relayed_events += len(out)
         return b"".join(out)
 
 

@@ -93,6 +93,7 @@ class VLLMStreamRelay(OpenAIStreamRelay):
                     reason="stream_garbage",
                 )
                 self.finished = False
+                self.relayed_events -= block.count(b"\n\n") - len(kept)  # this one and the rest are dropped
                 break
             try:
                 for choice in obj.get("choices") or ():
@@ -105,6 +106,7 @@ class VLLMStreamRelay(OpenAIStreamRelay):
                 exc.reason = "stream_error"
                 self._pending = exc
                 self.finished = False
+                self.relayed_events -= block.count(b"\n\n") - len(kept)
                 break
             kept.append(b"data: " + orjson.dumps(obj) + b"\n\n")
         return b"".join(kept)

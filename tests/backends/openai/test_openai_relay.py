@@ -546,3 +546,44 @@ async def test_error_event_then_aclose_twice_releases_once() -> None:
     await relay.aclose()
     await relay.aclose()
     assert resp.releases == 1
+
+
+# --- the relay's own event count (what the handler accounts as relayed) --------------------
+
+
+def relayed_count(out: list[bytes]) -> int:
+    return len(parse_sse(b"".join(out)))
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        pytest.param([ev(chunk("a")) + ev(chunk("b")) + ev(chunk("c")) + done()], id="fast_path_one_read"),
+        pytest.param([ev(chunk("a"), spaced=True), ev(chunk("b"), nospace=True) + done()], id="spaced_and_nospace"),
+        pytest.param([ev(chunk("a")) + b": keep-alive\n\n" + ev(chunk("b")) + done()], id="slow_path_comment"),
+        pytest.param([ev(chunk("a")) + ev(usage_chunk()) + done()], id="usage_chunk_dropped"),
+        pytest.param([ev(chunk("a")), ev(chunk("b", model="org/up-model-2024")) + done()], id="learned_spelling"),
+        pytest.param([ev(chunk("x data: y data: z")) + ev(chunk("data: ")) + done()], id="data_in_text"),
+    ],
+)
+async def test_relayed_events_counts_every_event_yielded_and_no_other(script: list[bytes]) -> None:
+    relay, _ = make_relay(script)
+    out = await drain(relay)
+    assert relay.relayed_events == relayed_count(out) > 0
+
+
+async def test_relayed_events_stops_at_an_error_event() -> None:
+    relay, _ = make_relay([ev(chunk("a")) + ev(chunk("b")) + ev({"error": {"message": "boom"}}) + ev(chunk("c"))])
+    out: list[bytes] = []
+    with pytest.raises(UpstreamError):
+        async for piece in relay:
+            out.append(piece)
+    await relay.aclose()
+    assert relay.relayed_events == relayed_count(out) == 2
+
+
+async def test_relayed_events_is_one_per_event_when_generated_text_says_data() -> None:
+    """The handler used to count ``data: `` in the bytes: generated text saying it was charged as events."""
+    relay, _ = make_relay([ev(chunk("data: data: data: ")) + done()])
+    await drain(relay)
+    assert relay.relayed_events == 1
