@@ -57,7 +57,7 @@ def create_app(
     )
     app = web.Application(
         client_max_size=config.server.max_body_bytes,
-        middlewares=[request_middleware],
+        middlewares=[request_middleware(state)],
         handler_args=handler_args(config.server),  # header limits and the slow-header timeout
     )
     app[STATE] = state

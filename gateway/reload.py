@@ -19,9 +19,9 @@ On SIGHUP the config file is read again with the loader ``gateway check-config``
   the pool's ``status.json`` and ``gateway_pool_rollouts{outcome="failed"}``), the old
   workers keep serving, and the next reload resumes it. Requests that began before the
   swap finish on the objects they hold; a backend the new config no longer uses is closed
-  once every request that began before the swap has ended (:class:`_Generation`), never
-  under one. Metrics keep their registry: new model and backend names become label values,
-  removed ones stop growing.
+  once every request that began before the swap has ended (:class:`gateway.state.Generation`,
+  counted by the request middleware), never under one. Metrics keep their registry: new
+  model and backend names become label values, removed ones stop growing.
 
 Connections are untouched: the listener, keep-alive connections and the drain state belong
 to ``gateway.shutdown`` and outlive every reload.
@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from aiohttp.typedefs import Handler, Middleware
 
 from backends.base import Backend, Reconfigurable, ReconfigureReport
 from backends.registry import build_backends
@@ -53,7 +52,7 @@ from gateway.flow.health import HealthProber
 from gateway.flow.router import BackendGuard, Router
 from gateway.http.hardening import register_secrets
 from gateway.security.guard import RequestGuard
-from gateway.state import STATE, GatewayState
+from gateway.state import STATE, GatewayState, Generation
 from schemas.config import BackendConfig, GatewayConfig, VLLMPoolBackendConfig
 
 __all__ = ["LIVE_SERVER_KEYS", "RELOAD", "Reloader", "enable_reload", "restart_needed"]
@@ -67,22 +66,6 @@ LIVE_SERVER_KEYS = frozenset({"admission", "client_body_timeout", "max_prompt_ar
 _KEPT = frozenset({"metrics", "in_flight", "draining", "started_at"})
 # Backend keys its BackendGuard (breaker, limiter, retry policy) is built from.
 _GUARD_KEYS = ("max_concurrency", "retry", "circuit_breaker")
-
-
-class _Generation:
-    """The requests that began under one config: counted so that what that config alone used
-    is closed only after the last of them ended."""
-
-    __slots__ = ("active", "idle")
-
-    def __init__(self) -> None:
-        self.active = 0
-        self.idle: asyncio.Event | None = None  # made when the generation is retired
-
-    def retire(self) -> None:
-        self.idle = asyncio.Event()
-        if not self.active:
-            self.idle.set()
 
 
 def restart_needed(
@@ -179,30 +162,13 @@ class Reloader:
         self._adapt = adapt
         self._clock = clock if clock is not None else Clock()
         self._lock = asyncio.Lock()
-        self.current = _Generation()
         self._prober: HealthProber | None = None  # the app's own (PROBER) until the first reload
-        self._older: list[_Generation] = []  # retired generations, some maybe still busy
+        self._older: list[Generation] = []  # retired generations, some maybe still busy
         self._retiring: set[asyncio.Task[None]] = set()
         self._pending: set[asyncio.Task[bool]] = set()
         self.reloads = 0  # applied reloads
 
     # --- hooks the app calls ------------------------------------------------------------------
-    def middleware(self) -> Middleware:
-        """Counts each request in the generation it began in (two integer updates per request)."""
-
-        @web.middleware
-        async def track(request: web.Request, handler: Handler) -> web.StreamResponse:
-            generation = self.current
-            generation.active += 1
-            try:
-                return await handler(request)
-            finally:
-                generation.active -= 1
-                if not generation.active and generation.idle is not None:
-                    generation.idle.set()
-
-        return track
-
     async def lifecycle(self, app: web.Application) -> AsyncIterator[None]:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGHUP, self.on_sighup)
@@ -317,8 +283,8 @@ class Reloader:
         old_guard = state.request_guard if new.request_guard is not state.request_guard else None
 
         # --- the swap: synchronous, so no request sees half of it ----------------------------
+        retiring = state.generation  # the new state brought its own: requests from now count there
         swap(state, new)
-        retiring, self.current = self.current, _Generation()
         retiring.retire()
         self._older = [g for g in self._older if g.idle is not None and not g.idle.is_set()] + [retiring]
         old_prober, self._prober = self._prober if self._prober is not None else self._app[PROBER], prober
@@ -344,7 +310,7 @@ class Reloader:
         return True
 
     @staticmethod
-    async def _retire(waits: list[_Generation], backends: list[Backend], guard: RequestGuard | None) -> None:
+    async def _retire(waits: list[Generation], backends: list[Backend], guard: RequestGuard | None) -> None:
         """Close ``backends`` (and a replaced request guard) once the generations in ``waits``
         (the one just retired and every older one still busy: their requests may hold these
         backends too) have no request left; at shutdown, at once."""
@@ -392,6 +358,5 @@ def enable_reload(
     """
     reloader = Reloader(app, Path(path), server_overrides or {}, clock, adapt)
     app[RELOAD] = reloader
-    app.middlewares.append(reloader.middleware())
     app.cleanup_ctx.append(reloader.lifecycle)
     return reloader

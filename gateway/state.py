@@ -22,6 +22,26 @@ __all__ = ["STATE", "GatewayState", "InFlight", "models_body"]
 _CANCEL_GRACE = 2.0  # seconds cancelled handlers get to write their last words
 
 
+class Generation:
+    """The requests that began under one config (``gateway.reload``): counted by the request
+    middleware (``gateway.http.middleware``), so that what that config alone used is closed only
+    after the last of them ended.
+
+    A field of the state that a reload swaps, so a request counts in the one it began in
+    without a middleware of its own (two integer updates per request)."""
+
+    __slots__ = ("active", "idle")
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.idle: asyncio.Event | None = None  # made when the generation is retired
+
+    def retire(self) -> None:
+        self.idle = asyncio.Event()
+        if not self.active:
+            self.idle.set()
+
+
 class InFlight:
     """The handler tasks serving completions now: what a drain waits for, then cancels.
 
@@ -88,6 +108,8 @@ class GatewayState:
     models_body: bytes
     started_at: float
     in_flight: InFlight = field(default_factory=InFlight)
+    # The requests begun under this config; a reload swaps in the new state's.
+    generation: Generation = field(default_factory=Generation)
     draining: bool = False
 
 

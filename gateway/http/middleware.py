@@ -13,10 +13,11 @@ import re
 
 import orjson
 from aiohttp import web
-from aiohttp.typedefs import Handler
+from aiohttp.typedefs import Handler, Middleware
 
 from gateway.http.hardening import redact
 from gateway.http.request_id import REQUEST_ID, new_request_id
+from gateway.state import GatewayState
 from schemas.errors import (
     GatewayError,
     MethodNotAllowedError,
@@ -57,27 +58,42 @@ def _from_http_exception(exc: web.HTTPException, request: web.Request) -> Gatewa
     return GatewayError(exc.reason or "HTTP error", status=exc.status, type="invalid_request_error")
 
 
-@web.middleware
-async def request_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    rid = request.headers.get("x-request-id")
-    if rid is None or not _CLIENT_ID.match(rid):
-        rid = new_request_id()
-    request[REQUEST_ID] = rid
-    try:
-        response = await handler(request)
-    except GatewayError as exc:
-        return error_response(exc, rid)
-    except web.HTTPException as exc:
-        if exc.status < 400:
+def request_middleware(state: GatewayState) -> Middleware:
+    """The app's one middleware: request ids, error answers, and the request's count in ``state``'s
+    config generation (``gateway.reload``). Closed over ``state``: a reload swaps its fields, not it."""
+
+    @web.middleware
+    async def request_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        rid = request.headers.get("x-request-id")
+        if rid is None or not _CLIENT_ID.match(rid):
+            rid = new_request_id()
+        request[REQUEST_ID] = rid
+        # Counted in the config generation the request began in (gateway.reload closes what an old
+        # config alone used once its last request ended): here, not in a middleware of its own,
+        # which cost every request a coroutine layer.
+        generation = state.generation
+        generation.active += 1
+        try:
+            response = await handler(request)
+        except GatewayError as exc:
+            return error_response(exc, rid)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            return error_response(_from_http_exception(exc, request), rid)
+        except (ConnectionResetError, ConnectionError):
             raise
-        return error_response(_from_http_exception(exc, request), rid)
-    except (ConnectionResetError, ConnectionError):
-        raise
-    except Exception:
-        log.exception("unexpected error while serving %s %s (request %s)", request.method, request.path, rid)
-        return error_response(
-            GatewayError("The gateway failed to process the request; see its log.", code="internal_error"), rid
-        )
-    if not response.prepared:
-        response.headers.setdefault("x-request-id", rid)
-    return response
+        except Exception:
+            log.exception("unexpected error while serving %s %s (request %s)", request.method, request.path, rid)
+            return error_response(
+                GatewayError("The gateway failed to process the request; see its log.", code="internal_error"), rid
+            )
+        finally:
+            generation.active -= 1  # Generation.leave(), inline: a call less per request
+            if not generation.active and generation.idle is not None:
+                generation.idle.set()
+        if not response.prepared:
+            response.headers.setdefault("x-request-id", rid)
+        return response
+
+    return request_middleware
