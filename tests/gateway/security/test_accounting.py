@@ -154,3 +154,27 @@ async def test_stream_client_that_leaves_pays_for_what_was_relayed(secure_gatewa
     # at most the prompt estimate and two events (the refill meanwhile only lowers it); keeping the
     # reservation would have charged all of it
     assert charged <= 8 // 4 + 1 + 2 + 1
+
+
+async def test_a_stream_without_usage_is_charged_one_token_per_event_whatever_its_text_says(
+    secure_gateway: MakeSecureGateway,
+) -> None:
+    """No usage from the upstream: the prompt plus one token per relayed event. Generated text that
+    says ``data: `` is not an event (the handler used to count those bytes: 8 events here for 2)."""
+    gw = await secure_gateway(auth_section(a="tpm: 1000"))
+    text = "data: data: data: "
+    events = b"".join(
+        b"data: "
+        + orjson.dumps(
+            {"id": "c", "object": "text_completion", "created": 1, "model": OPENAI_MODEL,
+             "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": None}]}
+        )
+        + b"\n\n"
+        for _ in range(2)
+    )  # fmt: skip
+    gw.upstream.script.append(Behaviour(kind="raw", body=events + b"data: [DONE]\n\n"))
+    status, _, body = await post(gw, {**BODY, "stream": True}, AUTH_A)
+    assert status == 200 and body.count(text.encode()) == 2
+    _, headers, _ = await post(gw, BODY, AUTH_A)
+    charged = 1000 - RESERVED - int(headers["x-ratelimit-remaining-tokens"])
+    assert 8 // 4 + 2 - 1 <= charged <= 8 // 4 + 2 + 1  # the prompt estimate and two events (refill: -1)
