@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, TypeAdapter, model_validator
+from pydantic_core import SchemaSerializer
 
 from schemas.chat_messages import (
     AllowedToolsChoice,
@@ -282,10 +283,25 @@ class ChatCompletionRequest(_Strict):
     def upstream_fields(self) -> dict[str, Any]:
         """The fields the client set to a non-null value, as plain JSON-able data (wire names).
 
-        ``model_dump(exclude_none=True, exclude_unset=True, by_alias=True)``, straight to the
-        serializer: the same output without ``model_dump``'s Python layer, once per attempt.
+        Exactly ``model_dump(exclude_none=True, exclude_unset=True, by_alias=True)``, keys in
+        declared order, but built from the set fields alone: the model's serializer walks all
+        of its ~60 declared fields on every call (issue 14). A plain value (str, int, float,
+        bool) is immutable and dumps as itself; anything else goes through its field's own
+        serializer, which copies it (callers edit the result) and drops nested nulls.
         """
-        return self.__pydantic_serializer__.to_python(self, by_alias=True, exclude_unset=True, exclude_none=True)  # type: ignore[no-any-return]
+        values = self.__dict__
+        out: dict[str, Any] = {}
+        for name in sorted(self.__pydantic_fields_set__, key=_FIELD_ORDER.__getitem__):
+            value = values[name]
+            if value is None:
+                continue
+            if type(value) in _PLAIN:
+                out[name] = value
+            else:
+                out[name] = _field_serializer(name).to_python(
+                    value, by_alias=True, exclude_unset=True, exclude_none=True
+                )
+        return out
 
     @property
     def effective_n(self) -> int:
@@ -376,6 +392,22 @@ _RULES: tuple[tuple[frozenset[str], Callable[[ChatCompletionRequest], None]], ..
     ),
 )
 _RULE_FIELDS: frozenset[str] = frozenset().union(*(fields for fields, _ in _RULES))
+
+# upstream_fields' fast path: each field's place in the declared order, and its serializer.
+_FIELD_ORDER: dict[str, int] = {name: i for i, name in enumerate(ChatCompletionRequest.model_fields)}
+_PLAIN: frozenset[type] = frozenset({str, int, float, bool})
+_FIELD_SERIALIZERS: dict[str, SchemaSerializer] = {}
+
+
+def _field_serializer(name: str) -> SchemaSerializer:
+    """The serializer of one declared field's type (built on first use: most fields never need one)."""
+    serializer = _FIELD_SERIALIZERS.get(name)
+    if serializer is None:
+        info = ChatCompletionRequest.model_fields[name]
+        kind: Any = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
+        serializer = TypeAdapter(kind).serializer
+        _FIELD_SERIALIZERS[name] = serializer
+    return serializer
 
 
 def _message_text(message: ChatMessage) -> str:

@@ -468,13 +468,25 @@ def test_plain_request_runs_only_the_message_rule(monkeypatch: pytest.MonkeyPatc
                        "refusal": None},
                       {"role": "tool", "content": [{"type": "text", "text": "r"}], "tool_call_id": "c"}]},
         {"structured_outputs": {"json": {"a": None}, "disable_fallback": None}, "stream_options": None},
+        {"temperature": 0, "top_p": 0.5, "stop": ["a", "b"], "logit_bias": {"1": 2}, "metadata": {"k": "v"},
+         "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"a": None}}},
+         "guided_json": None, "chat_template_kwargs": {"x": None, "y": [1, None]}, "stop_token_ids": [1, 2],
+         "documents": [{"a": "b"}], "seed": 3, "user": "u", "stream": False},
+        {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+         "parallel_tool_calls": True},
     ],
     ids=str,
 )  # fmt: skip
 def test_upstream_fields_is_model_dump(fields: dict[str, Any]) -> None:
-    """``upstream_fields`` skips model_dump's Python layer; its output must stay exactly the dump's."""
+    """``upstream_fields`` builds from the set fields alone; its output must stay exactly the dump's, key order
+    included (and a copy: callers edit it)."""
     request = make("json", **fields)
-    assert request.upstream_fields() == request.model_dump(exclude_none=True, exclude_unset=True, by_alias=True)
+    dump = request.model_dump(exclude_none=True, exclude_unset=True, by_alias=True)
+    fields_out = request.upstream_fields()
+    assert list(fields_out.items()) == list(dump.items())
+    for name, value in fields_out.items():
+        if isinstance(value, dict | list):
+            assert value is not getattr(request, name)
 
 
 # --- helpers --------------------------------------------------------------------------------
