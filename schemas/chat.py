@@ -33,6 +33,7 @@ from schemas.chat_messages import (
     Tool,
     ToolChoice,
     ToolMessage,
+    message_upstream_fields,
 )
 from schemas.chat_messages import FunctionCallChoice as FunctionCallChoice
 from schemas.chat_options import (
@@ -297,10 +298,10 @@ class ChatCompletionRequest(_Strict):
                 continue
             if type(value) in _PLAIN:
                 out[name] = value
+            elif name == "messages":
+                out[name] = [message_upstream_fields(message) for message in value]
             else:
-                out[name] = _field_serializer(name).to_python(
-                    value, by_alias=True, exclude_unset=True, exclude_none=True
-                )
+                out[name] = _field_serializer(name).to_python(value, **_DUMP)
         return out
 
     @property
@@ -396,6 +397,7 @@ _RULE_FIELDS: frozenset[str] = frozenset().union(*(fields for fields, _ in _RULE
 # upstream_fields' fast path: each field's place in the declared order, and its serializer.
 _FIELD_ORDER: dict[str, int] = {name: i for i, name in enumerate(ChatCompletionRequest.model_fields)}
 _PLAIN: frozenset[type] = frozenset({str, int, float, bool})
+_DUMP: dict[str, Any] = {"by_alias": True, "exclude_unset": True, "exclude_none": True}
 _FIELD_SERIALIZERS: dict[str, SchemaSerializer] = {}
 
 

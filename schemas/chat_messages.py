@@ -10,7 +10,7 @@ Shapes follow OpenAI's ``CreateChatCompletionRequest`` (spec chat-protocol.md se
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
@@ -47,6 +47,7 @@ __all__ = [
     "ToolChoice",
     "ToolMessage",
     "UserMessage",
+    "message_upstream_fields",
 ]
 
 # A tool or json_schema name: OpenAI's own rule (a-z, A-Z, 0-9, underscores and dashes, at most 64).
@@ -195,6 +196,18 @@ ChatMessage = Annotated[
     SystemMessage | DeveloperMessage | UserMessage | AssistantMessage | ToolMessage | FunctionMessage,
     Field(discriminator="role"),
 ]
+_ROLE_CONTENT = frozenset({"role", "content"})
+
+
+def message_upstream_fields(message: ChatMessage) -> dict[str, Any]:
+    """A message as the upstream gets it (set, non-null fields; wire names). The common
+    ``{"role", "content": str}`` is built directly (a third of the serializer's cost, issue 14);
+    any other goes through its model's serializer."""
+    if type(message.content) is str and message.__pydantic_fields_set__ <= _ROLE_CONTENT:
+        return {"role": message.role, "content": message.content}
+    return message.__pydantic_serializer__.to_python(  # type: ignore[no-any-return]
+        message, by_alias=True, exclude_unset=True, exclude_none=True
+    )
 
 
 # --- tools the model may call ----------------------------------------------------------------
