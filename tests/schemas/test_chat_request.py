@@ -560,3 +560,8 @@ def test_message_text_reads_every_kind() -> None:
     assert request.routing_text() == (f"<system>sys<user>look<assistant>no<assistant>{tool_call}<tool>42<function>")
     chars = len("sys") + len("look") + len("no") + len(tool_call) + len("42")
     assert request.prompt_estimate() == chars // 4 + 3 * 6 + 3
+
+
+def test_upstream_fields_assumes_no_top_level_alias() -> None:
+    # upstream_fields writes each set field under its Python name; an alias here would need it to change.
+    assert all(f.alias in (None, name) for name, f in ChatCompletionRequest.model_fields.items())
