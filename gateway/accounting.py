@@ -88,11 +88,7 @@ class RequestRecord:
         self._closed = True
         seconds = asyncio.get_running_loop().time() - self.started
         metrics, model, backend, usage, endpoint = self._metrics, self.model, self.backend, self.usage, self.endpoint
-        if usage is not None and model is not None and backend is not None:
-            metrics.tokens(model, backend, usage.prompt_tokens, usage.completion_tokens, endpoint=endpoint)
-        if status == 499:  # nginx's "client closed request"
-            metrics.client_disconnected(model, backend, endpoint=endpoint)
-        metrics.request_finished(model, backend, status, seconds, endpoint=endpoint)
+        metrics.request_closed(model, backend, status, seconds, usage, endpoint)  # one call: tokens, 499, status
         if self.reservation is not None:
             self.reservation.store.release(self.reservation, self.used_tokens())
         key = self.key

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
-from backends.base import Backend
+from backends.base import Backend, TokenUsage
 from backends.capabilities import ALL_FIELDS
 from backends.chat_capabilities import CHAT_FIELDS
 from backends.registry import metric_collectors
@@ -27,6 +27,7 @@ from schemas.endpoints import Endpoint
 __all__ = ["GATEWAY_SCOPE", "UNKNOWN", "GatewayMetrics"]
 
 _Add = Callable[[float], None]  # adds to one labelled series (negative: a gauge going down)
+_Usage = TokenUsage | None
 
 UNKNOWN = "_unknown"
 GATEWAY_SCOPE = "_gateway"  # the gateway-wide admission queue (backend names cannot start with "_")
@@ -46,6 +47,21 @@ def _adder(child: Counter | Gauge) -> _Add:
     """
     inc = getattr(getattr(child, "_value", None), "inc", None)
     return inc if callable(inc) else child.inc
+
+
+class _Closing:
+    """The series a request's close adds to, for one (model, backend, endpoint), bound once."""
+
+    __slots__ = ("disconnect", "labels", "latency", "requests", "tokens")
+
+    def __init__(self, m: GatewayMetrics, model: str | None, backend: str | None, endpoint: Endpoint) -> None:
+        self.labels = (m.model_label(model), m.backend_label(backend), endpoint.value)
+        known = model in m._models and backend in m._backends
+        pair = m._pair(self.labels[0], self.labels[1], endpoint) if known else None
+        self.latency = pair[0].observe if pair is not None else None
+        self.tokens = (pair[2], pair[3]) if pair is not None else None  # tokens() needs both names, so a pair
+        self.disconnect: _Add | None = None  # made at the first 499: no zero series before
+        self.requests: dict[int, _Add] = {}
 
 
 class GatewayMetrics:
@@ -175,6 +191,7 @@ class GatewayMetrics:
         self.gateway_view: Callable[[], Awaitable[bytes]] | None = None
         self._request_children: dict[tuple[str, str, int, Endpoint], _Add] = {}
         self._pair_children: dict[tuple[str, str, Endpoint], tuple[Histogram, Histogram, _Add, _Add]] = {}
+        self._closing: dict[tuple[str | None, str | None, Endpoint], _Closing] = {}
         self._in_flight_children: dict[tuple[str, Endpoint], _Add] = {}
         for model in self._models:
             for endpoint in Endpoint:
@@ -294,6 +311,40 @@ class GatewayMetrics:
             children[2](prompt)
         if completion > 0:
             children[3](completion)
+
+    def request_closed(
+        self, model: str | None, backend: str | None, status: int, seconds: float, usage: _Usage, endpoint: Endpoint
+    ) -> None:
+        """One request's end as ``tokens``, ``client_disconnected`` (499), ``request_finished``: one cached
+        bundle per (model, backend, endpoint), one lookup, the adds bound once (not kept for unknown names)."""
+        series = self._closing.get((model, backend, endpoint))
+        if series is None:
+            if (model is not None and model not in self._models) or (
+                backend is not None and backend not in self._backends
+            ):
+                if usage is not None and model is not None and backend is not None:
+                    self.tokens(model, backend, usage.prompt_tokens, usage.completion_tokens, endpoint=endpoint)
+                if status == 499:
+                    self.client_disconnected(model, backend, endpoint=endpoint)
+                self.request_finished(model, backend, status, seconds, endpoint=endpoint)
+                return
+            series = self._closing[(model, backend, endpoint)] = _Closing(self, model, backend, endpoint)
+        if usage is not None and series.tokens is not None:
+            if usage.prompt_tokens > 0:
+                series.tokens[0](usage.prompt_tokens)
+            if usage.completion_tokens > 0:
+                series.tokens[1](usage.completion_tokens)
+        labels = series.labels
+        if status == 499:  # nginx's "client closed request"
+            if series.disconnect is None:
+                series.disconnect = _adder(self.client_disconnects.labels(*labels))
+            series.disconnect(1)
+        add = series.requests.get(status)
+        if add is None:
+            add = series.requests[status] = _adder(self.requests.labels(labels[0], labels[1], str(status), labels[2]))
+        add(1)
+        if series.latency is not None:
+            series.latency(seconds)
 
     def unsupported_parameter(self, backend: str, param: str, *, endpoint: Endpoint = Endpoint.COMPLETIONS) -> None:
         label = param if param in self._fields else UNKNOWN

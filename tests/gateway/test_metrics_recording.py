@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter
 
+from backends.base import TokenUsage
 from gateway.metrics import NONE, UNKNOWN, GatewayMetrics, _adder
 from schemas.endpoints import Endpoint
 
@@ -52,3 +53,40 @@ def test_adder_falls_back_to_inc_without_a_value_object() -> None:
     add = _adder(other)  # type: ignore[arg-type]
     add(2)
     assert other.total == 2
+
+
+def _samples(m: GatewayMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in m.registry.collect()
+        for s in family.samples
+        if not s.name.endswith("_created")  # creation times differ between two registries
+    }
+
+
+def test_request_closed_records_what_the_three_separate_calls_record() -> None:
+    # RequestRecord.close's one call (a cached bundle per model, backend, endpoint) against the
+    # calls it replaces, on every shape: usage or none, zero tokens, 499, unknown and missing names.
+    cases: list[tuple[str | None, str | None, int, float, TokenUsage | None, Endpoint]] = [
+        ("m", "b", 200, 0.01, TokenUsage(5, 7), Endpoint.CHAT),
+        ("m", "b", 200, 0.3, TokenUsage(0, 3), Endpoint.CHAT),
+        ("m", "b", 499, 0.02, None, Endpoint.CHAT),
+        ("m", "b", 499, 0.02, TokenUsage(2, 1), Endpoint.COMPLETIONS),
+        ("m", None, 502, 0.5, None, Endpoint.COMPLETIONS),
+        (None, None, 400, 0.001, None, Endpoint.COMPLETIONS),
+        (None, None, 499, 0.001, None, Endpoint.CHAT),
+        ("m", "gone", 200, 0.04, TokenUsage(1, 1), Endpoint.COMPLETIONS),  # a backend no longer known
+        ("m", "b", 200, 0.01, TokenUsage(5, 7), Endpoint.CHAT),
+    ]
+    closed, separate = GatewayMetrics(["m"], ["b"]), GatewayMetrics(["m"], ["b"])
+    for model, backend, status, seconds, usage, endpoint in cases:
+        closed.request_closed(model, backend, status, seconds, usage, endpoint)
+        if usage is not None and model is not None and backend is not None:
+            separate.tokens(model, backend, usage.prompt_tokens, usage.completion_tokens, endpoint=endpoint)
+        if status == 499:
+            separate.client_disconnected(model, backend, endpoint=endpoint)
+        separate.request_finished(model, backend, status, seconds, endpoint=endpoint)
+    assert _samples(closed) == _samples(separate)
+    assert _value(closed, "gateway_client_disconnects_total", model="m", backend="b", endpoint="chat") == 1
+    assert _value(closed, "gateway_prompt_tokens_total", model="m", backend="b", endpoint="chat") == 10
+    assert ("m", "gone", Endpoint.COMPLETIONS) not in closed._closing  # unknown names keep no bundle
