@@ -58,13 +58,18 @@ def relay_completion_body(
     return CompletionResult(orjson.dumps(obj), usage_of(obj.get("usage")))
 
 
+_DONE_TAIL = b"\ndata: [DONE]\n\n"  # how a normal stream's last read ends
+
+
 def _find_done(block: bytes) -> int:
     """Where the first ``data: [DONE]`` event in a block of whole events starts, or -1.
 
     The first one: what an upstream sends after its [DONE] (a second [DONE] included) is
     not the client's. ``[DONE]`` inside generated text is JSON-quoted, never a whole line.
     """
-    at = block.find(b"[DONE]\n")
+    at = block.find(b"[DONE]\n")  # the one scan exactness needs: an earlier [DONE] wins over the tail's
+    if at < 0 or (at == len(block) - 8 and block.endswith(_DONE_TAIL)):
+        return at if at < 0 else at - 6  # no [DONE], or only the usual last event: no slicing
     while at >= 0:
         if at >= 6 and block[at - 6 : at] == b"data: ":
             start = at - 6

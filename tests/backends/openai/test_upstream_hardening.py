@@ -17,7 +17,7 @@ import pytest
 from backends.base import UpstreamCall
 from backends.errors import UpstreamTooLargeError, error_from_upstream_body, register_secret
 from backends.openai.adapter import OpenAIBackend
-from backends.openai.relay import OpenAIStreamRelay
+from backends.openai.relay import OpenAIStreamRelay, _find_done
 from schemas.completions import CompletionRequest
 from schemas.config import OpenAIBackendConfig
 from tests.backends.openai.test_openai_relay import PUB, UP, FakeResponse, drain, make_relay
@@ -217,3 +217,22 @@ async def drain_stream(stream: Any) -> None:
             pass
     finally:
         await stream.aclose()
+
+
+@pytest.mark.parametrize(
+    ("block", "start"),
+    [
+        (b'data: {"a":1}\n\n', -1),
+        (b"data: [DONE]\n\n", 0),
+        (b"data:[DONE]\n\n", 0),
+        (b'data: {"a":1}\n\ndata: [DONE]\n\n', 15),  # the usual last read: the tail shortcut
+        (b'data: {"a":1}\n\ndata:[DONE]\n\n', 15),
+        (b'data: {"a":1}\n\ndata: [DONE]\n\ndata: [DONE]\n\n', 15),  # the first of two
+        (b'data: {"t":"x data: [DONE]\\n"}\n\ndata: [DONE]\n\n', 32),  # quoted text is no event
+        (b'data: {"t":"[DONE]"}\n\n', -1),
+    ],
+)
+def test_find_done_is_where_the_first_done_event_starts(block: bytes, start: int) -> None:
+    assert _find_done(block) == start
+    if start >= 0:
+        assert block[start:].startswith((b"data: [DONE]\n", b"data:[DONE]\n"))
