@@ -68,8 +68,8 @@ def _find_done(block: bytes) -> int:
     not the client's. ``[DONE]`` inside generated text is JSON-quoted, never a whole line.
     """
     at = block.find(b"[DONE]\n")  # the one scan exactness needs: an earlier [DONE] wins over the tail's
-    if at < 0 or (at == len(block) - 8 and block.endswith(_DONE_TAIL)):
-        return at if at < 0 else at - 6  # no [DONE], or only the usual last event: no slicing
+    if at < 0 or block[at - 7 :] == _DONE_TAIL:
+        return at if at < 0 else at - 6  # no [DONE], or it is the usual last event: one compare, no call
     while at >= 0:
         if at >= 6 and block[at - 6 : at] == b"data: ":
             start = at - 6
