@@ -68,7 +68,7 @@ def _find_done(block: bytes) -> int:
     not the client's. ``[DONE]`` inside generated text is JSON-quoted, never a whole line.
     """
     at = block.find(b"[DONE]\n")  # the one scan exactness needs: an earlier [DONE] wins over the tail's
-    if at < 0 or block[at - 7 :] == _DONE_TAIL:
+    if at < 0 or block[at - 7 :] == _DONE_TAIL:  # (at < 7 slices under 16 bytes: never equal)
         return at if at < 0 else at - 6  # no [DONE], or it is the usual last event: one compare, no call
     while at >= 0:
         if at >= 6 and block[at - 6 : at] == b"data: ":
