@@ -13,7 +13,7 @@ import signal
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -27,6 +27,7 @@ from gateway.reload import Reloader, enable_reload
 from gateway.state import STATE
 from tests.backends.vllm.pool.conftest import gateway_yaml, pool_yaml, port_range, wait_no_pids, worker_info
 from tests.conftest import eventually, serve_app
+from tests.keepalive_load import load
 
 CLIENTS = 6
 
@@ -37,42 +38,6 @@ def tag() -> Iterator[str]:
     value = f"pooltest-{uuid.uuid4().hex[:12]}"
     yield value
     assert not wait_no_pids(value)
-
-
-@dataclass
-class Tally:
-    ok: int = 0
-    failures: list[str] = field(default_factory=list)
-
-
-async def _client(url: str, n: int, tally: Tally, stop: asyncio.Event) -> None:
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as session:
-        i = 0
-        while not stop.is_set():
-            stream = (n + i) % 2 == 0
-            i += 1
-            body = {"model": "m", "prompt": "x", "max_tokens": 4, "stream": stream}
-            try:
-                async with session.post(url + "/v1/completions", json=body) as resp:
-                    raw = await resp.read()
-            except (TimeoutError, aiohttp.ClientError) as exc:
-                tally.failures.append(f"{type(exc).__name__}: {exc}")
-                continue
-            if resp.status != 200 or (stream and (not raw.endswith(b"data: [DONE]\n\n") or b'"error"' in raw)):
-                tally.failures.append(f"status {resp.status}: {raw[-200:]!r}")
-            else:
-                tally.ok += 1
-
-
-@asynccontextmanager
-async def _load(url: str) -> AsyncIterator[Tally]:
-    tally, stop = Tally(), asyncio.Event()
-    clients = [asyncio.create_task(_client(url, n, tally, stop)) for n in range(CLIENTS)]
-    try:
-        yield tally
-    finally:
-        stop.set()
-        await asyncio.gather(*clients)
 
 
 @dataclass
@@ -134,7 +99,7 @@ async def test_sighup_rolls_the_pool_one_worker_at_a_time_under_load(tag: str, t
                 await asyncio.sleep(0.01)
 
         watcher = asyncio.create_task(watch())
-        async with _load(gw.url) as tally:
+        async with load(gw.url, CLIENTS) as tally:
             await eventually(lambda: tally.ok >= 20)
             gw.write(extra_args=("--rollout", "2"))
             os.kill(os.getpid(), signal.SIGHUP)
@@ -162,7 +127,7 @@ async def test_a_new_worker_that_never_gets_ready_stops_the_rollout(
     caplog.set_level(logging.INFO, logger="gateway.reload")
     async with _gateway(tag, tmp_path) as gw:
         old = sorted(_live(gw.pool))
-        async with _load(gw.url) as tally:
+        async with load(gw.url, CLIENTS) as tally:
             await eventually(lambda: tally.ok >= 20)
             gw.write(extra_args=("--standin-crash-at-start", "3"))
             assert await gw.reloader.reload()
@@ -187,7 +152,7 @@ async def test_a_routing_change_restarts_no_process(tag: str, tmp_path: Path) ->
     async with _gateway(tag, tmp_path) as gw:
         pids = _live(gw.pool)
         gw.write(routing="{strategy: least-load, metrics_interval: 0.05, wait_for_ready: 10}")
-        async with _load(gw.url) as tally:
+        async with load(gw.url, CLIENTS) as tally:
             await eventually(lambda: tally.ok >= 10)
             assert await gw.reloader.reload()
             before = tally.ok

@@ -11,12 +11,12 @@ import re
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
 
 from tests.conftest import free_port
+from tests.keepalive_load import Tally, client
 
 ROOT = Path(__file__).resolve().parents[3]
 CLIENTS = 8
@@ -28,31 +28,6 @@ backends:
 models:
   - {{name: m, routes: [{{backend: {backend}, model: m}}]}}
 """
-
-
-@dataclass
-class Tally:
-    ok: int = 0
-    failures: list[str] = field(default_factory=list)
-
-
-async def _client(url: str, n: int, tally: Tally, stop: asyncio.Event) -> None:
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as session:  # one keep-alive conn
-        i = 0
-        while not stop.is_set():
-            stream = (n + i) % 2 == 0
-            i += 1
-            body = {"model": "m", "prompt": "x", "max_tokens": 8, "stream": stream}
-            try:
-                async with session.post(url + "/v1/completions", json=body) as resp:
-                    raw = await resp.read()
-            except (TimeoutError, aiohttp.ClientError) as exc:
-                tally.failures.append(f"{type(exc).__name__}: {exc}")
-                continue
-            if resp.status != 200 or (stream and (not raw.endswith(b"data: [DONE]\n\n") or b'"error"' in raw)):
-                tally.failures.append(f"status {resp.status}: {raw[-200:]!r}")
-            else:
-                tally.ok += 1
 
 
 async def _served_by(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
@@ -113,7 +88,7 @@ async def test_sighup_under_load_swaps_the_route_and_fails_no_request(tmp_path: 
                 assert time.monotonic() < deadline, "gateway did not become healthy"
                 await asyncio.sleep(0.05)
 
-            clients = [asyncio.create_task(_client(url, n, tally, stop)) for n in range(CLIENTS)]
+            clients = [asyncio.create_task(client(url, n, tally, stop, max_tokens=8)) for n in range(CLIENTS)]
             await asyncio.sleep(1.0)
             assert tally.ok > CLIENTS, "the load did not get going"
 

@@ -17,9 +17,7 @@ import json
 import re
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,48 +26,12 @@ import aiohttp
 from tests.backends.vllm.pool.conftest import gateway_yaml, pool_yaml, port_range, wait_no_pids
 from tests.backends.vllm.pool.test_pool_gateway_workers import _cmdline, _gateway_workers, _standins
 from tests.conftest import eventually, free_port
+from tests.keepalive_load import Tally, load
 
 ROOT = Path(__file__).resolve().parents[4]
 WORKERS = 2
 BOOT = 90.0  # seconds a loaded box may take to start the interpreters and the stand-ins
 CLIENTS = 6
-
-
-@dataclass
-class Tally:
-    ok: int = 0
-    failures: list[str] = field(default_factory=list)
-
-
-async def _client(url: str, n: int, tally: Tally, stop: asyncio.Event) -> None:
-    """One keep-alive connection, one request after another."""
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as session:
-        i = 0
-        while not stop.is_set():
-            stream = (n + i) % 2 == 0
-            i += 1
-            body = {"model": "m", "prompt": "x", "max_tokens": 6, "stream": stream}
-            try:
-                async with session.post(url + "/v1/completions", json=body) as resp:
-                    raw = await resp.read()
-            except (TimeoutError, aiohttp.ClientError) as exc:
-                tally.failures.append(f"{type(exc).__name__}: {exc}")
-                continue
-            if resp.status != 200 or (stream and (not raw.endswith(b"data: [DONE]\n\n") or b'"error"' in raw)):
-                tally.failures.append(f"status {resp.status}: {raw[-200:]!r}")
-            else:
-                tally.ok += 1
-
-
-@asynccontextmanager
-async def _load(url: str) -> AsyncIterator[Tally]:
-    tally, stop = Tally(), asyncio.Event()
-    clients = [asyncio.create_task(_client(url, n, tally, stop)) for n in range(CLIENTS)]
-    try:
-        yield tally
-    finally:
-        stop.set()
-        await asyncio.gather(*clients)
 
 
 async def _more(tally: Tally, n: int) -> None:
@@ -132,7 +94,7 @@ async def test_sighup_to_the_control_process_rolls_a_changed_pool_under_load(tag
         )
         old = sorted(_standins(tag))
         assert len(old) == 2
-        async with _load(url) as tally:
+        async with load(url, CLIENTS, max_tokens=6) as tally:
             await _more(tally, 20)
 
             # 1. Invalid: the control process refuses it, with the YAML path; no worker hears of it.
