@@ -102,8 +102,12 @@ def _prompt_tokens(req: dict[str, Any], chat: bool) -> int:
     """Words in the prompt (or in the messages' string contents): a stand-in for a tokenizer."""
     if chat:
         messages = req.get("messages") or []
-        return max(1, sum(len(m["content"].split()) for m in messages
-                          if isinstance(m, dict) and isinstance(m.get("content"), str)))
+        return max(
+            1,
+            sum(
+                len(m["content"].split()) for m in messages if isinstance(m, dict) and isinstance(m.get("content"), str)
+            ),
+        )
     prompt = req.get("prompt", "")
     return max(1, len(prompt.split()) if isinstance(prompt, str) else len(prompt))
 
@@ -178,7 +182,7 @@ class Upstream(asyncio.Protocol):
             else:
                 if len(buf) - start < length:
                     return None
-                body, used = bytes(buf[start:start + length]), start + length
+                body, used = bytes(buf[start : start + length]), start + length
             del buf[:used]
             self.handle(parts[0], parts[1].split(b"?", 1)[0].decode("latin-1"), body, keep_alive)
         return None
@@ -263,7 +267,7 @@ def _dechunk(buf: bytearray, pos: int) -> tuple[bytes, int] | None:
             return None if end < 0 else (bytes(out), end + 4)
         if len(buf) < eol + 2 + size + 2:
             return None
-        out += buf[eol + 2:eol + 2 + size]
+        out += buf[eol + 2 : eol + 2 + size]
         pos = eol + 4 + size
 
 
@@ -271,8 +275,9 @@ async def serve(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     render = Renderer()
     delay = args.token_delay_ms / 1000.0
-    server = await loop.create_server(lambda: Upstream(render, args.default_max_tokens, delay),
-                                      args.host, args.port, backlog=4096, reuse_address=True)
+    server = await loop.create_server(
+        lambda: Upstream(render, args.default_max_tokens, delay), args.host, args.port, backlog=4096, reuse_address=True
+    )
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)

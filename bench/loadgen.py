@@ -35,11 +35,19 @@ class Run:
     def __init__(self, args: argparse.Namespace, concurrency: int, start_wall: float) -> None:
         u = urlsplit(args.url)
         self.host, self.port = u.hostname or "127.0.0.1", u.port or 80
-        body: dict[str, Any] = {"model": args.model, "prompt": args.prompt, "max_tokens": args.max_tokens,
-                                "temperature": 0}
+        body: dict[str, Any] = {
+            "model": args.model,
+            "prompt": args.prompt,
+            "max_tokens": args.max_tokens,
+            "temperature": 0,
+        }
         if args.chat:  # same words, same limit: the two endpoints differ only in their shapes
-            body = {"model": args.model, "messages": [{"role": "user", "content": args.prompt}],
-                    "max_tokens": args.max_tokens, "temperature": 0}
+            body = {
+                "model": args.model,
+                "messages": [{"role": "user", "content": args.prompt}],
+                "max_tokens": args.max_tokens,
+                "temperature": 0,
+            }
         if args.stream:
             body["stream"] = True
             if args.include_usage:
@@ -47,8 +55,10 @@ class Run:
         data = orjson.dumps(body)
         auth = f"Authorization: Bearer {args.auth}\r\n" if args.auth else ""
         accept = "text/event-stream" if args.stream else "application/json"
-        self.request = (f"POST {u.path or '/'} HTTP/1.1\r\nHost: {u.netloc}\r\nContent-Type: application/json\r\n"
-                        f"Accept: {accept}\r\n{auth}Content-Length: {len(data)}\r\n\r\n").encode() + data
+        self.request = (
+            f"POST {u.path or '/'} HTTP/1.1\r\nHost: {u.netloc}\r\nContent-Type: application/json\r\n"
+            f"Accept: {accept}\r\n{auth}Content-Length: {len(data)}\r\n\r\n"
+        ).encode() + data
         self.stream = bool(args.stream)
         self.concurrency = concurrency
         self.timeout = args.timeout
@@ -177,7 +187,7 @@ class Conn(asyncio.Protocol):
             if end < 0:
                 return
             head = self.head[:end].lower()
-            data = self.head[end + 4:]
+            data = self.head[end + 4 :]
             if not head.startswith(b"http/1.") or not head[9:12].isdigit():
                 self.run.error("errors", f"bad response head: {head[:100]!r}", time.perf_counter())
                 self.abort()
@@ -204,7 +214,7 @@ class Conn(asyncio.Protocol):
             eol = body.find(b"\r\n", self.pos)
             if eol < 0:
                 return
-            size = int(body[self.pos:eol].split(b";", 1)[0], 16)
+            size = int(body[self.pos : eol].split(b";", 1)[0], 16)
             if size == 0:
                 if body.endswith(b"\r\n\r\n") and len(body) >= eol + 4:
                     self.complete()
@@ -246,7 +256,7 @@ def _header(head: bytes, name: bytes) -> bytes:
     if i < 0:
         return b""
     j = head.find(b"\r\n", i + 2)
-    return head[i + len(name):j if j > 0 else len(head)].strip()
+    return head[i + len(name) : j if j > 0 else len(head)].strip()
 
 
 def _stream_done(body: bytearray, chunked: bool) -> bool:
@@ -256,7 +266,7 @@ def _stream_done(body: bytearray, chunked: bool) -> bool:
         return bytes(body).rstrip().endswith(_DONE)
     out, pos = bytearray(), 0  # [DONE] split across chunks: decode the whole body
     while (eol := body.find(b"\r\n", pos)) >= 0 and (size := int(body[pos:eol].split(b";")[0], 16)):
-        out += body[eol + 2:eol + 2 + size]
+        out += body[eol + 2 : eol + 2 + size]
         pos = eol + 4 + size
     return bytes(out).rstrip().endswith(_DONE)
 
@@ -299,14 +309,21 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     counts = {k: sum(p["counts"][k] for p in parts) for k in parts[0]["counts"]}
     ok = counts["ok"]
     out: dict[str, Any] = {
-        "rps": round(ok / args.duration, 1), "p50_ms": _pct(lat, 50), "p90_ms": _pct(lat, 90),
-        "p99_ms": _pct(lat, 99), "ttft_p50_ms": _pct(ttft, 50), "ttft_p99_ms": _pct(ttft, 99),
-        "errors": counts["errors"] + counts["non200"] + counts["incomplete"], "requests": ok,
+        "rps": round(ok / args.duration, 1),
+        "p50_ms": _pct(lat, 50),
+        "p90_ms": _pct(lat, 90),
+        "p99_ms": _pct(lat, 99),
+        "ttft_p50_ms": _pct(ttft, 50),
+        "ttft_p99_ms": _pct(ttft, 99),
+        "errors": counts["errors"] + counts["non200"] + counts["incomplete"],
+        "requests": ok,
         "mean_ms": round(sum(lat) / ok, 3) if ok else None,
         "rps_little": round(args.concurrency / (sum(lat) / ok / 1000.0), 1) if ok else 0.0,
-        "per_conn": round(ok / args.concurrency, 1), "concurrency": args.concurrency, "stream": args.stream,
-        "detail": {k: v for k, v in counts.items() if k != "ok"}, "first_error": next(
-            (p["first_error"] for p in parts if p["first_error"]), ""),
+        "per_conn": round(ok / args.concurrency, 1),
+        "concurrency": args.concurrency,
+        "stream": args.stream,
+        "detail": {k: v for k, v in counts.items() if k != "ok"},
+        "first_error": next((p["first_error"] for p in parts if p["first_error"]), ""),
     }
     if args.stream:
         out["events_per_stream"] = round(counts["events"] / ok, 2) if ok else 0.0

@@ -21,11 +21,22 @@ def pin(cpus: str) -> list[str]:
     return ["taskset", "-c", cpus] if cpus else []
 
 
-def start(argv: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None,
-          ) -> subprocess.Popen[bytes]:
+def start(
+    argv: list[str],
+    log: Path,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> subprocess.Popen[bytes]:
     with open(log, "ab") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+            cwd=cwd,
+            start_new_session=True,
+        )
     STARTED.append(proc)
     return proc
 
@@ -36,7 +47,7 @@ def descendants(pid: int) -> list[int]:
         if entry.isdigit():
             try:
                 stat = Path(f"/proc/{entry}/stat").read_text()
-                parents.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(int(entry))
+                parents.setdefault(int(stat[stat.rindex(")") + 2 :].split()[1]), []).append(int(entry))
             except (OSError, ValueError):
                 pass
     out, todo = [], [pid]
@@ -82,7 +93,7 @@ def cpu_s(pid: int) -> float:
     for p in [pid, *descendants(pid)]:
         try:
             stat = Path(f"/proc/{p}/stat").read_text()
-            fields = stat[stat.rindex(")") + 2:].split()
+            fields = stat[stat.rindex(")") + 2 :].split()
             total += int(fields[11]) + int(fields[12])
         except (OSError, ValueError, IndexError):
             pass
@@ -141,8 +152,15 @@ def request(port: int, method: str, path: str, body: Any = None, timeout: float 
         conn.close()
 
 
-def wait_http(port: int, method: str, path: str, proc: subprocess.Popen[bytes] | None, limit: float,
-              body: Any = None, since: float | None = None) -> float:
+def wait_http(
+    port: int,
+    method: str,
+    path: str,
+    proc: subprocess.Popen[bytes] | None,
+    limit: float,
+    body: Any = None,
+    since: float | None = None,
+) -> float:
     """Poll until ``method path`` answers 200; seconds since ``since`` (default: now)."""
     t0 = since if since is not None else time.perf_counter()
     last = ""

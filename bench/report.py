@@ -27,20 +27,39 @@ def fmt(v: Any, nd: int = 2) -> str:
     return f"{v:,}" if isinstance(v, int) else str(v)
 
 
-def summarise(results: list[dict[str, Any]], targets: list[str], scens: list[dict[str, Any]], client_core: str,
-              ) -> list[dict[str, Any]]:
+def summarise(
+    results: list[dict[str, Any]],
+    targets: list[str],
+    scens: list[dict[str, Any]],
+    client_core: str,
+) -> list[dict[str, Any]]:
     rows = []
-    keys = ("rps", "p50_ms", "p90_ms", "p99_ms", "ttft_p50_ms", "ttft_p99_ms", "proxy_cpu_pct", "cpu_us_per_req",
-            "rss_mb", "upstream_connections", "upstream_requests")
+    keys = (
+        "rps",
+        "p50_ms",
+        "p90_ms",
+        "p99_ms",
+        "ttft_p50_ms",
+        "ttft_p99_ms",
+        "proxy_cpu_pct",
+        "cpu_us_per_req",
+        "rss_mb",
+        "upstream_connections",
+        "upstream_requests",
+    )
     for sc in scens:
         cell: dict[str, dict[str, Any]] = {}
         for t in targets:
             rs = [r for r in results if r["target"] == t and r["scenario"] == sc["id"] and "rps" in r]
             if rs:
                 cell[t] = {k: median(rs, k) for k in keys} | {
-                    "errors": sum(r["errors"] for r in rs), "runs": len(rs), "target": t, "scenario": sc["id"],
+                    "errors": sum(r["errors"] for r in rs),
+                    "runs": len(rs),
+                    "target": t,
+                    "scenario": sc["id"],
                     "others_pct": median([r["cpu_pct"] for r in rs], "others"),
-                    "client_core_busy": median([r["cpu_pct"]["cores_busy"] for r in rs], client_core)}
+                    "client_core_busy": median([r["cpu_pct"]["cores_busy"] for r in rs], client_core),
+                }
                 if (median(rs, "per_conn") or 0) < LITTLE_BELOW:  # few completions per connection: the window
                     cell[t]["rps_window"] = cell[t]["rps"]  # count is quantised; use Little's law c / mean latency
                     cell[t]["rps"], cell[t]["little"] = median(rs, "rps_little"), True
@@ -71,9 +90,18 @@ def chat_vs_completions(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not r["scenario"].startswith("chat_") or base is None or not base["rps"]:
             continue
         cpu, cpu0 = r.get("cpu_us_per_req"), base.get("cpu_us_per_req")
-        out.append({"target": r["target"], "scenario": r["scenario"], "chat_rps": r["rps"], "rps": base["rps"],
-                    "x_rps": round(r["rps"] / base["rps"], 3), "chat_cpu_us": cpu, "cpu_us": cpu0,
-                    "x_cpu": round(cpu / cpu0, 3) if cpu and cpu0 else None})
+        out.append(
+            {
+                "target": r["target"],
+                "scenario": r["scenario"],
+                "chat_rps": r["rps"],
+                "rps": base["rps"],
+                "x_rps": round(r["rps"] / base["rps"], 3),
+                "chat_cpu_us": cpu,
+                "cpu_us": cpu0,
+                "x_cpu": round(cpu / cpu0, 3) if cpu and cpu0 else None,
+            }
+        )
     return out
 
 
@@ -90,9 +118,18 @@ def workers_vs_one(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not r["target"].startswith("gateway-w") or base is None or not base["rps"]:
             continue
         cpu, cpu0 = r.get("cpu_us_per_req"), base.get("cpu_us_per_req")
-        out.append({"target": r["target"], "scenario": r["scenario"], "rps": r["rps"], "rps_1": base["rps"],
-                    "x_rps": round(r["rps"] / base["rps"], 3), "cpu_us": cpu, "cpu_us_1": cpu0,
-                    "x_cpu": round(cpu / cpu0, 3) if cpu and cpu0 else None})
+        out.append(
+            {
+                "target": r["target"],
+                "scenario": r["scenario"],
+                "rps": r["rps"],
+                "rps_1": base["rps"],
+                "x_rps": round(r["rps"] / base["rps"], 3),
+                "cpu_us": cpu,
+                "cpu_us_1": cpu0,
+                "x_cpu": round(cpu / cpu0, 3) if cpu and cpu0 else None,
+            }
+        )
     return out
 
 
@@ -101,59 +138,115 @@ def comparisons(rows: list[dict[str, Any]]) -> str:
     out = []
     chat = chat_vs_completions(rows)
     if chat:
-        out += ["", "| chat vs completions (same run) | target | chat req/s | completions req/s | x rps (>= 0.9) "
-                "| chat CPU us/req | completions CPU us/req | x CPU |", "|---|---|---|---|---|---|---|---|"]
-        out += [f"| {c['scenario']} | {c['target']} | {fmt(c['chat_rps'])} | {fmt(c['rps'])} | {ratio(c['x_rps'])} | "
-                f"{fmt(c['chat_cpu_us'], 0)} | {fmt(c['cpu_us'], 0)} | "
-                f"{ratio(c['x_cpu']) if c['x_cpu'] is not None else '-'} |" for c in chat]
+        out += [
+            "",
+            "| chat vs completions (same run) | target | chat req/s | completions req/s | x rps (>= 0.9) "
+            "| chat CPU us/req | completions CPU us/req | x CPU |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        out += [
+            f"| {c['scenario']} | {c['target']} | {fmt(c['chat_rps'])} | {fmt(c['rps'])} | {ratio(c['x_rps'])} | "
+            f"{fmt(c['chat_cpu_us'], 0)} | {fmt(c['cpu_us'], 0)} | "
+            f"{ratio(c['x_cpu']) if c['x_cpu'] is not None else '-'} |"
+            for c in chat
+        ]
     workers = workers_vs_one(rows)
     if workers:
-        out += ["", "| workers vs one process (same run) | target | req/s | req/s N=1 | x rps | CPU us/req (all "
-                "processes) | CPU us/req N=1 | x CPU |", "|---|---|---|---|---|---|---|---|"]
-        out += [f"| {w['scenario']} | {w['target']} | {fmt(w['rps'])} | {fmt(w['rps_1'])} | {ratio(w['x_rps'])} | "
-                f"{fmt(w['cpu_us'], 0)} | {fmt(w['cpu_us_1'], 0)} | "
-                f"{ratio(w['x_cpu']) if w['x_cpu'] is not None else '-'} |" for w in workers]
+        out += [
+            "",
+            "| workers vs one process (same run) | target | req/s | req/s N=1 | x rps | CPU us/req (all "
+            "processes) | CPU us/req N=1 | x CPU |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        out += [
+            f"| {w['scenario']} | {w['target']} | {fmt(w['rps'])} | {fmt(w['rps_1'])} | {ratio(w['x_rps'])} | "
+            f"{fmt(w['cpu_us'], 0)} | {fmt(w['cpu_us_1'], 0)} | "
+            f"{ratio(w['x_cpu']) if w['x_cpu'] is not None else '-'} |"
+            for w in workers
+        ]
     return "\n".join(out)
 
 
 def table(rows: list[dict[str, Any]], info: dict[str, Any], mem: list[dict[str, Any]]) -> str:
     refs = [r for r in ("direct", "thin", "litellm") if any(row.get(f"x_{r}") for row in rows)]
-    head = ["scenario", "target", "req/s", "p50 ms", "p90 ms", "p99 ms", "TTFT p50", "err",
-            *[f"x {r}" for r in refs], "+p50 ms", "proxy CPU %", "CPU us/req", "RSS MB", "upstream conns/reqs"]
+    head = [
+        "scenario",
+        "target",
+        "req/s",
+        "p50 ms",
+        "p90 ms",
+        "p99 ms",
+        "TTFT p50",
+        "err",
+        *[f"x {r}" for r in refs],
+        "+p50 ms",
+        "proxy CPU %",
+        "CPU us/req",
+        "RSS MB",
+        "upstream conns/reqs",
+    ]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         ratios = [ratio(r[f"x_{ref}"]) if r.get(f"x_{ref}") is not None else "-" for ref in refs]
-        cells = [r["scenario"], r["target"], fmt(r["rps"]) + (" †" if r.get("little") else ""),
-                 fmt(r["p50_ms"]), fmt(r["p90_ms"]), fmt(r["p99_ms"]),
-                 fmt(r["ttft_p50_ms"]), str(r["errors"]), *ratios, fmt(r.get("added_p50_ms")),
-                 fmt(r["proxy_cpu_pct"], 0), fmt(r["cpu_us_per_req"], 0), fmt(r["rss_mb"], 1),
-                 f"{fmt(r['upstream_connections'])}/{fmt(r['upstream_requests'])}"]
+        cells = [
+            r["scenario"],
+            r["target"],
+            fmt(r["rps"]) + (" †" if r.get("little") else ""),
+            fmt(r["p50_ms"]),
+            fmt(r["p90_ms"]),
+            fmt(r["p99_ms"]),
+            fmt(r["ttft_p50_ms"]),
+            str(r["errors"]),
+            *ratios,
+            fmt(r.get("added_p50_ms")),
+            fmt(r["proxy_cpu_pct"], 0),
+            fmt(r["cpu_us_per_req"], 0),
+            fmt(r["rss_mb"], 1),
+            f"{fmt(r['upstream_connections'])}/{fmt(r['upstream_requests'])}",
+        ]
         out.append("| " + " | ".join(cells) + " |")
-    out += ["", "| target | start-up s (spawn to /health 200) | RSS at start MB | RSS at end MB | peak RSS MB "
-            "| check |", "|---|---|---|---|---|---|"]
+    out += [
+        "",
+        "| target | start-up s (spawn to /health 200) | RSS at start MB | RSS at end MB | peak RSS MB | check |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, i in info.items():
         ok = "error: " + i["error"] if "error" in i else ", ".join(f"{k}={v}" for k, v in i.get("check", {}).items())
-        out.append(f"| {name} | {fmt(i.get('startup_s'), 3)} | {fmt(i.get('rss_start_mb'), 1)} | "
-                   f"{fmt(i.get('rss_mb'), 1)} | {fmt(i.get('hwm_mb'), 1)} | {ok} |")
+        out.append(
+            f"| {name} | {fmt(i.get('startup_s'), 3)} | {fmt(i.get('rss_start_mb'), 1)} | "
+            f"{fmt(i.get('rss_mb'), 1)} | {fmt(i.get('hwm_mb'), 1)} | {ok} |"
+        )
     notes = []
     for r in rows:
         if (r["others_pct"] or 0) > 10:
-            notes.append(f"- warning: {r['target']}/{r['scenario']}: other processes used {r['others_pct']:.0f}% "
-                         "of a core during the cell (noisy machine)")
+            notes.append(
+                f"- warning: {r['target']}/{r['scenario']}: other processes used {r['others_pct']:.0f}% "
+                "of a core during the cell (noisy machine)"
+            )
         if r["target"] != "direct" and (r["client_core_busy"] or 0) > 95:
-            notes.append(f"- note: {r['target']}/{r['scenario']}: the client+upstream core was "
-                         f"{r['client_core_busy']:.0f}% busy, so the client side may have been the limit")
+            notes.append(
+                f"- note: {r['target']}/{r['scenario']}: the client+upstream core was "
+                f"{r['client_core_busy']:.0f}% busy, so the client side may have been the limit"
+            )
     if any(r.get("little") for r in rows):
-        notes.append(f"- †: under {LITTLE_BELOW} completions per connection in the window, so req/s is Little's law "
-                     "(connections / mean latency); the window count is rps_window in the JSON")
+        notes.append(
+            f"- †: under {LITTLE_BELOW} completions per connection in the window, so req/s is Little's law "
+            "(connections / mean latency); the window count is rps_window in the JSON"
+        )
     extra = comparisons(rows)
     out += extra.split("\n") if extra else []
     out += ["", *notes] if notes else []
     if mem:
-        out += ["", "| mem_streams target | open streams | RSS idle MB | peak RSS MB | KB/stream | streams/s | "
-                "upstream conns (max open) | err |", "|---|---|---|---|---|---|---|---|"]
+        out += [
+            "",
+            "| mem_streams target | open streams | RSS idle MB | peak RSS MB | KB/stream | streams/s | "
+            "upstream conns (max open) | err |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for m in mem:
-            out.append(f"| {m['target']} | {m['streams']} | {fmt(m.get('rss_idle_mb'), 1)} | "
-                       f"{fmt(m.get('peak_rss_mb'), 1)} | {fmt(m.get('kb_per_stream'), 1)} | {fmt(m.get('rps'))} | "
-                       f"{fmt(m.get('upstream_open_max'))} | {m.get('errors', m.get('error', '-'))} |")
+            out.append(
+                f"| {m['target']} | {m['streams']} | {fmt(m.get('rss_idle_mb'), 1)} | "
+                f"{fmt(m.get('peak_rss_mb'), 1)} | {fmt(m.get('kb_per_stream'), 1)} | {fmt(m.get('rps'))} | "
+                f"{fmt(m.get('upstream_open_max'))} | {m.get('errors', m.get('error', '-'))} |"
+            )
     return "\n".join(out).rstrip()

@@ -125,8 +125,10 @@ def request_bytes(scenario: str, port: int) -> bytes:
     import json
 
     data = json.dumps(body, separators=(",", ":")).encode()
-    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(data)}\r\n\r\n")
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\n\r\n"
+    )
     return head.encode() + data
 
 
@@ -198,8 +200,13 @@ models:
         python = checkout / ".venv" / "bin" / "python"
         argv = [str(python), str(Path(__file__).resolve()), "--serve-profiled", str(config), str(self.port), self.prof]
         self.log = open(work / f"{name}.log", "ab")  # closed in stop()
-        self.proc = subprocess.Popen(argv, cwd=checkout, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONPATH": str(checkout)})
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=checkout,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(checkout)},
+        )
         wait_port(self.port, self.proc)
 
     def signal_and_wait(self, sig: int, marker: str) -> None:
@@ -224,8 +231,11 @@ models:
             print(f"  {self.name} {scenario}: {n - ok} of {n} failed (status {bad})", file=sys.stderr)
             return None
         seconds, collections, full, objects = Path(self.prof + ".gc").read_text().split()
-        print(f"  {self.name} {scenario}: GC {float(seconds) / n * 1e6:.1f} us/req, {collections} collections"
-              f" ({full} full), {objects} tracked objects", file=sys.stderr)
+        print(
+            f"  {self.name} {scenario}: GC {float(seconds) / n * 1e6:.1f} us/req, {collections} collections"
+            f" ({full} full), {objects} tracked objects",
+            file=sys.stderr,
+        )
         return pstats.Stats(self.prof)
 
     def cpu_us(self, scenario: str, n: int, concurrency: int) -> float | None:
@@ -288,13 +298,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="request-cost-") as tmp:
         work = Path(tmp)
         upstream_port = free_port()
-        upstream = subprocess.Popen([sys.executable, str(HERE / "fake_upstream.py"), "--port", str(upstream_port)],
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        upstream = subprocess.Popen(
+            [sys.executable, str(HERE / "fake_upstream.py"), "--port", str(upstream_port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
         targets: list[Target] = []
         try:
             wait_port(upstream_port, upstream)
-            checkouts = [("this", ROOT)] + [(f"ref{i}" if len(args.ref) > 1 else "ref", p.resolve())
-                                             for i, p in enumerate(args.ref)]
+            checkouts = [("this", ROOT)] + [
+                (f"ref{i}" if len(args.ref) > 1 else "ref", p.resolve()) for i, p in enumerate(args.ref)
+            ]
             targets = [Target(name, path, upstream_port, work) for name, path in checkouts]
             results: dict[tuple[str, str], dict[str, Any]] = {}
             for s in scenarios:
@@ -323,8 +337,10 @@ def main() -> None:
                 t.stop()
             upstream.send_signal(signal.SIGTERM)
             upstream.wait(10)
-    print(f"# request cost: -n {args.n} -c {args.c}, CPU median of {args.repeats} interleaved rounds; "
-          f"load {os.getloadavg()[0]:.2f}")
+    print(
+        f"# request cost: -n {args.n} -c {args.c}, CPU median of {args.repeats} interleaved rounds; "
+        f"load {os.getloadavg()[0]:.2f}"
+    )
     print(f"| scenario | {' | '.join(f'{name}: calls/req, CPU us/req' for name, _ in checkouts)} |")
     print("|---|" + "---|" * len(checkouts))
     for s in scenarios:

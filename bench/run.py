@@ -54,11 +54,20 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 PY = sys.executable
 OFFLINE = "http://127.0.0.1:9/"  # the discard port: any phone-home fails at once
-LITELLM_ENV = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_MODEL_COST_MAP_URL": OFFLINE, "NO_PROXY": "*",
-               "LITELLM_LOCAL_BLOG_POSTS": "True", "LITELLM_BLOG_POSTS_URL": OFFLINE, "HF_HUB_OFFLINE": "1",
-               "LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS": "True", "LITELLM_ANTHROPIC_BETA_HEADERS_URL": OFFLINE,
-               "LITELLM_LOCAL_POLICY_TEMPLATES": "True", "LITELLM_LOCAL_AUTOROUTER_PRESETS": "True",
-               "LITELLM_AUTOROUTER_PRESETS_URL": OFFLINE, "DISABLE_ADMIN_UI": "True"}
+LITELLM_ENV = {
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    "LITELLM_MODEL_COST_MAP_URL": OFFLINE,
+    "NO_PROXY": "*",
+    "LITELLM_LOCAL_BLOG_POSTS": "True",
+    "LITELLM_BLOG_POSTS_URL": OFFLINE,
+    "HF_HUB_OFFLINE": "1",
+    "LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS": "True",
+    "LITELLM_ANTHROPIC_BETA_HEADERS_URL": OFFLINE,
+    "LITELLM_LOCAL_POLICY_TEMPLATES": "True",
+    "LITELLM_LOCAL_AUTOROUTER_PRESETS": "True",
+    "LITELLM_AUTOROUTER_PRESETS_URL": OFFLINE,
+    "DISABLE_ADMIN_UI": "True",
+}
 
 
 def scenario(name: str) -> dict[str, Any]:
@@ -66,8 +75,13 @@ def scenario(name: str) -> dict[str, Any]:
     if not m:
         sys.exit(f"bad scenario {name!r}: want ns_c1, ns_c64, st_c64, st_c64_t128, chat_ns_c64 ...")
     stream = m.group(2) == "st"
-    return {"id": name, "stream": stream, "c": int(m.group(3)), "tokens": int(m.group(4) or (64 if stream else 16)),
-            "chat": bool(m.group(1))}
+    return {
+        "id": name,
+        "stream": stream,
+        "c": int(m.group(3)),
+        "tokens": int(m.group(4) or (64 if stream else 16)),
+        "chat": bool(m.group(1)),
+    }
 
 
 def gateway_config(path: Path, port: int, upstream_port: int, kind: str, transport: str | None) -> None:
@@ -89,11 +103,17 @@ backends:
 def target_spec(name: str, args: argparse.Namespace, port: int, upstream_port: int, work: Path) -> dict[str, Any]:
     """argv, env, cwd and health path that start target ``name`` on ``port``."""
     upstream_url = f"http://127.0.0.1:{upstream_port}/v1"
-    spec: dict[str, Any] = {"name": name, "port": port, "health": "/health", "env": {}, "cwd": ROOT,
-                            "cpus": args.proxy_cpus}
+    spec: dict[str, Any] = {
+        "name": name,
+        "port": port,
+        "health": "/health",
+        "env": {},
+        "cwd": ROOT,
+        "cpus": args.proxy_cpus,
+    }
     workers = 1
     if re.fullmatch(r"gateway-w\d+", name):  # gateway serve --workers N
-        name, workers, spec["cpus"] = "gateway", int(name[len("gateway-w"):]), args.workers_cpus
+        name, workers, spec["cpus"] = "gateway", int(name[len("gateway-w") :]), args.workers_cpus
     if name == "thin":
         spec["argv"] = [PY, str(HERE / "thin_proxy.py"), "--port", str(port), "--upstream", upstream_url[:-3]]
     elif name in ("gateway", "gateway-vllm"):
@@ -109,8 +129,10 @@ def target_spec(name: str, args: argparse.Namespace, port: int, upstream_port: i
             spec["argv"] += ["--workers", str(workers)] if workers > 1 else []
     elif name == "litellm":
         config = work / f"litellm-{port}.yaml"
-        config.write_text(f"model_list:\n  - model_name: bench\n    litellm_params:\n      model: openai/bench\n"
-                          f"      api_base: {upstream_url}\n      api_key: sk-bench\n")
+        config.write_text(
+            f"model_list:\n  - model_name: bench\n    litellm_params:\n      model: openai/bench\n"
+            f"      api_base: {upstream_url}\n      api_key: sk-bench\n"
+        )
         spec["argv"] = ["bash", "-c", args.litellm_cmd.format(config=config, port=port, upstream_url=upstream_url)]
         AUTH[port] = "sk-bench-" + secrets.token_hex(16)
         spec["health"], spec["env"] = "/health/liveliness", LITELLM_ENV | {"LITELLM_MASTER_KEY": AUTH[port]}
@@ -122,24 +144,49 @@ def target_spec(name: str, args: argparse.Namespace, port: int, upstream_port: i
 def launch(spec: dict[str, Any], args: argparse.Namespace, logs: Path) -> tuple[subprocess.Popen[bytes], float]:
     """Start a proxy pinned to the proxy core; (process, seconds from spawn to first 200 on health)."""
     t0 = time.perf_counter()
-    proc = start(pin(spec["cpus"]) + spec["argv"], logs / f"{spec['name']}-{spec['port']}.log",
-                 spec["env"], spec["cwd"])
+    proc = start(
+        pin(spec["cpus"]) + spec["argv"], logs / f"{spec['name']}-{spec['port']}.log", spec["env"], spec["cwd"]
+    )
     try:
         up = wait_http(spec["port"], "GET", spec["health"], proc, args.ready_timeout, since=t0)
-        wait_http(spec["port"], "POST", "/v1/completions", proc, args.ready_timeout,
-                  {"model": "bench", "prompt": "ready?", "max_tokens": 2})
+        wait_http(
+            spec["port"],
+            "POST",
+            "/v1/completions",
+            proc,
+            args.ready_timeout,
+            {"model": "bench", "prompt": "ready?", "max_tokens": 2},
+        )
     except RuntimeError:
         stop(proc)
         raise
     return proc, up
 
 
-def loadgen(args: argparse.Namespace, port: int, sc: dict[str, Any], duration: float, warmup: float,
-            ) -> list[str]:
+def loadgen(
+    args: argparse.Namespace,
+    port: int,
+    sc: dict[str, Any],
+    duration: float,
+    warmup: float,
+) -> list[str]:
     path = "/v1/chat/completions" if sc.get("chat") else "/v1/completions"
-    argv = [PY, str(HERE / "loadgen.py"), "--url", f"http://127.0.0.1:{port}{path}", "-c", str(sc["c"]),
-            "-d", str(duration), "-w", str(warmup), "--max-tokens", str(sc["tokens"]),
-            "--procs", str(args.client_procs)]
+    argv = [
+        PY,
+        str(HERE / "loadgen.py"),
+        "--url",
+        f"http://127.0.0.1:{port}{path}",
+        "-c",
+        str(sc["c"]),
+        "-d",
+        str(duration),
+        "-w",
+        str(warmup),
+        "--max-tokens",
+        str(sc["tokens"]),
+        "--procs",
+        str(args.client_procs),
+    ]
     argv += ["--auth", AUTH[port]] if port in AUTH else []
     argv += ["--chat"] if sc.get("chat") else []
     return pin(args.client_cpus) + argv + (["--stream"] if sc["stream"] else [])
@@ -165,8 +212,12 @@ def upstream_stats(port: int) -> dict[str, Any]:
 def measure(args: argparse.Namespace, port: int, pid: int | None, sc: dict[str, Any]) -> dict[str, Any]:
     us0, cpu0, t0 = upstream_stats(args.upstream_port), cpu_s(pid) if pid else 0.0, time.perf_counter()
     up0, kids0, ticks0 = cpu_s(args.upstream_pid), resource.getrusage(resource.RUSAGE_CHILDREN), core_ticks()
-    done = subprocess.run(loadgen(args, port, sc, args.duration, args.warmup), capture_output=True, text=True,
-                          timeout=args.warmup + args.duration + 180)
+    done = subprocess.run(
+        loadgen(args, port, sc, args.duration, args.warmup),
+        capture_output=True,
+        text=True,
+        timeout=args.warmup + args.duration + 180,
+    )
     wall, cpu1, us1 = time.perf_counter() - t0, cpu_s(pid) if pid else 0.0, upstream_stats(args.upstream_port)
     up1, kids1 = cpu_s(args.upstream_pid), resource.getrusage(resource.RUSAGE_CHILDREN)
     busy = busy_pct(ticks0, core_ticks())
@@ -176,9 +227,14 @@ def measure(args: argparse.Namespace, port: int, pid: int | None, sc: dict[str, 
         return {"failed": f"loadgen rc={done.returncode}: {done.stderr[-800:]}"}
     client = kids1.ru_utime + kids1.ru_stime - kids0.ru_utime - kids0.ru_stime
     ours = (cpu1 - cpu0) + (up1 - up0) + client
-    res["cpu_pct"] = {"upstream": round(100 * (up1 - up0) / wall, 1), "client": round(100 * client / wall, 1),
-                      "cores_busy": busy, "others": round(max(0.0, (busy.get("cpu", 0) - busy.get("irq", 0))
-                                                               * (os.cpu_count() or 1) - 100 * ours / wall), 1)}
+    res["cpu_pct"] = {
+        "upstream": round(100 * (up1 - up0) / wall, 1),
+        "client": round(100 * client / wall, 1),
+        "cores_busy": busy,
+        "others": round(
+            max(0.0, (busy.get("cpu", 0) - busy.get("irq", 0)) * (os.cpu_count() or 1) - 100 * ours / wall), 1
+        ),
+    }
     res["upstream_requests"] = us1.get("requests", 0) - us0.get("requests", 0) - 1  # minus our /stats
     res["upstream_connections"] = us1.get("connections", 0) - us0.get("connections", 0) - 1
     if pid:
@@ -207,8 +263,14 @@ def mem_streams(args: argparse.Namespace, name: str, port: int, work: Path, logs
     res = orjson.loads(lg.communicate()[0].strip().splitlines()[-1])
     stop(proc)
     peak = max(peak, out["rss_idle_mb"])
-    return out | {"peak_rss_mb": peak, "kb_per_stream": round(1024 * (peak - out["rss_idle_mb"]) / args.mem_streams, 1),
-                  "rps": res["rps"], "errors": res["errors"], "upstream_open_max": open_max, "loadgen": res}
+    return out | {
+        "peak_rss_mb": peak,
+        "kb_per_stream": round(1024 * (peak - out["rss_idle_mb"]) / args.mem_streams, 1),
+        "rps": res["rps"],
+        "errors": res["errors"],
+        "upstream_open_max": open_max,
+        "loadgen": res,
+    }
 
 
 def main() -> None:
@@ -221,8 +283,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1, help="runs per cell; the table shows medians")
     ap.add_argument("--transport", help="the backend's transport: key (httptools, aiohttp, httpx); default: omitted")
     ap.add_argument("--gateway-cmd", default="", help="shell command; {config} {port} {upstream_url} substituted")
-    ap.add_argument("--litellm-cmd", default="", help="adds a litellm target, e.g. 'litellm --config {config} "
-                    "--port {port}'")
+    ap.add_argument(
+        "--litellm-cmd", default="", help="adds a litellm target, e.g. 'litellm --config {config} --port {port}'"
+    )
     ap.add_argument("--mem", action="store_true", help="also run mem_streams on every proxy target")
     ap.add_argument("--mem-streams", type=int, default=1000)
     ap.add_argument("--mem-tokens", type=int, default=64)
@@ -243,8 +306,11 @@ def main() -> None:
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        print(f"[bench] another run holds {args.lock}; waiting for it (two runs would skew each other)",
-              file=sys.stderr, flush=True)
+        print(
+            f"[bench] another run holds {args.lock}; waiting for it (two runs would skew each other)",
+            file=sys.stderr,
+            flush=True,
+        )
         fcntl.flock(lock, fcntl.LOCK_EX)
     args.upstream_port = args.base_port + 1
     scens = [scenario(s) for s in args.scenarios.split(",") if s]
@@ -271,8 +337,11 @@ def main() -> None:
     time.sleep(2)
     background = busy_pct(ticks, core_ticks()).get("cpu", 0.0) * (os.cpu_count() or 1)
     if background > 10:
-        print(f"[bench] warning: other processes use {background:.0f}% of a core; figures will be noisy",
-              file=sys.stderr, flush=True)
+        print(
+            f"[bench] warning: other processes use {background:.0f}% of a core; figures will be noisy",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         for port, delay in ((args.upstream_port, 0.0), (args.upstream_port + 1, args.token_delay_ms)):
             if delay == 0.0 or args.mem:
@@ -299,9 +368,14 @@ def main() -> None:
                 for rep in range(args.repeats):
                     res = measure(args, port, pid, sc) | {"target": name, "scenario": sc["id"], "rep": rep}
                     results.append(res)
-                    print(f"[bench] {name} {sc['id']} r{rep}: " + orjson.dumps(
-                        {k: v for k, v in res.items() if k not in ("detail", "target", "scenario")}).decode(),
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"[bench] {name} {sc['id']} r{rep}: "
+                        + orjson.dumps(
+                            {k: v for k, v in res.items() if k not in ("detail", "target", "scenario")}
+                        ).decode(),
+                        file=sys.stderr,
+                        flush=True,
+                    )
             if proc is not None:
                 entry.update(memory_mb(proc.pid))
                 stop(proc)
@@ -313,15 +387,25 @@ def main() -> None:
         stop_all()
     rows = summarise(results, targets, scens, "cpu" + args.client_cpus if args.client_cpus.isdigit() else "cpu")
     text = table(rows, info, mem)
-    meta = {"stamp": stamp, "args": {k: str(v) for k, v in vars(args).items()}, "nproc": os.cpu_count(),
-            "python": sys.version.split()[0], "background_cpu_pct": background,
-            "loadavg": Path("/proc/loadavg").read_text().split()[:3]}
+    meta = {
+        "stamp": stamp,
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "nproc": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "background_cpu_pct": background,
+        "loadavg": Path("/proc/loadavg").read_text().split()[:3],
+    }
     path = args.out / f"{stamp}.json"
-    path.write_bytes(orjson.dumps({"meta": meta, "targets": info, "summary": rows, "results": results, "mem": mem},
-                                  option=orjson.OPT_INDENT_2))
+    path.write_bytes(
+        orjson.dumps(
+            {"meta": meta, "targets": info, "summary": rows, "results": results, "mem": mem}, option=orjson.OPT_INDENT_2
+        )
+    )
     print(text)
-    print(f"\n{args.duration:g}s measured + {args.warmup:g}s warm-up per cell, repeats={args.repeats}, pinning "
-          f"proxy={args.proxy_cpus or '-'} upstream+client={args.client_cpus or '-'}; results {path}")
+    print(
+        f"\n{args.duration:g}s measured + {args.warmup:g}s warm-up per cell, repeats={args.repeats}, pinning "
+        f"proxy={args.proxy_cpus or '-'} upstream+client={args.client_cpus or '-'}; results {path}"
+    )
 
 
 if __name__ == "__main__":

@@ -25,8 +25,9 @@ def make_app(upstream: str) -> web.Application:
 
     async def session_ctx(app: web.Application) -> AsyncIterator[None]:
         connector = TCPConnector(limit=0, ttl_dns_cache=None)
-        async with ClientSession(connector=connector, timeout=ClientTimeout(total=None, sock_read=600),
-                                 auto_decompress=False) as session:
+        async with ClientSession(
+            connector=connector, timeout=ClientTimeout(total=None, sock_read=600), auto_decompress=False
+        ) as session:
             app[SESSION] = session
             yield
 
@@ -60,8 +61,14 @@ def main() -> None:
         sys.exit("thin_proxy: loopback addresses only")
     import uvloop
 
-    web.run_app(make_app(args.upstream.rstrip("/")), host=args.host, port=args.port, access_log=None,
-                print=None, loop=uvloop.new_event_loop())
+    web.run_app(
+        make_app(args.upstream.rstrip("/")),
+        host=args.host,
+        port=args.port,
+        access_log=None,
+        print=None,
+        loop=uvloop.new_event_loop(),
+    )
 
 
 if __name__ == "__main__":

@@ -102,7 +102,6 @@ def build_state(
     )
 
 
-
 def check_endpoints(config: GatewayConfig, backends: Mapping[str, Backend]) -> None:
     """Refuse to start when ``models[].endpoints`` names an endpoint no route's backend serves.
 
@@ -112,6 +111,8 @@ def check_endpoints(config: GatewayConfig, backends: Mapping[str, Backend]) -> N
     problems = endpoint_problems(config, lambda name: backends[name].endpoints)
     if problems:
         raise ConfigError("<config>", problems)
+
+
 def _add_routes(app: web.Application, config: GatewayConfig, guard: RequestGuard) -> None:
     """The endpoints; the security wrappers and hooks only where the config turns them on."""
     for endpoint, path in ENDPOINT_PATHS.items():

@@ -29,8 +29,7 @@ CONTRACTS: list[dict[str, str]] = tomllib.loads((ROOT / "pyproject.toml").read_t
 ]["contracts"]
 
 # contract id -> (why it is broken today, the imports import-linter names as breaking it).
-KNOWN_BREAKS: dict[str, tuple[str, frozenset[str]]] = {
-}
+KNOWN_BREAKS: dict[str, tuple[str, frozenset[str]]] = {}
 
 
 def _run_lint_imports() -> str:

@@ -16,6 +16,7 @@ __all__ = ["REQUEST_ID", "new_request_id", "request_id_of"]
 # A typed request key (aiohttp >= 3.14), so request storage is checked like app storage.
 REQUEST_ID: web.RequestKey[str] = web.RequestKey("request_id", str)
 
+
 # A random per-process prefix plus a counter: unique across replicas and restarts without a
 # syscall per request (os.urandom showed up in profiles). Re-made in a forked child, which
 # would otherwise repeat the parent's ids.

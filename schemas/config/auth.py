@@ -138,5 +138,3 @@ class AuthConfig(_Strict):
         """The Redis URL, or None for the in-memory store."""
         text = self.store.get_secret_value()
         return None if text == "memory" else text
-
-

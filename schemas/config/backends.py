@@ -63,8 +63,6 @@ class VLLMBackendConfig(_HTTPBackendBase):
         return self
 
 
-
-
 class MockBackendConfig(_BackendBase):
     """The built-in simulator: deterministic text, no model."""
 
@@ -110,5 +108,3 @@ BackendConfig = Annotated[
     Field(discriminator="type"),
 ]
 BACKEND_TYPES = ("openai", "vllm", "vllm-pool", "mock", "tgi", "ollama", "llamacpp")
-
-

@@ -31,5 +31,3 @@ class ModelConfig(_Strict):
         if value is not None and len(set(value)) != len(value):
             raise ValueError("each endpoint at most once")
         return value
-
-

@@ -65,8 +65,6 @@ class DNSDiscoveryConfig(_Strict):
     interval: Annotated[float, Field(gt=0, le=86400)] = 10.0
 
 
-
-
 class PoolRestartConfig(_Strict):
     """Restarts of a crashed or hung worker: exponential backoff, then give up."""
 
@@ -183,5 +181,3 @@ class VLLMPoolBackendConfig(_BackendBase):
         if planned > hi - lo + 1:
             raise ValueError(f"port_range holds {hi - lo + 1} port(s) for {planned} workers")
         return self
-
-

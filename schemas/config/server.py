@@ -26,8 +26,6 @@ class AdmissionConfig(_Strict):
     default_priority: Literal["interactive", "batch"] = "interactive"
 
 
-
-
 class ServerConfig(_Strict):
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 8080
@@ -54,5 +52,3 @@ class ServerConfig(_Strict):
     # One JSON line per completion request on the ``gateway.security.audit`` logger (key, model, backend,
     # status, tokens, latency).
     audit_log: bool = False
-
-

@@ -213,7 +213,6 @@ class VLLMEndpointsBackend(DispatchedBackend):
         await self._transport.close()
         await self._control.close()
 
-
     def pool_status(self) -> PoolStatus:
         workers = [
             WorkerStatus(

@@ -259,7 +259,10 @@ async def test_stream_relays_usage_when_the_client_asked(
     [
         # The gateway's own usage request never turns on per-chunk usage (issue 13 item 26).
         ({"include_usage": False, "continuous_usage_stats": True}, {"include_usage": True}),
-        ({"include_usage": True, "continuous_usage_stats": True}, {"include_usage": True, "continuous_usage_stats": True}),  # noqa: E501
+        (
+            {"include_usage": True, "continuous_usage_stats": True},
+            {"include_usage": True, "continuous_usage_stats": True},
+        ),
     ],
 )
 async def test_stream_options_the_client_asked_for_are_kept(

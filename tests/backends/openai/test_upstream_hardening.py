@@ -127,7 +127,10 @@ def test_upstream_param_and_code_survive_a_client_error() -> None:
                                    "param": "max_tokens", "code": "context_length_exceeded"}})  # fmt: skip
     error = error_from_upstream_body(400, body, None, "b")
     assert error.envelope()["error"] == {
-        "message": "too long", "type": "invalid_request_error", "param": "max_tokens", "code": "context_length_exceeded"
+        "message": "too long",
+        "type": "invalid_request_error",
+        "param": "max_tokens",
+        "code": "context_length_exceeded",
     }
 
 

@@ -115,6 +115,7 @@ async def test_continuous_usage_without_include_usage_sends_no_usage(mock: respx
 
 async def test_concurrent_guided_streams_confirm_the_version_once(mock: respx.MockRouter) -> None:
     """Item 25: 40 guided streams at once make one ``GET /version``, not 40 in a row."""
+
     async def slow_version(request: httpx.Request) -> httpx.Response:
         await asyncio.sleep(0.05)  # long enough for every stream to queue behind the first GET
         return httpx.Response(200, json={"version": "0.10.2"})
