@@ -58,46 +58,8 @@ def relay_completion_body(
     return CompletionResult(orjson.dumps(obj), usage_of(obj.get("usage")))
 
 
-_DONE_TAIL = b"\ndata: [DONE]\n\n"  # how a normal stream's last read ends
-
-
-def _find_done(block: bytes) -> int:
-    """Where the first ``data: [DONE]`` event in a block of whole events starts, or -1.
-
-    The first one: what an upstream sends after its [DONE] (a second [DONE] included) is
-    not the client's. ``[DONE]`` inside generated text is JSON-quoted, never a whole line.
-    """
-    at = block.find(b"[DONE]\n")  # the one scan exactness needs: an earlier [DONE] wins over the tail's
-    if at < 0 or block[at - 7 :] == _DONE_TAIL:  # (at < 7 slices under 16 bytes: never equal)
-        return at if at < 0 else at - 6  # no [DONE], or it is the usual last event: one compare, no call
-    while at >= 0:
-        if at >= 6 and block[at - 6 : at] == b"data: ":
-            start = at - 6
-        elif at >= 5 and block[at - 5 : at] == b"data:":
-            start = at - 5
-        else:
-            start = -1
-        if start == 0 or (start > 0 and block[start - 1] == 0x0A):
-            return start
-        at = block.find(b"[DONE]\n", at + 6)
-    return -1
-
-
-def _special_at(block: bytes) -> int:
-    """Where the first event that must be parsed (a usage object, an error) is, or -1.
-
-    Two scans whatever the upstream's JSON spacing: ``"prompt_tokens"`` occurs only
-    inside a usage object (ordinary chunks carry ``"usage":null``), and ``"error"``
-    only in error events, in every shape (``{"error": ...}``, vLLM's old
-    ``{"object": "error"}``).
-    """
-    usage = block.find(b'"prompt_tokens"')
-    error = block.find(b'"error"')
-    if usage < 0:
-        return error
-    if error < 0:
-        return usage
-    return min(usage, error)
+_DONE_TAIL = b"\n\ndata: [DONE]\n\n"  # how a normal stream's last read ends: a whole event after whole events
+_DONE_ALONE = b"data: [DONE]\n\n"  # or the whole of it
 
 
 class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
@@ -105,6 +67,7 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
 
     _cut_message = "the upstream closed the stream before [DONE]"
     relayed_events: int
+    _done_early = False  # the parse met a [DONE] before the read's end: nothing after it is relayed
 
     def __init__(
         self,
@@ -130,15 +93,23 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
     __anext__ = UpstreamEvents._pull  # an alias: the loop is the shared one, no call more per read
 
     def _process(self, block: bytes) -> bytes:
-        done_at = _find_done(block)
-        if done_at >= 0:
+        # The usual last event is cut here, looking at the tail only: a [DONE] earlier in the
+        # block is an event without a "model" key, so it fails _rename's self-check and the
+        # event-by-event parse honours it (the first [DONE] wins).
+        if block.endswith(_DONE_TAIL):
             self.finished = True
-            block = block[:done_at]
+            block = block[: len(block) - len(_DONE_ALONE)]
+        elif block == _DONE_ALONE:
+            self.finished = True
+            return b""
         out: list[bytes] = []
-        # Only the events that carry something to act on are parsed; the runs of
-        # ordinary events between them take the byte-level fast path.
+        # Only the events that carry something to act on are parsed; the runs of ordinary
+        # events between them take the byte-level fast path. '"prompt_tokens"' occurs only in
+        # a usage object (ordinary chunks carry "usage":null). Error events need no scan of
+        # their own: they carry no "model" key ({"error": ...}, vLLM's {"object": "error"}),
+        # so the self-check sends them to the parse.
         while block:
-            at = _special_at(block)
+            at = block.find(b'"prompt_tokens"')
             if at < 0:
                 out.append(self._rename(block))
                 break
@@ -148,10 +119,14 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
             end = len(block) if end < 0 else end + 2
             if start:
                 out.append(self._rename(block[:start]))
+                if self._pending is not None or self._done_early:
+                    break
             out.append(self._process_slow(block[start:end]))
-            if self._pending is not None:
+            if self._pending is not None or self._done_early:
                 break
             block = block[end:]
+        if self._done_early:
+            self.finished = True  # an earlier [DONE] than the tail's: what follows it is not relayed
         if self._pending is not None:
             # Events that arrived before the upstream's failure still reach the client (an
             # error after [DONE] in the same read included); the error is raised at the next call.
@@ -163,26 +138,38 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
 
         Self-check first (anything else is parsed): data events only, each one line, so every
         LF is one of a ``\\n\\ndata:`` between events or of the final ``\\n\\n`` (no
-        ``id:``/``event:``/``retry:`` field, comment, bare or multi-line ``data`` line); one
-        ``"model"`` key per event, all spelled as expected. The event count is also what the
-        relay reports as relayed (``relayed_events``): the handler does not scan the block again.
+        ``id:``/``event:``/``retry:`` field, comment, bare or multi-line ``data`` line); as many
+        ``"model":<upstream id>`` keys as events, all spelled one way. An event without one (a
+        ``[DONE]``, an error event, garbage) or with another model is parsed. The replace itself
+        counts the renamed keys (its length change) when the two names differ in length. The
+        event count is also what the relay reports as relayed (``relayed_events``): the handler
+        does not scan the block again.
         """
         if not block.startswith(b"data:"):
             return self._process_slow(block)
         events = block.count(b"\n\ndata:") + 1
-        if block.count(b"\n") != 2 * events or block.count(b'"model"') != events:
+        if block.count(b"\n") != 2 * events:
             return self._process_slow(block)
-        if block.count(self._old) == events:
-            self.relayed_events += events
-            return block.replace(self._old, self._new)
-        if block.count(self._old_spaced) == events:
-            self.relayed_events += events
-            return block.replace(self._old_spaced, self._new)
+        for old in (self._old, self._old_spaced):
+            grow = len(self._new) - len(old)
+            if grow:
+                if old not in block:  # found in the first event when it is the spelling: no full scan
+                    continue
+                out = block.replace(old, self._new)
+                if len(out) - len(block) == grow * events:
+                    self.relayed_events += events
+                    return out
+            elif block.count(old) == events:
+                self.relayed_events += events
+                return block if old == self._new else block.replace(old, self._new)
         return self._process_slow(block)
 
     def _process_slow(self, block: bytes) -> bytes:
         out: list[bytes] = []
         for data in sse_data(block):  # events without data (comments, keep-alives) are dropped
+            if data == b"[DONE]":
+                self._done_early = True  # the first [DONE] ends the stream
+                break
             try:
                 obj = orjson.loads(data)
             except orjson.JSONDecodeError:

@@ -15,9 +15,9 @@ import orjson
 import pytest
 
 from backends.base import UpstreamCall
-from backends.errors import UpstreamTooLargeError, error_from_upstream_body, register_secret
+from backends.errors import UpstreamError, UpstreamTooLargeError, error_from_upstream_body, register_secret
 from backends.openai.adapter import OpenAIBackend
-from backends.openai.relay import OpenAIStreamRelay, _find_done
+from backends.openai.relay import OpenAIStreamRelay
 from schemas.completions import CompletionRequest
 from schemas.config import OpenAIBackendConfig
 from tests.backends.openai.test_openai_relay import PUB, UP, FakeResponse, drain, make_relay
@@ -223,19 +223,34 @@ async def drain_stream(stream: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    ("block", "start"),
+    ("reads", "relayed"),
     [
-        (b'data: {"a":1}\n\n', -1),
-        (b"data: [DONE]\n\n", 0),
-        (b"data:[DONE]\n\n", 0),
-        (b'data: {"a":1}\n\ndata: [DONE]\n\n', 15),  # the usual last read: the tail shortcut
-        (b'data: {"a":1}\n\ndata:[DONE]\n\n', 15),
-        (b'data: {"a":1}\n\ndata: [DONE]\n\ndata: [DONE]\n\n', 15),  # the first of two
-        (b'data: {"t":"x data: [DONE]\\n"}\n\ndata: [DONE]\n\n', 32),  # quoted text is no event
-        (b'data: {"t":"[DONE]"}\n\n', -1),
+        ([chunk("a")], None),  # no [DONE] yet
+        ([b"data: [DONE]\n\n"], []),
+        ([b"data:[DONE]\n\n"], []),
+        ([chunk("a") + b"data: [DONE]\n\n"], ["a"]),  # the usual last read: the tail shortcut
+        ([chunk("a") + b"data:[DONE]\n\n"], ["a"]),
+        ([chunk("a") + b"data: [DONE]\n\n" + b"data: [DONE]\n\n"], ["a"]),  # the first of two
+        ([chunk("a") + b"data:[DONE]\n\n" + chunk("late") + b"data: [DONE]\n\n"], ["a"]),  # the tail is not the first
+        ([chunk("a"), chunk("b") + b"data: [DONE]\n\n" + chunk("c") + b"data: [DONE]\n\n"], ["a", "b"]),
+        ([chunk("x data: [DONE]\n") + b"data: [DONE]\n\n"], ["x data: [DONE]\n"]),  # quoted text is no event
+        ([chunk("[DONE]")], None),
+        ([chunk("a", model="other") + b"data: [DONE]\n\n" + chunk("late")], ["a"]),  # parsed read: [DONE] still ends it
     ],
 )
-def test_find_done_is_where_the_first_done_event_starts(block: bytes, start: int) -> None:
-    assert _find_done(block) == start
-    if start >= 0:
-        assert block[start:].startswith((b"data: [DONE]\n", b"data:[DONE]\n"))
+async def test_the_first_done_event_ends_the_stream(reads: list[bytes], relayed: list[str] | None) -> None:
+    relay, _ = make_relay(reads)
+    out: list[bytes] = []
+    try:
+        async for piece in relay:
+            out.append(piece)
+    except UpstreamError:  # no [DONE]: the body ended too soon
+        assert relayed is None
+        return
+    finally:
+        await relay.aclose()
+    assert relayed is not None and relay.finished
+    assert texts(b"".join(out)) == relayed
+    assert relay.relayed_events == len(relayed)
+    for event in b"".join(out).split(b"\n\n")[:-1]:
+        assert orjson.loads(event[len(b"data: ") :])["model"] == PUB
