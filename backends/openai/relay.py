@@ -14,8 +14,12 @@ What reaches the client is ``data:`` events only (an upstream's ``id:``, ``event
 ``retry:``, comment and bare lines are not relayed), up to the *first* ``[DONE]``.
 
 Why the byte scans are safe: inside JSON strings quotes and newlines are
-escaped, so ``"model":``, ``"usage":{``, ``data: {"error"`` and
-``\\ndata: [DONE]``, ``\\n\\ndata:`` can only occur as real structure, never inside generated text.
+escaped, so ``"model":``, ``"prompt_tokens"`` and ``\\n\\ndata:`` can only occur as real
+structure, never inside generated text. What the fast path does not scan for: error events
+and an early ``[DONE]`` carry no ``"model"`` key, so a read holding one fails the self-check
+(one upstream-spelled ``"model"`` per event) and is parsed. An upstream that puts the model
+key into an error event gets that event relayed as it sent it (no upstream we know does:
+OpenAI, vLLM old and new, LiteLLM send none).
 """
 
 from __future__ import annotations
