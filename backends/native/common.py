@@ -8,6 +8,7 @@ too, except the OpenAI choice built from them (:mod:`backends.native.choice`):
 - the request helpers every translator uses (stops, explicit sampling, max_tokens,
   ``guided_json``, seeds, native logprob entries) and the stop-sequence text helpers;
 - ids, ``created`` and the answer head;
+- Ollama's finish mapping (``ollama_finish``), which both Ollama translators share;
 - :class:`NativeCapabilities`: the capability table plus rules that depend on a field's
   *value* (a token-id prompt on a text-only API), so the router refuses those by name too.
 """
@@ -51,6 +52,7 @@ __all__ = [
     "logprob_tokens",
     "native_seed",
     "no_logprobs",
+    "ollama_finish",
     "stops_of",
     "upstream_failed",
     "upstream_max_tokens",
@@ -161,6 +163,27 @@ def finish_of(table: Mapping[str, str], reason: Any, backend: str) -> str:
     if mapped is None:
         raise UpstreamProtocolError(f"the upstream sent an unknown finish_reason {str(reason)[:40]!r}", backend=backend)
     return mapped
+
+
+# Ollama's done_reason, for both endpoints (ollama.py and ollama_chat.py): here rather than in
+# ollama.py, which imports the chat translator, so neither translator depends on the other.
+_OLLAMA_FINISH = {"stop": "stop", "length": "length"}
+
+
+def ollama_finish(obj: dict[str, Any], backend: str) -> str:
+    """A final event's ``done_reason`` (either endpoint) as OpenAI's finish reason; ``load``/``unload``
+    or ``""`` (the runner went away) are no answer: an error naming them, never a fake ``stop``."""
+    reason = obj.get("done_reason")
+    if reason is None:  # Ollama before done_reason existed
+        return "stop"
+    if reason not in _OLLAMA_FINISH:
+        what = {"load": "loaded the model", "unload": "unloaded the model"}.get(str(reason), "ended early")
+        raise UpstreamProtocolError(
+            f"Ollama {what} instead of answering (done_reason {str(reason)[:20]!r})",
+            backend=backend,
+            reason="no_answer",
+        )
+    return _OLLAMA_FINISH[reason]
 
 
 # A token count no server can mean: at or past 2^32 (the gateway bills by these numbers).

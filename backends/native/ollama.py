@@ -40,11 +40,12 @@ from backends.native.common import (
     guided_json_schema,
     logprob_tokens,
     native_seed,
+    ollama_finish,
     stops_of,
     upstream_failed,
     upstream_max_tokens,
 )
-from backends.native.ollama_chat import OllamaChat, ollama_finish
+from backends.native.ollama_chat import OllamaChat
 from schemas.completions import CompletionRequest
 from schemas.config import OllamaBackendConfig
 

@@ -50,7 +50,7 @@ from backends.native.chat import (
     text_field,
     text_of,
 )
-from backends.native.common import count, explicit_sampling, native_seed, stops_of, upstream_failed
+from backends.native.common import count, explicit_sampling, native_seed, ollama_finish, stops_of, upstream_failed
 from schemas.chat import ChatCompletionRequest
 from schemas.chat_messages import (
     AssistantMessage,
@@ -62,26 +62,9 @@ from schemas.chat_messages import (
 )
 from schemas.errors import InvalidRequestError
 
-__all__ = ["OllamaChat", "ollama_finish"]
+__all__ = ["OllamaChat"]
 
-_FINISH = {"stop": "stop", "length": "length"}
 _THINK: dict[str, bool | str] = {"none": False, "low": "low", "medium": "medium", "high": "high"}
-
-
-def ollama_finish(obj: dict[str, Any], backend: str) -> str:
-    """A final event's ``done_reason`` (either endpoint) as OpenAI's finish reason; ``load``/``unload``
-    or ``""`` (the runner went away) are no answer: an error naming them, never a fake ``stop``."""
-    reason = obj.get("done_reason")
-    if reason is None:  # Ollama before done_reason existed
-        return "stop"
-    if reason not in _FINISH:
-        what = {"load": "loaded the model", "unload": "unloaded the model"}.get(str(reason), "ended early")
-        raise UpstreamProtocolError(
-            f"Ollama {what} instead of answering (done_reason {str(reason)[:20]!r})",
-            backend=backend,
-            reason="no_answer",
-        )
-    return _FINISH[reason]
 
 
 def _image(url: str, i: int) -> str:
