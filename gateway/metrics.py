@@ -5,6 +5,8 @@ Label values come only from configured names (models, backends) and fixed sets
 ``chat``): a model name a client invents is counted as ``model="_unknown"``, never as a new
 series. Request-level series (requests, latency, TTFT, tokens, in flight, unsupported
 parameters, stream failures, disconnects) carry the ``endpoint`` the request came in on.
+The families themselves (names, help, labels, buckets) are declared in
+:mod:`gateway.metrics_families`; this module owns label hygiene and recording.
 
 Hot-path cost: children are cached per label tuple (their value adders, see :func:`_adder`),
 so recording a request is a dict lookup plus a few lock-protected adds.
@@ -22,6 +24,7 @@ from backends.base import Backend, TokenUsage
 from backends.capabilities import ALL_FIELDS
 from backends.chat_capabilities import CHAT_FIELDS
 from backends.registry import metric_collectors
+from gateway.metrics_families import MetricFamilies
 from schemas.endpoints import Endpoint
 
 __all__ = ["GATEWAY_SCOPE", "UNKNOWN", "GatewayMetrics"]
@@ -33,8 +36,6 @@ UNKNOWN = "_unknown"
 GATEWAY_SCOPE = "_gateway"  # the gateway-wide admission queue (backend names cannot start with "_")
 NONE = "_none"  # no backend was involved (validation error, unknown model)
 
-_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
-_TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _KEY_REASONS = frozenset({"unauthenticated", "model", "cost_cap", "requests", "tokens", "too_large", "concurrency"})
 
 
@@ -64,8 +65,9 @@ class _Closing:
         self.requests: dict[int, _Add] = {}
 
 
-class GatewayMetrics:
-    """All series of one gateway instance, in their own registry."""
+class GatewayMetrics(MetricFamilies):
+    """All series of one gateway instance, in their own registry: the families of
+    :class:`MetricFamilies`, recorded through label-checked, cached children."""
 
     def __init__(
         self,
@@ -74,118 +76,12 @@ class GatewayMetrics:
         registry: CollectorRegistry | None = None,
         keys: Iterable[str] = (),
     ) -> None:
-        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        super().__init__(registry if registry is not None else CollectorRegistry(auto_describe=True))
         self._models = frozenset(models)
         self._backends = frozenset(backends)
+        self._keys = frozenset(keys)
         self._fields = frozenset(ALL_FIELDS) | frozenset(CHAT_FIELDS)
         self._collectors: list[Collector] = []  # the backends' own (watch_backends), replaced on reload
-        r = self.registry
-        self.requests = Counter(
-            "gateway_requests",
-            "Requests answered, by model, backend, HTTP status and endpoint (completions, chat).",
-            ("model", "backend", "status", "endpoint"),
-            registry=r,
-        )
-        self.latency = Histogram(
-            "gateway_request_duration_seconds",
-            "Time from request received to response complete.",
-            ("model", "backend", "endpoint"),
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.ttft = Histogram(
-            "gateway_time_to_first_token_seconds",
-            "Streams: time from request received to the first event sent.",
-            ("model", "backend", "endpoint"),
-            buckets=_TTFT_BUCKETS,
-            registry=r,
-        )
-        self.prompt_tokens = Counter(
-            "gateway_prompt_tokens",
-            "Prompt tokens reported by upstreams.",
-            ("model", "backend", "endpoint"),
-            registry=r,
-        )
-        self.completion_tokens = Counter(
-            "gateway_completion_tokens",
-            "Completion tokens reported by upstreams.",
-            ("model", "backend", "endpoint"),
-            registry=r,
-        )
-        self.in_flight = Gauge(
-            "gateway_requests_in_flight", "Requests being served now.", ("model", "endpoint"), registry=r
-        )
-        self.unsupported = Counter(
-            "gateway_unsupported_parameter_rejections",
-            "Requests refused because the chosen backend cannot honour a field.",
-            ("backend", "param", "endpoint"),
-            registry=r,
-        )
-        self.upstream_errors = Counter(
-            "gateway_upstream_errors",
-            "Failed upstream attempts, by backend and reason.",
-            ("backend", "reason"),
-            registry=r,
-        )
-        self.stream_failures = Counter(
-            "gateway_stream_failures",
-            "Streams ended by an upstream failure after the first event was sent.",
-            ("model", "backend", "reason", "endpoint"),
-            registry=r,
-        )
-        self.client_disconnects = Counter(
-            "gateway_client_disconnects",
-            "Requests whose client went away before the answer was complete.",
-            ("model", "backend", "endpoint"),
-            registry=r,
-        )
-        # --- routing and resilience ---------------------------------------------------------
-        self.retries = Counter(
-            "gateway_retries",
-            "Retries of a backend within one request, by backend and the reason of the failure retried.",
-            ("backend", "reason"),
-            registry=r,
-        )
-        self.failovers = Counter(
-            "gateway_failovers",
-            "Moves to a model's next route after a retryable failure, by model and the backend left.",
-            ("model", "backend", "reason"),
-            registry=r,
-        )
-        self.circuit = Gauge(
-            "gateway_circuit_state",
-            "Circuit breaker per backend: 0 closed, 1 half-open (one trial), 2 open (ejected).",
-            ("backend",),
-            registry=r,
-        )
-        self.circuit_opened = Counter(
-            "gateway_circuit_opened", "Times a backend's circuit opened.", ("backend",), registry=r
-        )
-        self.no_healthy_route = Counter(
-            "gateway_no_healthy_route",
-            "Requests answered 503 at once because every route's circuit was open.",
-            ("model",),
-            registry=r,
-        )
-        self.queue_depth_gauge = Gauge(
-            "gateway_queue_depth",
-            "Requests waiting for capacity, gateway-wide (scope=_gateway) or per backend.",
-            ("scope",),
-            registry=r,
-        )
-        self.queue_wait_seconds = Histogram(
-            "gateway_queue_wait_seconds",
-            "Time spent waiting for capacity by requests that had to wait and got it.",
-            ("scope",),
-            buckets=_TTFT_BUCKETS,
-            registry=r,
-        )
-        self.rejections = Counter(
-            "gateway_admission_rejections",
-            "Requests answered 429 by admission control, by scope and reason (queue_full, queue_timeout).",
-            ("scope", "reason"),
-            registry=r,
-        )
         # Set by a worker of ``gateway serve --workers N``: the whole gateway's exposition, merged by
         # the control process (gateway.workers.merge); None: this process is the gateway.
         self.gateway_view: Callable[[], Awaitable[bytes]] | None = None
@@ -203,41 +99,6 @@ class GatewayMetrics:
             self.circuit.labels(backend)
         if isinstance(backends, Mapping):  # given the backends themselves: export pool workers too
             self.watch_backends(backends)
-
-        self._init_key_series(keys)
-
-    def _init_key_series(self, keys: Iterable[str]) -> None:
-        """Per-key series (auth on): labelled only with configured key names and fixed reasons."""
-        r = self.registry
-        self._keys = frozenset(keys)
-        self.key_requests = Counter(
-            "gateway_key_requests",
-            "Completion requests by API key name and HTTP status (auth on).",
-            ("key", "status"),
-            registry=r,
-        )
-        self.key_tokens_total = Counter(
-            "gateway_key_tokens",
-            "Tokens used by API key name, from upstream usage; kind is prompt or completion.",
-            ("key", "kind"),
-            registry=r,
-        )
-        self.key_rejections = Counter(
-            "gateway_key_rejections",
-            "Requests refused by auth, caps and per-key limits, by key name (_none: no valid key) and reason.",
-            ("key", "reason"),
-            registry=r,
-        )
-        self.ratelimit_store_errors = Counter(
-            "gateway_ratelimit_store_errors",
-            "Failed calls to the shared rate-limit store (Redis); each one was decided per replica instead.",
-            registry=r,
-        )
-        self.ratelimit_store_degraded = Gauge(
-            "gateway_ratelimit_store_degraded",
-            "1 while the shared rate-limit store is unreachable and limits hold per replica, else 0.",
-            registry=r,
-        )
         self._key_children: dict[tuple[str, int], Counter] = {}
 
     # --- label hygiene -------------------------------------------------------------------

@@ -1,0 +1,158 @@
+"""Every series the gateway exports: name, help text, labels and buckets, in one registry.
+
+:class:`MetricFamilies` only declares; what a request adds and which label values are allowed
+(configured names, fixed sets) is :class:`gateway.metrics.GatewayMetrics`, built on it, so the
+catalogue of metric names reads in one place and the recording code stays short.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["MetricFamilies"]
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+_TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class MetricFamilies:
+    """The gateway's metric families (no children yet), registered in ``registry``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        r = registry
+        self.requests = Counter(
+            "gateway_requests",
+            "Requests answered, by model, backend, HTTP status and endpoint (completions, chat).",
+            ("model", "backend", "status", "endpoint"),
+            registry=r,
+        )
+        self.latency = Histogram(
+            "gateway_request_duration_seconds",
+            "Time from request received to response complete.",
+            ("model", "backend", "endpoint"),
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "gateway_time_to_first_token_seconds",
+            "Streams: time from request received to the first event sent.",
+            ("model", "backend", "endpoint"),
+            buckets=_TTFT_BUCKETS,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "gateway_prompt_tokens",
+            "Prompt tokens reported by upstreams.",
+            ("model", "backend", "endpoint"),
+            registry=r,
+        )
+        self.completion_tokens = Counter(
+            "gateway_completion_tokens",
+            "Completion tokens reported by upstreams.",
+            ("model", "backend", "endpoint"),
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "gateway_requests_in_flight", "Requests being served now.", ("model", "endpoint"), registry=r
+        )
+        self.unsupported = Counter(
+            "gateway_unsupported_parameter_rejections",
+            "Requests refused because the chosen backend cannot honour a field.",
+            ("backend", "param", "endpoint"),
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            "gateway_upstream_errors",
+            "Failed upstream attempts, by backend and reason.",
+            ("backend", "reason"),
+            registry=r,
+        )
+        self.stream_failures = Counter(
+            "gateway_stream_failures",
+            "Streams ended by an upstream failure after the first event was sent.",
+            ("model", "backend", "reason", "endpoint"),
+            registry=r,
+        )
+        self.client_disconnects = Counter(
+            "gateway_client_disconnects",
+            "Requests whose client went away before the answer was complete.",
+            ("model", "backend", "endpoint"),
+            registry=r,
+        )
+        # --- routing and resilience ---------------------------------------------------------
+        self.retries = Counter(
+            "gateway_retries",
+            "Retries of a backend within one request, by backend and the reason of the failure retried.",
+            ("backend", "reason"),
+            registry=r,
+        )
+        self.failovers = Counter(
+            "gateway_failovers",
+            "Moves to a model's next route after a retryable failure, by model and the backend left.",
+            ("model", "backend", "reason"),
+            registry=r,
+        )
+        self.circuit = Gauge(
+            "gateway_circuit_state",
+            "Circuit breaker per backend: 0 closed, 1 half-open (one trial), 2 open (ejected).",
+            ("backend",),
+            registry=r,
+        )
+        self.circuit_opened = Counter(
+            "gateway_circuit_opened", "Times a backend's circuit opened.", ("backend",), registry=r
+        )
+        self.no_healthy_route = Counter(
+            "gateway_no_healthy_route",
+            "Requests answered 503 at once because every route's circuit was open.",
+            ("model",),
+            registry=r,
+        )
+        self.queue_depth_gauge = Gauge(
+            "gateway_queue_depth",
+            "Requests waiting for capacity, gateway-wide (scope=_gateway) or per backend.",
+            ("scope",),
+            registry=r,
+        )
+        self.queue_wait_seconds = Histogram(
+            "gateway_queue_wait_seconds",
+            "Time spent waiting for capacity by requests that had to wait and got it.",
+            ("scope",),
+            buckets=_TTFT_BUCKETS,
+            registry=r,
+        )
+        self.rejections = Counter(
+            "gateway_admission_rejections",
+            "Requests answered 429 by admission control, by scope and reason (queue_full, queue_timeout).",
+            ("scope", "reason"),
+            registry=r,
+        )
+        # --- security and tenancy (auth on): labelled only with configured key names and fixed reasons
+        self.key_requests = Counter(
+            "gateway_key_requests",
+            "Completion requests by API key name and HTTP status (auth on).",
+            ("key", "status"),
+            registry=r,
+        )
+        self.key_tokens_total = Counter(
+            "gateway_key_tokens",
+            "Tokens used by API key name, from upstream usage; kind is prompt or completion.",
+            ("key", "kind"),
+            registry=r,
+        )
+        self.key_rejections = Counter(
+            "gateway_key_rejections",
+            "Requests refused by auth, caps and per-key limits, by key name (_none: no valid key) and reason.",
+            ("key", "reason"),
+            registry=r,
+        )
+        self.ratelimit_store_errors = Counter(
+            "gateway_ratelimit_store_errors",
+            "Failed calls to the shared rate-limit store (Redis); each one was decided per replica instead.",
+            registry=r,
+        )
+        self.ratelimit_store_degraded = Gauge(
+            "gateway_ratelimit_store_degraded",
+            "1 while the shared rate-limit store is unreachable and limits hold per replica, else 0.",
+            registry=r,
+        )
