@@ -24,6 +24,7 @@ clears its prefix LRU (a restarted worker has a cold cache). ``poke`` asks for a
 now (a request could not connect). :meth:`Supervisor.add_worker` and
 :meth:`Supervisor.retire` let a rollout (``backends.vllm.pool.rollout``) change the set of
 workers while the others serve. Everything runs on one event loop; not thread-safe.
+The HTTP calls to a worker (readiness, health, ``/metrics``) are :mod:`backends.vllm.pool.probe`.
 """
 
 from __future__ import annotations
@@ -36,18 +37,16 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import orjson
-
 from backends.base import Backend
 from backends.errors import UpstreamError
-from backends.transport.base import HTTPTransport, get_ok
-from backends.transport.httptools_client import FastHTTPTransport
+from backends.transport.base import HTTPTransport
 from backends.vllm.pool.balancer import Endpoint
+from backends.vllm.pool.probe import control_transport, ready, worker_get
 from backends.vllm.pool.process import WorkerProcess, spawn, stop, tail
 from backends.vllm.pool.resources import GpuLedger, PortAllocator, detect_gpus, plan_gpus
 from backends.vllm.pool.scrape import WorkerLoad, parse_vllm_metrics
 from backends.vllm.pool.worker import Worker, client_host, describe_outcome
-from schemas.config import TimeoutConfig, VLLMPoolBackendConfig
+from schemas.config import VLLMPoolBackendConfig
 
 __all__ = ["Supervisor", "Worker"]
 
@@ -82,7 +81,7 @@ class Supervisor:
         self.gpus = GpuLedger()
         lo, hi = config.port_range
         self.ports = PortAllocator(lo, hi, config.host)
-        self._control: HTTPTransport = _control_transport(config)
+        self._control: HTTPTransport = control_transport(config)
         self._old_controls: list[HTTPTransport] = []  # replaced by a reload; closed with the pool
         self._closing = False
         self._scraper: asyncio.Task[None] | None = None
@@ -126,7 +125,7 @@ class Supervisor:
         if config.probe.timeout != old.probe.timeout:
             # Probes in flight keep the old transport; it is closed with the pool.
             self._old_controls.append(self._control)
-            self._control = _control_transport(config)
+            self._control = control_transport(config)
         if (config.port_range, config.host) != (old.port_range, old.host):
             lo, hi = config.port_range
             ports = PortAllocator(lo, hi, config.host)
@@ -338,7 +337,7 @@ class Supervisor:
                     return "exited"
                 if self._closing or worker.retiring:
                     return "closing"
-                if await self._ready_probe(worker):
+                if await ready(self._control, worker):
                     break
                 if time.monotonic() >= deadline:
                     return "startup_timeout"
@@ -349,7 +348,7 @@ class Supervisor:
                     return "exited"
                 if self._closing or worker.retiring:
                     return "closing"
-                if await self._get(worker, "/health") is not None:
+                if await worker_get(self._control, worker, "/health") is not None:
                     failures = 0
                     if worker.state == "unhealthy":
                         self._set_state(worker, "ready")
@@ -383,28 +382,6 @@ class Supervisor:
         worker.poke.clear()
         return exited.done()
 
-    async def _ready_probe(self, worker: Worker) -> bool:
-        if await self._get(worker, "/health") is None:
-            return False
-        body = await self._get(worker, "/v1/models")
-        if body is None:
-            return False
-        try:
-            data = orjson.loads(body)
-            ids = {m.get("id") for m in data.get("data", []) if isinstance(m, dict)}
-        except (orjson.JSONDecodeError, AttributeError, TypeError):
-            return False
-        if worker.config.served_name in ids:
-            return True
-        worker.last_error = f"/v1/models does not list {worker.config.served_name!r} (lists {sorted(map(str, ids))})"
-        return False
-
-    async def _get(self, worker: Worker, path: str) -> bytes | None:
-        """GET a path at the worker's root; the body on 200, else None."""
-        if worker.port is None:
-            return None
-        return await get_ok(self._control, f"http://{client_host(worker.config.host)}:{worker.port}{path}")
-
     # --- load scraping -------------------------------------------------------------------
     async def _scrape_loop(self) -> None:
         while True:
@@ -416,12 +393,6 @@ class Supervisor:
 
     async def _scrape(self, worker: Worker) -> None:
         generation = worker.endpoint.generation
-        body = await self._get(worker, "/metrics")
+        body = await worker_get(self._control, worker, "/metrics")
         if body is not None and worker.endpoint.generation == generation:
             worker.endpoint.load = parse_vllm_metrics(body.decode("utf-8", "replace"))
-
-
-def _control_transport(config: VLLMPoolBackendConfig) -> HTTPTransport:
-    # Probes and scrapes get their own short timeouts, apart from the completion traffic.
-    t = config.probe.timeout
-    return FastHTTPTransport(config.name, TimeoutConfig(connect=t, first_byte=t, total=t, stream_idle=t), 64)
