@@ -11,7 +11,7 @@ from backends.errors import UpstreamProtocolError
 from backends.mock import MOCK_CAPABILITIES
 from backends.native.chat import ChatPiece, ChatTurn
 from backends.native.choice import ChoiceTracker, StopCutter, legacy_logprobs
-from backends.native.common import TokenLogprob, fit_tokens
+from backends.native.common import TokenLogprob, fit_tokens, ollama_finish
 from backends.native.llamacpp import LLAMACPP_CAPABILITIES, choice_grammar
 from backends.native.ollama import OLLAMA_CAPABILITIES
 from backends.native.tgi import TGI_CAPABILITIES, choice_regex
@@ -166,3 +166,20 @@ def test_text_without_the_logprobs_asked_for_is_an_error_naming_logprobs() -> No
         assert "backend 'ol' answered without the logprobs the request asked for" in str(error)
     # Nothing generated, nothing missing: no error.
     assert ChoiceTracker(req(logprobs=1), "", strips_stop=True).last("", None, "stop", "")["text"] == ""
+
+
+@pytest.mark.parametrize(
+    ("obj", "finish"), [({"done_reason": "stop"}, "stop"), ({"done_reason": "length"}, "length"), ({}, "stop")]
+)
+def test_ollama_finish_maps_done_reason_for_both_ollama_translators(obj: dict[str, Any], finish: str) -> None:
+    # Shared from native.common: the completions translator (ollama.py) no longer reaches into
+    # the chat translator (ollama_chat.py) for it.
+    assert ollama_finish(obj, "o") == finish
+
+
+@pytest.mark.parametrize("reason", ["load", "unload", "", "weird"])
+def test_ollama_finish_refuses_a_done_reason_that_is_no_answer(reason: str) -> None:
+    with pytest.raises(UpstreamProtocolError) as info:
+        ollama_finish({"done_reason": reason}, "o")
+    assert info.value.reason == "no_answer"
+    assert "instead of answering" in str(info.value)
