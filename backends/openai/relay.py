@@ -220,13 +220,21 @@ def with_usage_null(block: bytes) -> bytes:
 
     OpenAI's shape with ``include_usage``: every chunk but the usage chunk carries
     ``"usage": null``; vLLM (and some OpenAI-compatible servers) leave the key out.
-    One count per read when every event has the key already.
+    The block is the relay's output: one-line ``data:`` events of JSON objects, so each event
+    ends in ``}\\n\\n`` and that sequence occurs nowhere else (newlines inside JSON strings
+    are escaped). The events before the first one that has a ``"usage"`` key get the key in
+    one ``replace``; only the rest (usually the usage chunk alone) are looked at one by one.
     """
-    events = block.count(b"\n\n")
-    if block.count(b'"usage"') >= events:
-        return block  # every event has one already (OpenAI, or per-chunk usage)
-    out = []
-    for event in block.split(b"\n\n"):
+    first = block.find(b'"usage"')
+    if first < 0:
+        return block.replace(b"}\n\n", _USAGE_NULL)
+    start = block.rfind(b"\n\n", 0, first) + 2  # where that event starts (0 when it is the first)
+    head = block[:start].replace(b"}\n\n", _USAGE_NULL) if start else b""
+    rest = block[start:]
+    if rest.count(b'"usage"') >= rest.count(b"\n\n"):
+        return head + rest if head else rest  # every event left has one already
+    out = [head]
+    for event in rest.split(b"\n\n"):
         if not event:
             continue
         if b'"usage"' in event or not event.endswith(b"}"):

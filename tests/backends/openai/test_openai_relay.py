@@ -19,7 +19,7 @@ import pytest
 
 from backends.base import TokenUsage, UpstreamCall
 from backends.errors import UpstreamError, UpstreamProtocolError, UpstreamTimeoutError
-from backends.openai.relay import OpenAIStreamRelay
+from backends.openai.relay import OpenAIStreamRelay, with_usage_null
 from schemas.completions import CompletionRequest
 
 UP = "org/up-model"
@@ -587,3 +587,27 @@ async def test_relayed_events_is_one_per_event_when_generated_text_says_data() -
     relay, _ = make_relay([ev(chunk("data: data: data: ")) + done()])
     await drain(relay)
     assert relay.relayed_events == 1
+
+
+_A, _A_NULL = b'data: {"a":1}\n\n', b'data: {"a":1,"usage":null}\n\n'
+_B, _B_NULL = b'data: {"b":2}\n\n', b'data: {"b":2,"usage":null}\n\n'
+_USED = b'data: {"usage":{"p":1}}\n\n'
+_NESTED = b'data: {"u":{"usage":{"p":1}}}\n\n'  # a usage key, not at the top: the event is left as it is
+
+
+@pytest.mark.parametrize(
+    ("block", "expected"),
+    [
+        (_A + _B, _A_NULL + _B_NULL),
+        (_A + _NESTED, _A_NULL + _NESTED),
+        (_A_NULL + _B, _A_NULL + _B_NULL),
+        (_USED, _USED),
+        (_A + _USED + _B, _A_NULL + _USED + _B_NULL),
+        (b'data: {"t":"}\\n\\n"}\n\n', b'data: {"t":"}\\n\\n","usage":null}\n\n'),  # escaped text is no event end
+    ],
+)
+def test_with_usage_null_adds_the_key_to_every_event_that_lacks_it(block: bytes, expected: bytes) -> None:
+    out = with_usage_null(block)
+    assert out == expected
+    for event in out.split(b"\n\n")[:-1]:
+        orjson.loads(event[len(b"data: ") :])  # still JSON
