@@ -5,7 +5,8 @@ parsing them (the relays decide which events are worth a parse). Its contract:
 
 - ``feed(chunk)`` returns every complete event the stream holds so far, as one block
   ending in the separator (``b""`` while the first event is still incomplete); CRLF line
-  ends are normalised to LF, also when a CR and its LF arrive in different reads;
+  ends and bare CR line ends are normalised to LF, also when a CR and its LF arrive in
+  different reads (a read's final CR counts as a line end at once, a leading LF next is dropped);
 - cost is linear in the bytes fed: an incomplete event is kept as a list of reads and
   joined once, when its end arrives; only the new read is searched for a separator;
 - an event (the incomplete tail, or a whole one in a read) longer than ``max_event``
@@ -42,14 +43,15 @@ class EventBuffer:
             if len(chunk) > self._max and _longest(chunk, self._sep) > self._max:
                 self._too_large()
             return chunk
-        if self._cr:
-            chunk = b"\r" + chunk
+        if self._cr:  # the last read's final CR already ended its line: an LF here is that line end's
             self._cr = False
+            if chunk.startswith(b"\n"):
+                chunk = chunk[1:]
         if b"\r" in chunk:
-            if chunk.endswith(b"\r"):
-                chunk = chunk[:-1]
-                self._cr = True
-            chunk = chunk.replace(b"\r\n", b"\n")
+            # CRLF and a bare CR are both SSE line ends (a CR cannot be inside JSON text). A read's
+            # final CR ends its line now (held, a last event ending in CR would never complete).
+            self._cr = chunk.endswith(b"\r")
+            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         if not chunk:
             return b""
         sep = self._sep
