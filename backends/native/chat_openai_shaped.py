@@ -128,6 +128,10 @@ class OpenAIShapedChat(ChatTranslator):
         usage = _usage(obj.get("usage"))
         choices = obj.get("choices")
         if not isinstance(choices, list) or not choices:
+            if choices is not None and not isinstance(choices, list):  # not a usage-only chunk: a lie
+                raise UpstreamProtocolError(
+                    "the upstream sent a chunk whose choices is not a list", backend=self.backend
+                )
             return ChatPiece(usage=usage) if usage is not None else None
         choice = choices[0]
         if len(choices) != 1 or not isinstance(choice, dict):

@@ -146,7 +146,11 @@ class LlamaCppBackend(NativeBackend):
         if "error" in obj:
             raise upstream_failed(self.name, obj)
         text = obj.get("content")
-        text = text if isinstance(text, str) else ""
+        if not isinstance(text, str):
+            # Only the final event may come without text; any other is not llama.cpp's.
+            if text is not None or not obj.get("stop"):
+                raise UpstreamProtocolError("the upstream sent a stream event without text content", backend=self.name)
+            text = ""
         tokens = self._tokens(obj, text)
         if not obj.get("stop"):
             return Event(text, tokens)

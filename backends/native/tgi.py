@@ -175,6 +175,8 @@ class TGIBackend(NativeBackend):
     def event(self, obj: dict[str, Any]) -> Event | None:
         if "error" in obj:
             raise upstream_failed(self.name, obj)
+        if "token" not in obj:  # every TGI stream event carries one: anything else is not TGI's
+            raise UpstreamProtocolError("the upstream sent a stream event without a token", backend=self.name)
         token = _token(obj.get("token"), obj.get("top_tokens"))
         text = token.text if token is not None else ""
         tokens = [token] if token is not None else []
