@@ -11,6 +11,7 @@ a bad exchange never leaves a dead or dirty connection in the keep-alive pool.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import zlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -299,6 +300,9 @@ HTTP: dict[str, tuple[Callable[[Request, bytes, str], bytes], str]] = {
     ),
     "json_array": (lambda r, b, c: sized(b"[1, 2]", "application/json"), "error"),
     "json_null": (lambda r, b, c: sized(b"null", "application/json"), "error"),
+    "json_choices_object": (lambda r, b, c: sized(b'{"choices": {"index": 0}}', "application/json"), "error"),
+    "gzip": (lambda r, b, c: sized(gzip.compress(b), c, "Content-Encoding: gzip"), "error"),
+    "two_lengths": (lambda r, b, c: head(200, c, f"Content-Length: {len(b)}", "Content-Length: 3") + b, "error"),
 }
 
 
@@ -439,3 +443,47 @@ async def test_a_stream_chunk_with_choices_as_an_object_is_an_error(
         return body[:first] + bad + body[first:]
 
     assert await probe(gateway, upstream, rewrite(change), kind, endpoint, True) == "error"
+
+
+@pytest.mark.parametrize(("kind", "endpoint"), STREAM_CASES, ids=_ids)
+async def test_a_stream_trickled_one_byte_per_read(
+    gateway: httpx.AsyncClient, upstream: RawUpstream, kind: str, endpoint: str
+) -> None:
+    async def script(req: Request, writer: asyncio.StreamWriter) -> bool:
+        body, ctype = req.golden()
+        writer.write(head(200, ctype, "Transfer-Encoding: chunked"))
+        for i in range(len(body)):
+            writer.write(chunked(body[i : i + 1])[:-5])  # one chunk per byte, each its own TCP write
+            await writer.drain()
+            await asyncio.sleep(0)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    assert await probe(gateway, upstream, script, kind, endpoint, True) == "ok"
+
+
+@pytest.mark.parametrize(("kind", "endpoint", "stream"), CASES, ids=_ids)
+async def test_huge_integers_in_usage_never_give_a_500(
+    gateway: httpx.AsyncClient, upstream: RawUpstream, kind: str, endpoint: str, stream: bool
+) -> None:
+    big = str(2**64 + 1).encode()
+
+    def change(body: bytes) -> bytes:
+        for key in (b'"completion_tokens":', b'"generated_tokens":', b'"eval_count":', b'"tokens_predicted":'):
+            for spaced in (key, key + b" "):
+                at = body.rfind(spaced)
+                if at >= 0:
+                    end = at + len(spaced)
+                    stop = min(i for i in (body.find(b",", end), body.find(b"}", end)) if i >= 0)
+                    return body[:end] + big + body[stop:]
+        return body
+
+    await probe(
+        gateway,
+        upstream,
+        rewrite(change, te=stream) if stream else raw(lambda r, b, c: sized(change(b), c)),
+        kind,
+        endpoint,
+        stream,
+    )  # verdict's rules: ok or a clear 5xx
