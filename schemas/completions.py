@@ -12,6 +12,7 @@ gateway never forwards a ``null`` upstream (see :meth:`CompletionRequest.upstrea
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
@@ -178,28 +179,36 @@ class CompletionRequest(BaseModel):
 
     # --- cross-field rules ------------------------------------------------------
     @model_validator(mode="after")
-    def check_logit_bias_keys(self) -> CompletionRequest:
-        check_logit_bias_keys(self.logit_bias)
+    def check_rules(self) -> CompletionRequest:
+        """The cross-field rules, in this order (the first one broken is the error).
+
+        One validator, not one per rule: a rule runs only when a field that can break it
+        was set (an unset field is its default, ``None``, which breaks no rule), so a plain
+        request (model, prompt, a few sampling fields) pays for one set intersection.
+        """
+        touched = self.__pydantic_fields_set__ & _RULE_FIELDS
+        if touched:
+            for fields, rule in _RULES:
+                if not touched.isdisjoint(fields):
+                    rule(self)
         return self
 
-    @model_validator(mode="after")
-    def check_best_of(self) -> CompletionRequest:
+    def _check_logit_bias_keys(self) -> None:
+        check_logit_bias_keys(self.logit_bias)
+
+    def _check_best_of(self) -> None:
         if self.best_of is None:
-            return self
+            return
         n = self.n or 1
         if self.best_of < n:
             raise FieldRuleError("best_of", f"best_of ({self.best_of}) must be greater than or equal to n ({n})")
         if self.stream and self.best_of != n:
             raise FieldRuleError("best_of", "best_of cannot be used with stream (results cannot be streamed)")
-        return self
 
-    @model_validator(mode="after")
-    def check_stream_options(self) -> CompletionRequest:
+    def _check_stream_options(self) -> None:
         check_stream_options(self.stream_options, self.stream)
-        return self
 
-    @model_validator(mode="after")
-    def check_min_tokens(self) -> CompletionRequest:
+    def _check_min_tokens(self) -> None:
         if self.min_tokens:
             max_tokens = DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
             if self.min_tokens > max_tokens:
@@ -207,13 +216,11 @@ class CompletionRequest(BaseModel):
                     "min_tokens",
                     f"min_tokens ({self.min_tokens}) must be less than or equal to max_tokens ({max_tokens})",
                 )
-        return self
 
-    @model_validator(mode="after")
-    def check_structured_outputs(self) -> CompletionRequest:
+    def _check_structured_outputs(self) -> None:
         structured = self.structured_outputs
         if structured is None:
-            return self
+            return
         kinds = structured.constraints()
         if len(kinds) > 1:
             raise FieldRuleError(
@@ -224,29 +231,22 @@ class CompletionRequest(BaseModel):
             raise FieldRuleError(
                 "structured_outputs", f"structured_outputs and {guides[0]} are two forms of one constraint; send one"
             )
-        return self
 
-    @model_validator(mode="after")
-    def check_prompt_logprobs(self) -> CompletionRequest:
+    def _check_prompt_logprobs(self) -> None:
         if self.prompt_logprobs is not None and self.stream:
             raise FieldRuleError("prompt_logprobs", "prompt_logprobs is not available with stream")
-        return self
 
-    @model_validator(mode="after")
-    def check_guided_count(self) -> CompletionRequest:
+    def _check_guided_count(self) -> None:
         check_guides(
             [name for name in GUIDED_FIELDS if getattr(self, name) is not None],
             guided_json=self.guided_json,
             whitespace_pattern=self.guided_whitespace_pattern,
             decoding_backend=self.guided_decoding_backend,
         )
-        return self
 
-    @model_validator(mode="after")
-    def check_beam_search(self) -> CompletionRequest:
+    def _check_beam_search(self) -> None:
         if self.use_beam_search and self.stream:
             raise FieldRuleError("use_beam_search", "use_beam_search cannot be used with stream")
-        return self
 
     # --- helpers for the request path --------------------------------------------
     def upstream_fields(self) -> dict[str, Any]:
@@ -320,6 +320,24 @@ class CompletionRequest(BaseModel):
         if isinstance(first, str | list):
             return first
         return [t for t in prompt if isinstance(t, int)]
+
+
+# check_rules' table: (the fields whose setting can break the rule, the rule), in the order the
+# rules are checked. Each rule raises only when one of its fields holds a non-default value.
+_RULES: tuple[tuple[frozenset[str], Callable[[CompletionRequest], None]], ...] = (
+    (frozenset({"logit_bias"}), CompletionRequest._check_logit_bias_keys),
+    (frozenset({"best_of"}), CompletionRequest._check_best_of),
+    (frozenset({"stream_options"}), CompletionRequest._check_stream_options),
+    (frozenset({"min_tokens"}), CompletionRequest._check_min_tokens),
+    (frozenset({"structured_outputs"}), CompletionRequest._check_structured_outputs),
+    (frozenset({"prompt_logprobs"}), CompletionRequest._check_prompt_logprobs),
+    (
+        frozenset({*GUIDED_FIELDS, "guided_whitespace_pattern", "guided_decoding_backend"}),
+        CompletionRequest._check_guided_count,
+    ),
+    (frozenset({"use_beam_search"}), CompletionRequest._check_beam_search),
+)
+_RULE_FIELDS: frozenset[str] = frozenset().union(*(fields for fields, _ in _RULES))
 
 
 # Values of the vLLM extras that mean "off": a field explicitly set to one of these
