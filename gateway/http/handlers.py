@@ -27,7 +27,7 @@ from aiohttp import web
 from backends.base import CompletionStream
 from backends.errors import UpstreamError
 from gateway.accounting import RequestRecord
-from gateway.flow.endpoints import OPS, EndpointOps
+from gateway.flow.endpoints import OPS
 from gateway.flow.service import OpenedStream
 from gateway.http.hardening import read_body, redact
 from gateway.http.request_id import request_id_of
@@ -77,13 +77,72 @@ def endpoint_handler(endpoint: Endpoint) -> Callable[[web.Request], Awaitable[we
 
 
 async def serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
-    """A request on ``endpoint``: every answer, refusals included, is accounted once by its record."""
+    """A request on ``endpoint``: every answer, refusals included, is accounted once by its record.
+
+    One coroutine for the whole request (not an accounting wrapper around a body): each
+    coroutine level costs a frame per resumption, on every request.
+    """
     state = request.app[STATE]
     guard = state.request_guard
     record = RequestRecord(state.metrics, guard.audit, request_id_of(request), endpoint)
     status = 500  # a bug: the middleware answers 500
     try:
-        response = await _serve(request, state, record, OPS[endpoint])
+        if guard.keyring is not None:  # auth off: there is no key to find
+            record.key = guard.identify(request)
+        body = await read_body(request, state.config.server.client_body_timeout)
+        ops = OPS[endpoint]
+        try:
+            # Everything that can refuse the request without an upstream, before the key's budget is touched.
+            req: ServedRequest = PARSERS[endpoint](body)
+            record.user = req.user
+            entry = state.router.lookup(req.model)
+            record.model = entry.name
+            if record.key is None:
+                guard.caps.check(req)  # no key: the deployment's caps alone
+            else:
+                guard.check(record.key, req, entry.name)
+            routes = state.router.candidates(entry, req, ops)
+            priority = state.admission.priority_of(request.headers)
+        except UnsupportedParameterError as exc:
+            state.metrics.unsupported_parameter(exc.backend, exc.param or "", endpoint=endpoint)
+            raise
+        if guard.store is not None:  # no store: no key has limits, nothing to reserve
+            record.reservation, record.prompt_estimate = await guard.reserve(request, record.key, req)
+        metrics = state.metrics
+        metrics.request_started(entry.name, endpoint=endpoint)
+        task = request.task
+        state.in_flight.enter(task)
+        limiter = state.admission.limiter
+        try:
+            try:
+                if not limiter.try_acquire():  # the common case takes a slot without a coroutine
+                    await limiter.acquire(priority)
+            except asyncio.CancelledError:
+                _cancelled(state)
+            try:
+                service = state.service
+                try:
+                    if req.stream:
+                        opened = await service.open_stream(ops, entry, routes, req, record.request_id, priority, record)
+                    else:
+                        result, route = await service.complete(
+                            ops, entry, routes, req, record.request_id, priority, record
+                        )
+                except asyncio.CancelledError:
+                    _cancelled(state)  # before an answer: a cancel while relaying one is _stream's to end
+                if req.stream:
+                    response = await _stream(request, state, endpoint, entry.name, opened, record)
+                else:
+                    record.backend = route.backend.name
+                    record.usage = result.usage
+                    response = web.Response(
+                        body=result.body, content_type=_JSON, headers={"x-request-id": record.request_id}
+                    )
+            finally:
+                limiter.release()
+        finally:
+            state.in_flight.leave(task)
+            metrics.request_ended(entry.name, endpoint=endpoint)
         status = record.status or response.status
         return response
     except GatewayError as exc:
@@ -109,59 +168,6 @@ chat_completions = endpoint_handler(Endpoint.CHAT)  # POST /v1/chat/completions
 HANDLERS: Mapping[Endpoint, Callable[[web.Request], Awaitable[web.StreamResponse]]] = MappingProxyType(
     {Endpoint.COMPLETIONS: completions, Endpoint.CHAT: chat_completions}
 )
-
-
-async def _serve(
-    request: web.Request, state: GatewayState, record: RequestRecord, ops: EndpointOps
-) -> web.StreamResponse:
-    guard = state.request_guard
-    record.key = guard.identify(request)
-    body = await read_body(request, state.config.server.client_body_timeout)
-    endpoint = ops.endpoint
-    try:
-        # Everything that can refuse the request without an upstream, before the key's budget is touched.
-        req: ServedRequest = PARSERS[endpoint](body)
-        record.user = req.user
-        entry = state.router.lookup(req.model)
-        record.model = entry.name
-        guard.check(record.key, req, entry.name)
-        routes = state.router.candidates(entry, req, ops)
-        priority = state.admission.priority_of(request.headers)
-    except UnsupportedParameterError as exc:
-        state.metrics.unsupported_parameter(exc.backend, exc.param or "", endpoint=endpoint)
-        raise
-    record.reservation, record.prompt_estimate = await guard.reserve(request, record.key, req)
-
-    metrics = state.metrics
-    metrics.request_started(entry.name, endpoint=endpoint)
-    task = request.task
-    state.in_flight.enter(task)
-    limiter = state.admission.limiter
-    try:
-        try:
-            if not limiter.try_acquire():  # the common case takes a slot without a coroutine
-                await limiter.acquire(priority)
-        except asyncio.CancelledError:
-            _cancelled(state)
-        try:
-            service = state.service
-            try:
-                if req.stream:
-                    opened = await service.open_stream(ops, entry, routes, req, record.request_id, priority, record)
-                else:
-                    result, route = await service.complete(ops, entry, routes, req, record.request_id, priority, record)
-            except asyncio.CancelledError:
-                _cancelled(state)  # before an answer: a cancel while relaying one is _stream's to end
-            if req.stream:
-                return await _stream(request, state, endpoint, entry.name, opened, record)
-            record.backend = route.backend.name
-            record.usage = result.usage
-            return web.Response(body=result.body, content_type=_JSON, headers={"x-request-id": record.request_id})
-        finally:
-            limiter.release()
-    finally:
-        state.in_flight.leave(task)
-        metrics.request_ended(entry.name, endpoint=endpoint)
 
 
 def _cancelled(state: GatewayState) -> NoReturn:

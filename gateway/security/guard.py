@@ -17,8 +17,10 @@ handler closes the request's record (``gateway.accounting.RequestRecord``). The
 ``on_response_prepare`` hook registered only when some key has limits, so they are on every
 answer to a known key, streams and errors included.
 
-Cost with auth off: ``identify`` returns None, ``check`` compares a few caps, ``reserve``
-returns at once; no hook, no dict work.
+Cost with auth off: the handler calls none of them. What is on is decided at start-up
+(``keyring``, ``store``: None when off) and the handler skips ``identify`` and ``reserve``
+when they would do nothing, and checks ``caps`` (the deployment's) itself for a request
+without a key: no hook, no dict work, no call that returns at once.
 """
 
 from __future__ import annotations
@@ -53,10 +55,10 @@ class RequestGuard:
         audit: AuditLog | None = None,
     ) -> None:
         self._metrics = metrics
-        self._caps = caps
-        self.keyring = keyring
-        self.store = store
-        self._audit = audit
+        self.caps = caps  # the deployment's caps: what a request without a key may spend
+        self.keyring = keyring  # None: auth is off
+        self.store = store  # None: no key has rate limits
+        self.audit = audit  # written when a request's record closes (None when off)
 
     @classmethod
     def from_config(cls, config: GatewayConfig, metrics: GatewayMetrics, models_body: bytes) -> RequestGuard:
@@ -91,11 +93,6 @@ class RequestGuard:
             )
         return cls(metrics=metrics, caps=caps, keyring=keyring, store=store, audit=audit)
 
-    @property
-    def audit(self) -> AuditLog | None:
-        """The audit log, written when a request's record closes (None when off)."""
-        return self._audit
-
     # --- the handler's hooks, in the order it calls them ---------------------------------------
     def identify(self, request: web.Request) -> ApiKey | None:
         """The caller's key (401 when missing or unknown); None when auth is off."""
@@ -111,7 +108,7 @@ class RequestGuard:
     def check(self, key: ApiKey | None, req: ServedRequest, model: str) -> None:
         """May ``key`` send ``req`` to the configured ``model``? Raises the refusal (403, 400)."""
         if key is None:
-            self._caps.check(req)
+            self.caps.check(req)
             return
         try:
             KeyRing.check_model(key, model)
