@@ -254,7 +254,9 @@ class Router:
 
     def candidates(self, entry: ModelEntry, request: ServedRequest, ops: EndpointOps) -> list[Route]:
         """Routes able to serve ``request`` on ``ops``'s endpoint, in try order; raises if there are none."""
-        routes = entry.routes_for(ops)
+        routes = entry.served.get(ops.endpoint)  # ModelEntry.routes_for, without its call on every request
+        if routes is None:
+            raise _not_served(entry, ops)
         refusal = ops.refusal
         if self._user_unrecorded and request.user is not None:
             refusal = _refusing_user(refusal, self._user_unrecorded)
