@@ -24,7 +24,6 @@ from typing import Any, NoReturn
 import orjson
 from aiohttp import web
 
-from backends.base import CompletionStream
 from backends.errors import UpstreamError
 from gateway.accounting import RequestRecord
 from gateway.flow.endpoints import OPS
@@ -58,6 +57,7 @@ log = logging.getLogger("gateway")
 
 _JSON = "application/json"
 _DONE = b"data: [DONE]\n\n"
+_EVENT = b"data: "  # an SSE event's start: each carries at least one generated token of one choice
 _SSE_HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
     "Cache-Control": "no-cache",
@@ -202,7 +202,8 @@ async def _stream(
     response = web.StreamResponse(headers={**_SSE_HEADERS, "x-request-id": record.request_id})
     # A stream that counts its events as it cuts them (the OpenAI-shaped relays) is read after
     # each write; another one's chunks are counted here. Either way what a write that never
-    # happened (a client that left meanwhile) carried is not counted.
+    # happened (a client that left meanwhile) carried is not counted. Written out at each write,
+    # not in a helper: a call per chunk on every stream.
     counts = stream.relayed_events is not None
     try:
         await response.prepare(request)
@@ -210,22 +211,22 @@ async def _stream(
         # body leave in one write (one syscall instead of three for short streams).
         if stream.finished:
             await response.write_eof(opened.first + _DONE)
-            record.relayed = _relayed(stream, opened.first, 0, counts)
+            record.relayed = (stream.relayed_events or 0) if counts else opened.first.count(_EVENT)
             metrics.first_token(model, backend, asyncio.get_running_loop().time() - record.started, endpoint=endpoint)
             return response
         if opened.first:
             await response.write(opened.first)
-            record.relayed = _relayed(stream, opened.first, 0, counts)
+            record.relayed = (stream.relayed_events or 0) if counts else opened.first.count(_EVENT)
         metrics.first_token(model, backend, asyncio.get_running_loop().time() - record.started, endpoint=endpoint)
         tail = _DONE
         try:
             async for chunk in opened:  # an upstream failure reaches the breaker through ``opened``
                 if stream.finished:
                     tail = chunk + _DONE
-                    record.relayed = _relayed(stream, chunk, record.relayed, counts)
+                    record.relayed = (stream.relayed_events or 0) if counts else record.relayed + chunk.count(_EVENT)
                     break
                 await response.write(chunk)
-                record.relayed = _relayed(stream, chunk, record.relayed, counts)
+                record.relayed = (stream.relayed_events or 0) if counts else record.relayed + chunk.count(_EVENT)
         except UpstreamError as exc:
             # After the first byte nothing is retried: say what happened, then end cleanly.
             record.status = exc.status
@@ -261,18 +262,6 @@ async def _stream(
         await opened.aclose()
         record.usage = stream.usage
     return response
-
-
-def _events(chunk: bytes) -> int:
-    """SSE events in ``chunk``: each carries at least one generated token of one choice."""
-    return chunk.count(b"data: ")
-
-
-def _relayed(stream: CompletionStream, chunk: bytes, before: int, counts: bool) -> int:
-    """Events relayed once ``chunk`` (the stream's latest) is out: the stream's own count when it keeps one."""
-    if counts:
-        return stream.relayed_events  # type: ignore[return-value]  # counts: not None
-    return before + _events(chunk)
 
 
 def _error_event(error: GatewayError) -> bytes:
