@@ -479,3 +479,35 @@ def test_huge_integers_are_a_400_naming_the_field_at_the_door(body: bytes, param
     with pytest.raises(InvalidRequestError) as caught:
         parse_completion_request(body)
     assert caught.value.status == 400 and caught.value.param == param
+
+
+# Requests that break two rules: the earlier rule (in check_rules' order) is the error.
+RULE_ORDER = [
+    ({"logit_bias": {"x": 1}, "best_of": 1, "n": 2}, "logit_bias"),
+    ({"best_of": 1, "n": 2, "stream_options": {"include_usage": True}}, "best_of"),
+    ({"stream_options": {}, "min_tokens": 5, "max_tokens": 4}, "stream_options"),
+    ({"min_tokens": 5, "max_tokens": 4, "structured_outputs": {"regex": "a", "choice": ["b"]}}, "min_tokens"),
+    ({"structured_outputs": {"regex": "a"}, "guided_regex": "b", "prompt_logprobs": 1, "stream": True},
+     "structured_outputs"),
+    ({"prompt_logprobs": 1, "stream": True, "guided_regex": "a", "guided_grammar": "b"}, "prompt_logprobs"),
+    ({"guided_regex": "a", "guided_grammar": "b", "use_beam_search": True, "stream": True}, "guided_grammar"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("fields", "param"), RULE_ORDER, ids=[p for _, p in RULE_ORDER])
+def test_first_rule_broken_is_the_error(fields: dict[str, Any], param: str, mode: str) -> None:
+    assert rule_error(mode, **fields).param == param
+
+
+def test_plain_request_runs_no_cross_field_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request that sets no field a rule reads past its default pays for no rule (issue 12)."""
+    import schemas.completions as completions_module
+
+    ran: list[str] = []
+    rules = tuple((fields, lambda _r, f=fields: ran.append(min(f))) for fields, _ in completions_module._RULES)
+    monkeypatch.setattr(completions_module, "_RULES", rules)
+    make(max_tokens=16, temperature=0.5, top_p=1.0, n=2, stream=True, seed=1, stop="x", user="u", echo=False)
+    assert ran == []
+    make(best_of=2, guided_decoding_backend="x")
+    assert ran == ["best_of", "guided_choice"]
