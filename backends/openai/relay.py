@@ -19,7 +19,9 @@ structure, never inside generated text. What the fast path does not scan for: er
 and an early ``[DONE]`` carry no ``"model"`` key, so a read holding one fails the self-check
 (one upstream-spelled ``"model"`` per event) and is parsed. An upstream that puts the model
 key into an error event gets that event relayed as it sent it (no upstream we know does:
-OpenAI, vLLM old and new, LiteLLM send none).
+OpenAI, vLLM old and new, LiteLLM send none). Likewise the shape of a chunk (``choices`` a
+list) is checked where a read is parsed, not on the byte path: checking it there would be
+another full scan of every read.
 """
 
 from __future__ import annotations
@@ -190,6 +192,13 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
                     f"the upstream failed mid-stream: {error_fields(obj).message}",
                     backend=self._backend,
                     reason="stream_error",
+                )
+                break
+            if not isinstance(obj.get("choices", ()), list):  # a usage chunk may leave the key out
+                self._pending = UpstreamProtocolError(
+                    "the upstream sent a stream event whose choices is not a list",
+                    backend=self._backend,
+                    reason="stream_garbage",
                 )
                 break
             usage = usage_of(obj.get("usage"))

@@ -421,19 +421,7 @@ async def test_a_backend_dead_before_answering_fails_over(
 # --- lying JSON shapes in streams ------------------------------------------------------------------
 
 
-_RELAY_XFAIL = pytest.mark.xfail(
-    strict=True,
-    reason="backends/openai/relay.py (vLLM's stream is built on it) relays a chunk whose choices is an object as-is",
-)
-CHOICE_CASES = [
-    pytest.param(k, e, marks=_RELAY_XFAIL, id=f"{k}-{e}")
-    if k in ("openai", "vllm")
-    else pytest.param(k, e, id=f"{k}-{e}")
-    for k, e in SSE_CASES
-]
-
-
-@pytest.mark.parametrize(("kind", "endpoint"), CHOICE_CASES)
+@pytest.mark.parametrize(("kind", "endpoint"), SSE_CASES, ids=_ids)
 async def test_a_stream_chunk_with_choices_as_an_object_is_an_error(
     gateway: httpx.AsyncClient, upstream: RawUpstream, kind: str, endpoint: str
 ) -> None:
