@@ -194,7 +194,7 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
                     reason="stream_error",
                 )
                 break
-            if not isinstance(obj.get("choices", ()), list):  # a usage chunk may leave the key out
+            if not isinstance(obj.get("choices", []), list):  # a usage chunk may leave the key out
                 self._pending = UpstreamProtocolError(
                     "the upstream sent a stream event whose choices is not a list",
                     backend=self._backend,

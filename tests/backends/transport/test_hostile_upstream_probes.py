@@ -49,25 +49,26 @@ def _ids(value: Any) -> str:
     return "stream" if value is True else "whole" if value is False else str(value)
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def upstream() -> AsyncIterator[RawUpstream]:
+async def _running() -> AsyncIterator[RawUpstream]:
     up = RawUpstream()
     await up.start()
     try:
         yield up
     finally:
         await up.stop()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def upstream() -> AsyncIterator[RawUpstream]:
+    async for up in _running():
+        yield up
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def elsewhere() -> AsyncIterator[RawUpstream]:
     """Another host a redirect points at: it must never be asked."""
-    up = RawUpstream()
-    await up.start()
-    try:
+    async for up in _running():
         yield up
-    finally:
-        await up.stop()
 
 
 def _config(url: str) -> str:

@@ -241,7 +241,7 @@ def check_stream(raw: bytes) -> list[Any]:
 # streamed 200 whether it ends in an error event ("error") or relays the upstream's events ("ok").
 # A body the upstream sent in the other framing (SSE to a plain request, JSON to a stream) is a 502.
 EXPECTED: dict[str, tuple[int, int | str]] = {
-    "choices_wrong_type": (502, "ok"),  # relayed as it came, as on /v1/completions (see the report)
+    "choices_wrong_type": (502, 502),  # the first event is parsed (its model is not the upstream id): refused
     "cut": (200, "error"),  # only a stream is cut
     "double_done": (502, "ok"),
     "endless_body": (502, 502),
