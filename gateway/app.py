@@ -25,7 +25,7 @@ from gateway.flow.router import BackendGuard, Router, endpoint_problems
 from gateway.flow.service import CompletionService
 from gateway.http import handlers
 from gateway.http.hardening import handler_args, register_secrets
-from gateway.http.middleware import request_middleware
+from gateway.http.middleware import expect_handler, request_middleware
 from gateway.http.openapi import openapi_handler
 from gateway.http.probes import ready
 from gateway.metrics import GatewayMetrics
@@ -116,7 +116,7 @@ def check_endpoints(config: GatewayConfig, backends: Mapping[str, Backend]) -> N
 def _add_routes(app: web.Application, config: GatewayConfig, guard: RequestGuard) -> None:
     """The endpoints; the security wrappers and hooks only where the config turns them on."""
     for endpoint, path in ENDPOINT_PATHS.items():
-        app.router.add_post(path, handlers.HANDLERS[endpoint])
+        app.router.add_post(path, handlers.HANDLERS[endpoint], expect_handler=expect_handler)
     app.router.add_get("/v1/models", guard.list_models if guard.keyring is not None else handlers.list_models)
     app.router.add_get("/health", handlers.health)
     app.router.add_get("/ready", ready)  # readiness, separate from liveness: gateway.http.probes

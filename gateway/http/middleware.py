@@ -4,6 +4,10 @@ Every error leaves as OpenAI's envelope with the right status: our own
 ``GatewayError``s as they are, aiohttp's HTTP exceptions (unknown path, wrong
 method, oversized body) translated, and anything unexpected as a plain 500
 envelope with the traceback only in our log, never in the body.
+
+``Expect: 100-continue`` is answered by :func:`expect_handler` (the POST routes' expect handler,
+run by aiohttp before any middleware): a body announced larger than the limit gets its 413 before
+the client sends it, an expectation we do not know a 417, both as envelopes.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import logging
 import re
 
 import orjson
-from aiohttp import web
+from aiohttp import HttpVersion11, hdrs, web
 from aiohttp.typedefs import Handler, Middleware
 
 from gateway.http.hardening import redact
@@ -25,7 +29,9 @@ from schemas.errors import (
     PayloadTooLargeError,
 )
 
-__all__ = ["error_response", "request_middleware"]
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+__all__ = ["error_response", "expect_handler", "request_middleware"]
 
 log = logging.getLogger("gateway")
 
@@ -58,6 +64,44 @@ def _from_http_exception(exc: web.HTTPException, request: web.Request) -> Gatewa
     return GatewayError(exc.reason or "HTTP error", status=exc.status, type="invalid_request_error")
 
 
+def _request_id(request: web.Request) -> str:
+    rid = request.headers.get("x-request-id")
+    return rid if rid is not None and _CLIENT_ID.match(rid) else new_request_id()
+
+
+async def expect_handler(request: web.Request) -> web.StreamResponse | None:
+    """aiohttp's ``expect_handler`` for the POST routes: ``None`` lets the request go on.
+
+    aiohttp's default invites any body with a 100 and refuses an unknown expectation in plain text
+    quoting it; only requests that carry ``Expect`` come here, so the common path pays nothing.
+    """
+    if request.version != HttpVersion11:
+        return None  # HTTP/1.0 has no 100 Continue: the client sends its body anyway
+    refusal: GatewayError
+    if request.headers.get(hdrs.EXPECT, "").strip().lower() != "100-continue":
+        refusal = GatewayError(
+            "The request's Expect header is not supported; only 100-continue is.",
+            status=417,
+            type="invalid_request_error",
+            code="expectation_failed",
+        )
+    else:
+        limit = request.app._client_max_size
+        length = request.content_length
+        coding = request.headers.get(hdrs.CONTENT_ENCODING, "identity").strip().lower()
+        # A compressed body is limited after it is inflated (gateway.http.hardening): its wire size
+        # alone cannot be refused here.
+        if length is None or length <= limit or coding != "identity":
+            await request.writer.write(_CONTINUE)
+            return None
+        refusal = PayloadTooLargeError(f"The request body is larger than the {limit}-byte limit.")
+    response = error_response(refusal, _request_id(request))
+    # The body was never invited: whether the client sends it anyway is unknown, so the connection
+    # cannot carry another request (aiohttp reads what comes for its lingering time, then closes).
+    response.force_close()
+    return response
+
+
 def request_middleware(state: GatewayState) -> Middleware:
     """The app's one middleware: request ids, error answers, and the request's count in ``state``'s
     config generation (``gateway.reload``). Closed over ``state``: a reload swaps its fields, not it."""
@@ -80,7 +124,11 @@ def request_middleware(state: GatewayState) -> Middleware:
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
-            return error_response(_from_http_exception(exc, request), rid)
+            response = error_response(_from_http_exception(exc, request), rid)
+            allow = exc.headers.get(hdrs.ALLOW)
+            if allow is not None:  # a 405 says which methods the path takes (RFC 9110 15.5.6)
+                response.headers[hdrs.ALLOW] = allow
+            return response
         except (ConnectionResetError, ConnectionError):
             raise
         except Exception:

@@ -18,7 +18,11 @@ connection ends. Connections are never closed under a client that may be writing
 last answer (aiohttp's own ``pre_shutdown`` closes every idle connection at once, which loses
 a request already on the wire).
 
-The runner reaches two private corners of aiohttp (3.14): the ``Server`` it builds gets our
+No answer names the server software: aiohttp's ``Server: Python/3.x aiohttp/3.y`` hands a
+probe the exact versions to look up; :func:`_hide_server_software` sets the one module-level
+default aiohttp reads when a response has no ``Server`` (no per-response work).
+
+The runner reaches three private corners of aiohttp (3.14): the ``Server`` it builds gets our
 protocol class, and the idle test reads the protocol's waiter. Both are covered by the tests
 in ``tests/gateway/http/test_front_door.py`` and ``tests/gateway/http/test_drain_load.py``.
 """
@@ -31,7 +35,7 @@ from http import HTTPStatus
 from typing import Any
 
 import orjson
-from aiohttp import http_exceptions, web
+from aiohttp import http_exceptions, web, web_response
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
@@ -55,6 +59,7 @@ _MALFORMED: tuple[tuple[type[BaseException], int, str, str], ...] = (
     (http_exceptions.ContentLengthError, 400, "The request body does not match its Content-Length.", "invalid_framing"),
 )  # fmt: skip
 _TOO_MANY_HEADERS = "Too many headers"  # aiohttp raises a bare BadHttpMessage for max_headers
+SERVER_NAME = "completions-gateway"  # what the Server header says, without a version
 UNSUPPORTED_ENCODING = "The request's Content-Encoding is not supported; send identity, gzip or deflate."
 
 
@@ -75,6 +80,11 @@ def malformed_message(exc: BaseException | None, status: int) -> tuple[int, str,
     if status >= 500:
         return status, "The gateway failed to process the request; see its log.", "internal_error"
     return status, "The request is not valid HTTP.", "malformed_request"
+
+
+def _hide_server_software() -> None:
+    # aiohttp's StreamResponse sets ``Server`` from this module global when the response has none.
+    web_response.SERVER_SOFTWARE = SERVER_NAME  # type: ignore[attr-defined]
 
 
 class FrontDoorProtocol(RequestHandler):
@@ -167,6 +177,7 @@ class FrontDoorRunner(web.AppRunner):
         # Same state, our protocol factory (aiohttp builds the Server inside the app, privately).
         server.__class__ = _FrontDoorServer
         settle_heap()  # the collector's settings for serving (gateway.http.heap)
+        _hide_server_software()
         return server
 
     def start_draining(self) -> None:
