@@ -41,6 +41,7 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
 from gateway.http.heap import settle_heap
+from gateway.http.request_id import new_request_id
 
 __all__ = ["UNSUPPORTED_ENCODING", "FrontDoorProtocol", "FrontDoorRunner", "malformed_message"]
 
@@ -120,15 +121,22 @@ class FrontDoorProtocol(RequestHandler):
             raise ConnectionError("Response is sent already, cannot send another response with the error message")
         status, text, code = malformed_message(exc, status)
         peer = request.remote or "unknown"
+        # A fresh id (the client's header may be the malformed part): the client can quote it,
+        # the log line carries it.
+        rid = new_request_id()
         if status >= 500 and status != 504:
             # Our own bug below the middleware: the traceback is ours, not the client's bytes.
-            log.error("unhandled error on a connection from %s", peer, exc_info=exc)
+            log.error("unhandled error on a connection from %s (request %s)", peer, rid, exc_info=exc)
         else:
-            log.info("refused a malformed request from %s: %s (%s)", peer, code, type(exc).__name__)
+            log.info("refused a malformed request from %s: %s (%s, request %s)", peer, code, type(exc).__name__, rid)
         kind = "server_error" if status >= 500 else "invalid_request_error"
         body = orjson.dumps({"error": {"message": text, "type": kind, "param": None, "code": code}})
         response = web.Response(
-            status=status, reason=HTTPStatus(status).phrase, body=body, content_type="application/json"
+            status=status,
+            reason=HTTPStatus(status).phrase,
+            body=body,
+            content_type="application/json",
+            headers={"x-request-id": rid},
         )
         response.force_close()
         return response

@@ -8,17 +8,21 @@ runner ``gateway serve`` uses: what the other hostile suites (``test_front_door`
 - A 405 names the methods the path takes (``Allow``, RFC 9110 15.5.6).
 - No response names the server software and its version.
 - Pipelined requests on one connection are answered in order, none lost, on both endpoints.
+- A refusal by the HTTP parser carries a request id, and the log line names it.
+- A client that half-closes after its request is taken as gone (pinned: see the test).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import orjson
 import pytest
 
-from tests.conftest import MOCK_MODEL, MakeGateway, RunningGateway
+from tests.conftest import MOCK_MODEL, OPENAI_MODEL, MakeGateway, RunningGateway, eventually
+from tests.fakes import Behaviour
 
 COMPLETION = orjson.dumps({"model": MOCK_MODEL, "prompt": "hi", "max_tokens": 2})
 CHAT = orjson.dumps({"model": MOCK_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
@@ -184,3 +188,46 @@ async def test_pipelined_requests_are_answered_in_order_none_lost(gateway: Runni
             assert status == 200 and orjson.loads(body)["object"] == kind, body
         else:
             assert status == 400 and orjson.loads(body)["error"]["type"] == "invalid_request_error"
+
+
+async def test_a_refusal_by_the_http_parser_carries_a_request_id_and_logs_it(
+    gateway: RunningGateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="gateway")
+    reader, writer = await asyncio.open_connection(*_host_port(gateway.url))
+    try:
+        two_lengths = b"Content-Length: 5\r\nContent-Length: 6\r\n"  # a smuggling attempt
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: gw\r\n" + two_lengths + b"\r\nhello")
+        async with asyncio.timeout(5):
+            answer = await _read_answer(reader)
+    finally:
+        writer.close()
+    _envelope(answer, 400)  # asserts the x-request-id too
+    rid = answer[1]["x-request-id"]
+    assert any(rid in record.getMessage() for record in caplog.records), caplog.text  # an operator can find it
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("path", list(PATHS))
+async def test_a_client_that_half_closes_is_taken_as_gone(gateway: RunningGateway, path: str, stream: bool) -> None:
+    """A FIN after the request cannot be told from a client that left (aiohttp closes on it), and a
+    gateway that kept waiting on every FIN would let every abandoned request run its upstream to the
+    end: the upstream is cancelled, as for a client that left (nginx answers 499 the same way)."""
+    up = gateway.upstream
+    up.script.append(Behaviour(kind="hold"))  # never released: only the client leaving ends it
+    model = OPENAI_MODEL
+    fields: dict[str, Any] = {"model": model, "max_tokens": 2, "stream": stream}
+    fields.update({"prompt": "hi"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "hi"}]})
+    body = orjson.dumps(fields)
+    reader, writer = await asyncio.open_connection(*_host_port(gateway.url))
+    try:
+        writer.write(f"POST {path} HTTP/1.1\r\nHost: gw\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        await writer.drain()
+        await eventually(lambda: up.active == 1)
+        writer.write_eof()
+        await eventually(lambda: up.cancelled == 1)
+        assert up.active == 0
+        async with asyncio.timeout(5):
+            assert await reader.read() == b""  # closed without an answer
+    finally:
+        writer.close()
