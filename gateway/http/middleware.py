@@ -20,6 +20,7 @@ from aiohttp import HttpVersion11, hdrs, web
 from aiohttp.typedefs import Handler, Middleware
 
 from gateway.http.hardening import redact
+from gateway.http.protocol import EXPECTATION_FAILED
 from gateway.http.request_id import REQUEST_ID, new_request_id
 from gateway.state import GatewayState
 from schemas.errors import (
@@ -80,7 +81,7 @@ async def expect_handler(request: web.Request) -> web.StreamResponse | None:
     refusal: GatewayError
     if request.headers.get(hdrs.EXPECT, "").strip().lower() != "100-continue":
         refusal = GatewayError(
-            "The request's Expect header is not supported; only 100-continue is.",
+            EXPECTATION_FAILED,
             status=417,
             type="invalid_request_error",
             code="expectation_failed",

@@ -43,7 +43,7 @@ from aiohttp.web_request import BaseRequest
 from gateway.http.heap import settle_heap
 from gateway.http.request_id import new_request_id
 
-__all__ = ["UNSUPPORTED_ENCODING", "FrontDoorProtocol", "FrontDoorRunner", "malformed_message"]
+__all__ = ["EXPECTATION_FAILED", "UNSUPPORTED_ENCODING", "FrontDoorProtocol", "FrontDoorRunner", "malformed_message"]
 
 log = logging.getLogger("gateway")
 
@@ -60,6 +60,7 @@ _MALFORMED: tuple[tuple[type[BaseException], int, str, str], ...] = (
     (http_exceptions.ContentLengthError, 400, "The request body does not match its Content-Length.", "invalid_framing"),
 )  # fmt: skip
 _TOO_MANY_HEADERS = "Too many headers"  # aiohttp raises a bare BadHttpMessage for max_headers
+EXPECTATION_FAILED = "The request's Expect header is not supported; only 100-continue is."
 SERVER_NAME = "completions-gateway"  # what the Server header says, without a version
 UNSUPPORTED_ENCODING = "The request's Content-Encoding is not supported; send identity, gzip or deflate."
 
@@ -81,6 +82,21 @@ def malformed_message(exc: BaseException | None, status: int) -> tuple[int, str,
     if status >= 500:
         return status, "The gateway failed to process the request; see its log.", "internal_error"
     return status, "The request is not valid HTTP.", "malformed_request"
+
+
+def _envelope(status: int, message: str, code: str, request_id: str) -> web.Response:
+    """OpenAI's envelope for an answer made below the middleware; the connection closes after it."""
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    body = orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
+    response = web.Response(
+        status=status,
+        reason=HTTPStatus(status).phrase,
+        body=body,
+        content_type="application/json",
+        headers={"x-request-id": request_id},
+    )
+    response.force_close()
+    return response
 
 
 def _hide_server_software() -> None:
@@ -129,17 +145,7 @@ class FrontDoorProtocol(RequestHandler):
             log.error("unhandled error on a connection from %s (request %s)", peer, rid, exc_info=exc)
         else:
             log.info("refused a malformed request from %s: %s (%s, request %s)", peer, code, type(exc).__name__, rid)
-        kind = "server_error" if status >= 500 else "invalid_request_error"
-        body = orjson.dumps({"error": {"message": text, "type": kind, "param": None, "code": code}})
-        response = web.Response(
-            status=status,
-            reason=HTTPStatus(status).phrase,
-            body=body,
-            content_type="application/json",
-            headers={"x-request-id": rid},
-        )
-        response.force_close()
-        return response
+        return _envelope(status, text, code, rid)
 
     def log_exception(self, *args: Any, **kw: Any) -> None:
         exc = kw.get("exc_info")
@@ -155,6 +161,10 @@ class FrontDoorProtocol(RequestHandler):
     ) -> tuple[web.StreamResponse, bool]:
         if self._front_door.draining and not resp.prepared:
             resp.force_close()  # begun before the drain, answered during it
+        if resp.__class__ is web.HTTPExpectationFailed:
+            # aiohttp's own refusal of an unknown Expect (a route without our expect handler, an
+            # unknown path), raised before any middleware: plain text quoting the header otherwise.
+            resp = _envelope(417, EXPECTATION_FAILED, "expectation_failed", new_request_id())
         try:
             return await super().finish_response(request, resp, start_time)
         finally:

@@ -103,11 +103,15 @@ async def test_expect_continue_within_the_limit_is_served(small: RunningGateway,
         writer.close()
 
 
-async def test_an_unknown_expectation_is_a_417_envelope(small: RunningGateway) -> None:
+@pytest.mark.parametrize(
+    "target", ["POST /v1/chat/completions", "POST /v1/completions", "GET /health", "POST /nowhere", "GET /v1/models"]
+)
+async def test_an_unknown_expectation_is_a_417_envelope(small: RunningGateway, target: str) -> None:
     reader, writer = await asyncio.open_connection(*_host_port(small.url))
     try:
         writer.write(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nExpect: 200-ok\r\nContent-Length: "
+            target.encode()
+            + b" HTTP/1.1\r\nHost: gw\r\nExpect: 200-ok\r\nContent-Length: "
             + str(len(CHAT)).encode()
             + b"\r\n\r\n"
             + CHAT
