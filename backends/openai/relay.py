@@ -1,7 +1,9 @@
 """Relaying OpenAI-shaped upstream answers to the client with minimal work.
 
-Non-streaming bodies are parsed once (orjson), get the client's model name, and
-are serialised once. Streams are relayed per network read, not per event: the
+Non-streaming bodies are parsed once (orjson) for the shape check and the usage, and
+relayed as the upstream's bytes with only the model name swapped (:func:`relay_completion_body`);
+a body where that swap is not provably safe is serialised again, exactly (:func:`dumps_exact`).
+Streams are relayed per network read, not per event: the
 read is cut into whole events by the shared decoder (``backends.transport.sse``:
 linear in bytes, each event capped by ``limits.max_event_bytes``), and the
 complete events are rewritten with a few ``bytes`` scans and one ``replace``
@@ -26,6 +28,8 @@ another full scan of every read.
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 import orjson
@@ -36,7 +40,7 @@ from backends.transport.base import UpstreamResponse
 from backends.transport.sse import sse_data
 from backends.transport.upstream_events import UpstreamEvents
 
-__all__ = ["OpenAIStreamRelay", "relay_completion_body", "usage_of", "with_usage_null"]
+__all__ = ["OpenAIStreamRelay", "dumps_exact", "loads_exact", "relay_completion_body", "usage_of", "with_usage_null"]
 
 _MAX_EVENT = 8 * 1024 * 1024  # limits.max_event_bytes' default
 
@@ -53,15 +57,77 @@ def usage_of(obj: Any) -> TokenUsage | None:
 def relay_completion_body(
     data: bytes, call: Call[Any], backend: str, kind: str = "text_completion"
 ) -> CompletionResult:
-    """An upstream ``text_completion`` (or ``chat.completion``: ``kind``) body, renamed to the client's model."""
+    """An upstream ``text_completion`` (or ``chat.completion``: ``kind``) body, renamed to the client's model.
+
+    The client gets the upstream's bytes (numbers, escapes and key order as sent) with only
+    the model name changed; the parse is for the shape check and the usage.
+    """
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError:
         raise UpstreamProtocolError("the upstream sent a body that is not JSON", backend=backend) from None
     if not isinstance(obj, dict) or not isinstance(obj.get("choices"), list):
         raise UpstreamProtocolError(f"the upstream sent a body that is not a {kind}", backend=backend)
-    obj["model"] = call.public_model
-    return CompletionResult(orjson.dumps(obj), usage_of(obj.get("usage")))
+    usage = usage_of(obj.get("usage"))
+    renamed = _renamed_in_place(data, obj.get("model"), call.public_model)
+    if renamed is None:
+        renamed = _renamed_reserialised(data, obj, call.public_model, backend)
+    return CompletionResult(renamed, usage)
+
+
+def _renamed_in_place(data: bytes, upstream: Any, public: str) -> bytes | None:
+    """The body with its top-level model name swapped at the byte level, or None where that is not provably safe.
+
+    Safe when the body holds exactly one ``"model"`` token, spelled ``"model":<upstream id>``
+    (or with one space), and no ``\\u006`` escape: a quote inside a JSON string is escaped,
+    so ``"model"`` occurs only as a whole string token (a key, or a value, which the count
+    catches); the one other way to spell the top-level key escapes one of its letters, all
+    ``\\u006X``. One such token and a top-level string model make it the top-level key.
+    """
+    if not isinstance(upstream, str) or data.count(b'"model"') != 1 or b"\\u006" in data:
+        return None
+    value = orjson.dumps(upstream)
+    new = orjson.dumps(public)
+    for sep in (b":", b": "):
+        old = b'"model"' + sep + value
+        if old in data:  # the one "model" token: the count above makes this the only place
+            return data.replace(old, b'"model"' + sep + new, 1)
+    return None
+
+
+# orjson reads integers outside [-2**63, 2**64) as floats; the shortest, -2**63 - 1, has 19 digits
+# (a 19-digit run that fits only costs the slower exact parse).
+_LONG_INT = re.compile(rb"\d{19}")
+
+
+def _renamed_reserialised(data: bytes, obj: dict[str, Any], public: str, backend: str) -> bytes:
+    """The body serialised again with the client's model name (the byte swap did not apply)."""
+    if _LONG_INT.search(data) is not None:
+        # orjson read integers beyond 64 bits as floats: read the body again, keeping them.
+        obj = loads_exact(data, backend)
+    obj["model"] = public
+    return dumps_exact(obj)
+
+
+def loads_exact(data: bytes, backend: str) -> Any:
+    """``data`` parsed with every integer kept exact (the stdlib parser: slower, used only where needed).
+
+    An integer too long for Python to read (over 4300 digits) is refused: a 502 naming it.
+    """
+    try:
+        return json.loads(data)
+    except ValueError:
+        raise UpstreamProtocolError(
+            "the upstream sent a body with an integer too long to relay", backend=backend
+        ) from None
+
+
+def dumps_exact(obj: Any) -> bytes:
+    """``obj`` serialised; integers beyond 64 bits (which orjson refuses) through the stdlib, unchanged."""
+    try:
+        return orjson.dumps(obj)
+    except orjson.JSONEncodeError:
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 _DONE_TAIL = b"\n\ndata: [DONE]\n\n"  # how a normal stream's last read ends: a whole event after whole events
