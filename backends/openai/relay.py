@@ -40,7 +40,15 @@ from backends.transport.base import UpstreamResponse
 from backends.transport.sse import sse_data
 from backends.transport.upstream_events import UpstreamEvents
 
-__all__ = ["OpenAIStreamRelay", "dumps_exact", "loads_exact", "relay_completion_body", "usage_of", "with_usage_null"]
+__all__ = [
+    "OpenAIStreamRelay",
+    "dumps_exact",
+    "loads_exact",
+    "loads_keeping_integers",
+    "relay_completion_body",
+    "usage_of",
+    "with_usage_null",
+]
 
 _MAX_EVENT = 8 * 1024 * 1024  # limits.max_event_bytes' default
 
@@ -78,21 +86,26 @@ def relay_completion_body(
 def _renamed_in_place(data: bytes, upstream: Any, public: str) -> bytes | None:
     """The body with its top-level model name swapped at the byte level, or None where that is not provably safe.
 
-    Safe when the body holds exactly one ``"model"`` token, spelled ``"model":<upstream id>``
-    (or with one space), and no ``\\u006`` escape: a quote inside a JSON string is escaped,
-    so ``"model"`` occurs only as a whole string token (a key, or a value, which the count
-    catches); the one other way to spell the top-level key escapes one of its letters, all
-    ``\\u006X``. One such token and a top-level string model make it the top-level key.
+    Safe when the body holds exactly one ``"model"`` token, followed by ``:`` (or ``: ``) and
+    the upstream id as orjson spells it, and no ``\\u006`` escape: a quote inside a JSON
+    string is escaped, so ``"model"`` occurs only as a whole string token (a key, or a value,
+    which the count catches); the one other way to spell the top-level key escapes one of
+    its letters, all ``\\u006X``. One such token and a top-level string model make it the
+    top-level key, and a JSON string token ends at its own closing quote: the swap replaces
+    exactly the value. Scans, no parse: cheaper than serialising the body again.
     """
-    if not isinstance(upstream, str) or data.count(b'"model"') != 1 or b"\\u006" in data:
+    if type(upstream) is not str:
         return None
+    at = data.find(b'"model"')
+    if at < 0 or data.find(b'"model"', at + 7) >= 0 or (b"\\" in data and b"\\u006" in data):
+        return None  # (one-byte search first: most bodies hold no escape at all)
+    start = at + 8 if data[at + 7] == 0x3A else -1  # the body is an object: a byte follows any token
+    if start > 0 and data[start] == 0x20:
+        start += 1
     value = orjson.dumps(upstream)
-    new = orjson.dumps(public)
-    for sep in (b":", b": "):
-        old = b'"model"' + sep + value
-        if old in data:  # the one "model" token: the count above makes this the only place
-            return data.replace(old, b'"model"' + sep + new, 1)
-    return None
+    if start < 0 or not data.startswith(value, start):
+        return None
+    return data[:start] + orjson.dumps(public) + data[start + len(value) :]
 
 
 # orjson reads integers outside [-2**63, 2**64) as floats; the shortest, -2**63 - 1, has 19 digits
@@ -106,28 +119,43 @@ def _renamed_reserialised(data: bytes, obj: dict[str, Any], public: str, backend
         # orjson read integers beyond 64 bits as floats: read the body again, keeping them.
         obj = loads_exact(data, backend)
     obj["model"] = public
-    return dumps_exact(obj)
+    return dumps_exact(obj, backend)
+
+
+def loads_keeping_integers(data: bytes, backend: str) -> Any:
+    """``data`` parsed (orjson; raises ``orjson.JSONDecodeError``), read again exactly where it may
+    hold an integer orjson turned into a float."""
+    obj = orjson.loads(data)
+    return obj if _LONG_INT.search(data) is None else loads_exact(data, backend)
 
 
 def loads_exact(data: bytes, backend: str) -> Any:
-    """``data`` parsed with every integer kept exact (the stdlib parser: slower, used only where needed).
+    """``data`` (valid JSON) parsed with every integer kept exact: the stdlib parser, slower, used only where needed.
 
-    An integer too long for Python to read (over 4300 digits) is refused: a 502 naming it.
+    An integer too long for Python to read (over 4300 digits) or nesting deeper than its
+    recursion limit is refused with a 502 naming it.
     """
     try:
         return json.loads(data)
     except ValueError:
-        raise UpstreamProtocolError(
-            "the upstream sent a body with an integer too long to relay", backend=backend
-        ) from None
+        raise UpstreamProtocolError("the upstream sent an integer too long to relay", backend=backend) from None
+    except RecursionError:
+        raise UpstreamProtocolError("the upstream sent JSON nested too deeply to relay", backend=backend) from None
 
 
-def dumps_exact(obj: Any) -> bytes:
-    """``obj`` serialised; integers beyond 64 bits (which orjson refuses) through the stdlib, unchanged."""
+def dumps_exact(obj: Any, backend: str, what: str = "a body") -> bytes:
+    """``obj`` serialised, integers beyond 64 bits and nesting past orjson's 255 levels through the stdlib.
+
+    Deeper than the stdlib goes (its recursion limit) is a 502 naming ``what``.
+    """
     try:
         return orjson.dumps(obj)
     except orjson.JSONEncodeError:
+        pass
+    try:
         return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+    except (RecursionError, ValueError):
+        raise UpstreamProtocolError(f"the upstream sent {what} nested too deeply to relay", backend=backend) from None
 
 
 _DONE_TAIL = b"\n\ndata: [DONE]\n\n"  # how a normal stream's last read ends: a whole event after whole events

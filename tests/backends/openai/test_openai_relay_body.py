@@ -18,7 +18,7 @@ from backends.base import ChatCall, UpstreamCall
 from backends.errors import UpstreamProtocolError
 from backends.openai.adapter import OpenAIBackend
 from backends.openai.chat import relay_chat_body
-from backends.openai.relay import dumps_exact, loads_exact, relay_completion_body
+from backends.openai.relay import dumps_exact, loads_exact, loads_keeping_integers, relay_completion_body
 from schemas.chat import ChatCompletionRequest
 from schemas.completions import CompletionRequest
 from schemas.config import OpenAIBackendConfig
@@ -140,8 +140,31 @@ def test_shape_checks_still_refuse(data: bytes, message: str) -> None:
 
 
 def test_dumps_exact_keeps_integers_beyond_64_bits() -> None:
-    assert dumps_exact({"a": BIG, "b": "\u00e9"}) == '{"a":18446744073709551616,"b":"\u00e9"}'.encode()
-    assert dumps_exact({"a": 1}) == b'{"a":1}'
+    assert dumps_exact({"a": BIG, "b": "\u00e9"}, "oa") == '{"a":18446744073709551616,"b":"\u00e9"}'.encode()
+    assert dumps_exact({"a": 1}, "oa") == b'{"a":1}'
+
+
+def test_loads_keeping_integers_reads_big_integers_exactly() -> None:
+    assert loads_keeping_integers(b'{"a":[18446744073709551616,-9223372036854775809,1e-05]}', "oa") == {
+        "a": [BIG, NEG, 1e-05]
+    }
+    assert loads_keeping_integers(b'{"a":1}', "oa") == {"a": 1}
+
+
+def nested(depth: int) -> bytes:
+    return CHAT.replace(b'"refusal":null', b'"refusal":null,"deep":' + b"[" * depth + b"]" * depth + b',"model":1')
+
+
+def test_fallback_relays_nesting_deeper_than_orjson_writes() -> None:
+    # orjson writes 255 levels; a body with more used to fail with a 500 on the way back.
+    obj = json.loads(relay_chat_body(nested(300), chat_call(), "oa").body)
+    assert obj["model"] == PUB and obj["token_id"] == BIG + 1
+
+
+def test_fallback_nesting_past_the_stdlibs_reach_is_a_502() -> None:
+    with pytest.raises(UpstreamProtocolError, match="nested too deeply") as info:
+        relay_chat_body(nested(1000), chat_call(), "oa")
+    assert info.value.status == 502
 
 
 # --- through the openai backend (httpx transport, respx upstream) --------------------------------
