@@ -45,6 +45,7 @@ from backends.native.chat import ChatTranslator, ChatTurn, chat_head, estimate_u
 from backends.native.choice import ChoiceTracker, build_choice
 from backends.native.common import Event, Generation, completion_head
 from backends.native.stream import ChatEvents, Events, Finished, NativeChoiceStream, TextEvents
+from backends.openai.relay import loads_keeping_integers
 from backends.transport import make_transport
 from backends.transport.base import HTTPTransport, UpstreamResponse, get_ok, send_ok
 from schemas.chat import ChatCompletionRequest
@@ -136,7 +137,7 @@ class NativeBackend(Backend):
         finally:
             resp.release()
         try:
-            return orjson.loads(data), resp.header
+            return loads_keeping_integers(data, self.name), resp.header  # a tool call's big ids stay exact
         except orjson.JSONDecodeError:
             raise UpstreamProtocolError("the upstream sent a body that is not JSON", backend=self.name) from None
 

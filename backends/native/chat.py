@@ -30,13 +30,12 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-import orjson
-
 from backends.base import TokenUsage
 from backends.capabilities import Capabilities
 from backends.chat_capabilities import ChatCapabilities
 from backends.errors import UpstreamProtocolError
 from backends.native.common import answer_head, no_logprobs
+from backends.openai.relay import dumps_exact
 from schemas.chat import MAX_TOP_LOGPROBS, ChatCompletionRequest
 from schemas.chat_messages import AssistantMessage, FunctionMessage, NamedFunctionChoice, TextPart
 from schemas.errors import UnsupportedParameterError
@@ -142,12 +141,8 @@ def arguments_text(value: Any, backend: str) -> str:
         return value
     if not isinstance(value, dict):
         raise UpstreamProtocolError("the upstream sent tool call arguments that are not a JSON object", backend=backend)
-    try:
-        return orjson.dumps(value).decode()
-    except orjson.JSONEncodeError:  # nested deeper than the writer goes (255 levels)
-        raise UpstreamProtocolError(
-            "the upstream sent tool call arguments nested too deeply", backend=backend
-        ) from None
+    # Integers beyond 64 bits (an id, say) are written as sent, never as floats.
+    return dumps_exact(value, backend, "tool call arguments").decode()
 
 
 def text_of(content: Any) -> str:

@@ -16,14 +16,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
-import orjson
-
 from backends.base import TokenUsage
 from backends.emulation.fanout import ChoiceStream, PartResult
 from backends.errors import UpstreamError, UpstreamProtocolError, UpstreamTooLargeError
 from backends.native.chat import ChatPiece, ChatTranslator, ChatTurn, estimate_usage, piece_chars
 from backends.native.choice import ChoiceTracker
 from backends.native.common import Event
+from backends.openai.relay import loads_keeping_integers
 from backends.transport.base import UpstreamResponse
 from backends.transport.sse import sse_data
 from backends.transport.upstream_events import UpstreamEvents
@@ -200,7 +199,7 @@ class NativeChoiceStream(UpstreamEvents[list[dict[str, Any]]], ChoiceStream):
                     out.extend(events.end())
                 else:
                     try:
-                        obj = orjson.loads(frame)
+                        obj = loads_keeping_integers(frame, self._backend)
                         if not isinstance(obj, dict):
                             raise ValueError
                     except ValueError:  # orjson.JSONDecodeError is a ValueError
