@@ -36,7 +36,7 @@ from backends.emulation.best_of import ReplicatedStream, pick_best_of, replicate
 from backends.errors import UpstreamConnectError, UpstreamError, UpstreamProtocolError
 from backends.openai.adapter import OpenAIBackend
 from backends.openai.chat import chat_refusal
-from backends.openai.relay import usage_of
+from backends.openai.relay import dumps_exact, loads_keeping_integers, usage_of
 from backends.transport.base import HTTPTransport, send_ok
 from backends.vllm.chat import normalise_chat_body, replication, translate_chat
 from backends.vllm.chat_capabilities import VLLMChatFeatures, vllm_chat_capabilities
@@ -206,7 +206,7 @@ class VLLMBackend(OpenAIBackend):
 
     def _parse(self, data: bytes) -> dict[str, Any]:
         try:
-            obj = orjson.loads(data)
+            obj = loads_keeping_integers(data, self.name)  # integers beyond 64 bits stay integers
         except orjson.JSONDecodeError:
             raise UpstreamProtocolError("the upstream sent a body that is not JSON", backend=self.name) from None
         if not isinstance(obj, dict) or not isinstance(obj.get("choices"), list):
@@ -216,7 +216,7 @@ class VLLMBackend(OpenAIBackend):
 
     def _result(self, obj: dict[str, Any], call: UpstreamCall) -> CompletionResult:
         out = normalise_body(obj, call.public_model, self.name, call.request)
-        return CompletionResult(orjson.dumps(out), usage_of(out["usage"]))
+        return CompletionResult(dumps_exact(out, self.name), usage_of(out["usage"]))
 
     def _check(self, request: CompletionRequest) -> None:
         """The router's capability check again, against the table of *now* (the version may have changed)."""
@@ -358,7 +358,7 @@ class VLLMBackend(OpenAIBackend):
         if copies > 1:
             out["choices"] = replicate_choices(out["choices"], copies)
             out["usage"] = scale_usage(out.get("usage"), copies)
-        return CompletionResult(orjson.dumps(out), usage_of(out["usage"]))
+        return CompletionResult(dumps_exact(out, self.name), usage_of(out["usage"]))
 
     async def chat_stream(self, call: ChatCall) -> CompletionStream:
         if self._stale:
