@@ -67,8 +67,16 @@ def relay_completion_body(
 ) -> CompletionResult:
     """An upstream ``text_completion`` (or ``chat.completion``: ``kind``) body, renamed to the client's model.
 
-    The client gets the upstream's bytes (numbers, escapes and key order as sent) with only
-    the model name changed; the parse is for the shape check and the usage.
+    The client gets the upstream's bytes (numbers, escapes, spacing and key order as sent)
+    with only the model name swapped; the parse is for the shape check and the usage.
+
+    The swap is made on the bytes when the body holds exactly one ``"model"`` token,
+    followed by ``:`` (or ``: ``) and the upstream id as orjson spells it, and no ``\\u006``
+    escape. Why that is safe: a quote inside a JSON string is escaped, so ``"model"`` occurs
+    only as a whole string token (a key, or a value, which the count catches); the one other
+    way to spell the top-level key escapes one of its letters, all ``\\u006X``. So the one
+    token is the top-level key, and a JSON string token ends at its own closing quote: the
+    swap replaces exactly the value. Anything else is serialised again, exactly.
     """
     try:
         obj = orjson.loads(data)
@@ -77,35 +85,16 @@ def relay_completion_body(
     if not isinstance(obj, dict) or not isinstance(obj.get("choices"), list):
         raise UpstreamProtocolError(f"the upstream sent a body that is not a {kind}", backend=backend)
     usage = usage_of(obj.get("usage"))
-    renamed = _renamed_in_place(data, obj.get("model"), call.public_model)
-    if renamed is None:
-        renamed = _renamed_reserialised(data, obj, call.public_model, backend)
-    return CompletionResult(renamed, usage)
-
-
-def _renamed_in_place(data: bytes, upstream: Any, public: str) -> bytes | None:
-    """The body with its top-level model name swapped at the byte level, or None where that is not provably safe.
-
-    Safe when the body holds exactly one ``"model"`` token, followed by ``:`` (or ``: ``) and
-    the upstream id as orjson spells it, and no ``\\u006`` escape: a quote inside a JSON
-    string is escaped, so ``"model"`` occurs only as a whole string token (a key, or a value,
-    which the count catches); the one other way to spell the top-level key escapes one of
-    its letters, all ``\\u006X``. One such token and a top-level string model make it the
-    top-level key, and a JSON string token ends at its own closing quote: the swap replaces
-    exactly the value. Scans, no parse: cheaper than serialising the body again.
-    """
-    if type(upstream) is not str:
-        return None
-    at = data.find(b'"model"')
-    if at < 0 or data.find(b'"model"', at + 7) >= 0 or (b"\\" in data and b"\\u006" in data):
-        return None  # (one-byte search first: most bodies hold no escape at all)
-    start = at + 8 if data[at + 7] == 0x3A else -1  # the body is an object: a byte follows any token
-    if start > 0 and data[start] == 0x20:
-        start += 1
-    value = orjson.dumps(upstream)
-    if start < 0 or not data.startswith(value, start):
-        return None
-    return data[:start] + orjson.dumps(public) + data[start + len(value) :]
+    upstream = obj.get("model")
+    # Inline, not a helper: this is every non-streamed request's path (calls per request count).
+    if type(upstream) is str and data.count(b'"model"') == 1 and not (b"\\" in data and b"\\u006" in data):
+        value = orjson.dumps(upstream)
+        key = b'"model":'
+        if key + value not in data:
+            key = b'"model": '
+        if key + value in data:  # the one "model" token: nowhere else can this match
+            return CompletionResult(data.replace(key + value, key + orjson.dumps(call.public_model), 1), usage)
+    return CompletionResult(_renamed_reserialised(data, obj, call.public_model, backend), usage)
 
 
 # orjson reads integers outside [-2**63, 2**64) as floats; the shortest, -2**63 - 1, has 19 digits
