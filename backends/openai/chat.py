@@ -90,7 +90,7 @@ def chat_refusal(
 
 
 def relay_chat_body(data: bytes, call: ChatCall, backend: str) -> CompletionResult:
-    """An upstream ``chat.completion`` body, renamed to the client's model (OpenAI's shape kept)."""
+    """An upstream ``chat.completion`` body as sent, the model name swapped (:func:`relay_completion_body`)."""
     return relay_completion_body(data, call, backend, "chat.completion")
 
 
