@@ -266,9 +266,13 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
                 self._done_early = True  # the first [DONE] ends the stream
                 break
             try:
-                obj = orjson.loads(data)
+                obj = loads_keeping_integers(data, self._backend)
             except orjson.JSONDecodeError:
                 obj = None
+            except UpstreamProtocolError as exc:  # valid JSON, but no exact reading of it
+                exc.reason = "stream_garbage"
+                self._pending = exc
+                break
             if not isinstance(obj, dict):
                 self._pending = UpstreamProtocolError(
                     "the upstream sent a stream event that is not a JSON object",
@@ -305,7 +309,12 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
                 self._old = b'"model":' + orjson.dumps(upstream_model)
                 self._old_spaced = b'"model": ' + orjson.dumps(upstream_model)
             obj["model"] = self._public
-            out.append(b"data: " + orjson.dumps(obj) + b"\n\n")
+            try:
+                out.append(b"data: " + dumps_exact(obj, self._backend, "a stream event") + b"\n\n")
+            except UpstreamProtocolError as exc:
+                exc.reason = "stream_garbage"
+                self._pending = exc
+                break
         self.relayed_events += len(out)
         return b"".join(out)
 

@@ -36,10 +36,8 @@ from __future__ import annotations
 import re
 from typing import Any, ClassVar
 
-import orjson
-
 from backends.errors import UpstreamProtocolError
-from backends.openai.relay import OpenAIStreamRelay, with_usage_null
+from backends.openai.relay import OpenAIStreamRelay, dumps_exact, loads_keeping_integers, with_usage_null
 from backends.vllm.dialect import UpstreamGenerationError, map_finish_reason
 
 __all__ = ["VLLMChatStreamRelay", "VLLMStreamRelay", "has_foreign_finish_reason", "rename_reasoning"]
@@ -83,10 +81,10 @@ class VLLMStreamRelay(OpenAIStreamRelay):
                 kept.append(event + b"\n\n")
                 continue
             try:
-                obj = orjson.loads(event.removeprefix(b"data:").lstrip(b" "))
+                obj = loads_keeping_integers(event.removeprefix(b"data:").lstrip(b" "), self._backend)
                 if not isinstance(obj, dict):
                     raise ValueError
-            except ValueError:  # orjson.JSONDecodeError is a ValueError
+            except (ValueError, UpstreamProtocolError):  # orjson.JSONDecodeError is a ValueError
                 self._pending = UpstreamProtocolError(
                     "the upstream sent a stream event that is not a JSON object",
                     backend=self._backend,
@@ -108,7 +106,7 @@ class VLLMStreamRelay(OpenAIStreamRelay):
                 self.finished = False
                 self.relayed_events -= block.count(b"\n\n") - len(kept)
                 break
-            kept.append(b"data: " + orjson.dumps(obj) + b"\n\n")
+            kept.append(b"data: " + dumps_exact(obj, self._backend, "a stream event") + b"\n\n")
         return b"".join(kept)
 
 
@@ -132,14 +130,14 @@ class VLLMChatStreamRelay(VLLMStreamRelay):
     def _process(self, block: bytes) -> bytes:
         out = super()._process(block)
         if _REASONING.search(out) is not None:
-            out = _rename_reasoning(out)
+            out = _rename_reasoning(out, self._backend)
         return out
 
 
 _REASONING = re.compile(rb'"reasoning"\s*:')
 
 
-def _rename_reasoning(block: bytes) -> bytes:
+def _rename_reasoning(block: bytes, backend: str) -> bytes:
     """``delta.reasoning`` -> ``delta.reasoning_content`` in the events of a block that carry it."""
     out: list[bytes] = []
     for event in block.split(b"\n\n"):
@@ -148,12 +146,12 @@ def _rename_reasoning(block: bytes) -> bytes:
         if _REASONING.search(event) is None:
             out.append(event + b"\n\n")
             continue
-        obj = orjson.loads(event.removeprefix(b"data:").lstrip(b" "))  # the relay wrote it: valid JSON
+        obj = loads_keeping_integers(event.removeprefix(b"data:").lstrip(b" "), backend)  # the relay wrote it
         for choice in obj.get("choices") or ():
             delta = choice.get("delta")
             if isinstance(delta, dict):
                 rename_reasoning(delta)
-        out.append(b"data: " + orjson.dumps(obj) + b"\n\n")
+        out.append(b"data: " + dumps_exact(obj, backend, "a stream event") + b"\n\n")
     return b"".join(out)
 
 

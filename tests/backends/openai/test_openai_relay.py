@@ -611,3 +611,31 @@ def test_with_usage_null_adds_the_key_to_every_event_that_lacks_it(block: bytes,
     assert out == expected
     for event in out.split(b"\n\n")[:-1]:
         orjson.loads(event[len(b"data: ") :])  # still JSON
+
+
+# --- parsed events keep integers beyond 64 bits ------------------------------------------------------
+
+BIG = 2**64 + 1  # orjson reads it as a float
+
+
+@pytest.mark.parametrize("cls", ["openai", "vllm", "vllm_chat"])
+async def test_a_parsed_event_keeps_an_integer_beyond_64_bits(cls: str) -> None:
+    """The usage chunk (always parsed) and a chunk the parse renames carry a 2^64+1 ``created``: it
+    reaches the client as that integer, never as 1.8446744073709552e+19."""
+    from backends.vllm.stream import VLLMChatStreamRelay, VLLMStreamRelay
+
+    relay_cls = {"openai": OpenAIStreamRelay, "vllm": VLLMStreamRelay, "vllm_chat": VLLMChatStreamRelay}[cls]
+
+    def wire(obj: dict[str, Any]) -> bytes:
+        return json.dumps({**obj, "created": BIG}, separators=(",", ":")).encode()  # orjson cannot write it
+
+    first = wire(chunk("a", model="other-spelling"))
+    finish = wire(chunk("b", finish="repetition" if cls != "openai" else "stop"))
+    used = wire(usage_chunk())
+    reads = [b"data: " + first + b"\n\ndata: " + finish + b"\n\ndata: " + used + b"\n\n" + done()]
+    relay, _ = make_relay(reads, wants_usage=True)
+    relay.__class__ = relay_cls
+    out = b"".join(await drain(relay))
+    assert out.count(b'"created":%d' % BIG) == 3, out
+    assert b"e+19" not in out
+    assert relay.usage is not None and relay.usage.prompt_tokens == 3
