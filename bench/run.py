@@ -364,8 +364,11 @@ def main() -> None:
                 pid = proc.pid
                 entry["rss_start_mb"] = memory_mb(pid)["rss_mb"]
             entry["check"] = check(port, "bench", chat=any(sc["chat"] for sc in scens))
-            for sc in scens:
-                for rep in range(args.repeats):
+            # Rounds, not runs of one scenario: each round measures every scenario once, so a slow
+            # spell of the shared machine lands on all of them and same-run ratios (chat vs
+            # completions) hold; ~10% drifts between back-to-back runs of one cell were measured.
+            for rep in range(args.repeats):
+                for sc in scens:
                     res = measure(args, port, pid, sc) | {"target": name, "scenario": sc["id"], "rep": rep}
                     results.append(res)
                     print(
