@@ -41,11 +41,11 @@ from backends.errors import (
     UpstreamStatusError,
     error_from_upstream_body,
 )
+from backends.exact_json import loads_keeping_integers
 from backends.native.chat import ChatTranslator, ChatTurn, chat_head, estimate_usage, piece_chars
 from backends.native.choice import ChoiceTracker, build_choice
 from backends.native.common import Event, Generation, completion_head
 from backends.native.stream import ChatEvents, Events, Finished, NativeChoiceStream, TextEvents
-from backends.openai.relay import loads_keeping_integers
 from backends.transport import make_transport
 from backends.transport.base import HTTPTransport, UpstreamResponse, get_ok, send_ok
 from schemas.chat import ChatCompletionRequest

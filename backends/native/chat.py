@@ -34,8 +34,8 @@ from backends.base import TokenUsage
 from backends.capabilities import Capabilities
 from backends.chat_capabilities import ChatCapabilities
 from backends.errors import UpstreamProtocolError
+from backends.exact_json import dumps_exact
 from backends.native.common import answer_head, no_logprobs
-from backends.openai.relay import dumps_exact
 from schemas.chat import MAX_TOP_LOGPROBS, ChatCompletionRequest
 from schemas.chat_messages import AssistantMessage, FunctionMessage, NamedFunctionChoice, TextPart
 from schemas.errors import UnsupportedParameterError

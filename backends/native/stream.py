@@ -19,10 +19,10 @@ from typing import Any, Literal, Protocol
 from backends.base import TokenUsage
 from backends.emulation.fanout import ChoiceStream, PartResult
 from backends.errors import UpstreamError, UpstreamProtocolError, UpstreamTooLargeError
+from backends.exact_json import loads_keeping_integers
 from backends.native.chat import ChatPiece, ChatTranslator, ChatTurn, estimate_usage, piece_chars
 from backends.native.choice import ChoiceTracker
 from backends.native.common import Event
-from backends.openai.relay import loads_keeping_integers
 from backends.transport.base import UpstreamResponse
 from backends.transport.sse import sse_data
 from backends.transport.upstream_events import UpstreamEvents

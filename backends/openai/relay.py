@@ -28,26 +28,18 @@ another full scan of every read.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import orjson
 
 from backends.base import Call, CompletionResult, CompletionStream, TokenUsage
 from backends.errors import UpstreamProtocolError, error_fields
+from backends.exact_json import dumps_exact, loads_exact, loads_keeping_integers, may_hold_long_int
 from backends.transport.base import UpstreamResponse
 from backends.transport.sse import sse_data
 from backends.transport.upstream_events import UpstreamEvents
 
-__all__ = [
-    "OpenAIStreamRelay",
-    "dumps_exact",
-    "loads_exact",
-    "loads_keeping_integers",
-    "relay_completion_body",
-    "usage_of",
-    "with_usage_null",
-]
+__all__ = ["OpenAIStreamRelay", "relay_completion_body", "usage_of", "with_usage_null"]
 
 _MAX_EVENT = 8 * 1024 * 1024  # limits.max_event_bytes' default
 
@@ -96,61 +88,13 @@ def relay_completion_body(
     return CompletionResult(_renamed_reserialised(data, obj, call.public_model, backend), usage)
 
 
-# orjson reads integers outside [-2**63, 2**64) as floats; the shortest, -2**63 - 1, has 19 digits
-# (a 19-digit run that fits, or a float's, only costs the slower exact parse). The scan: every
-# digit becomes "0", then one search for 19 of them (a tenth of a regex's time: 0.4 us for a
-# 350-byte body, 10 us for 11 KB of logprobs, where \d{19} took 3 and 117).
-_DIGITS_TO_ZERO = bytes(0x30 if 0x30 <= i <= 0x39 else i for i in range(256))
-_LONG_RUN = b"0" * 19
-
-
-def _may_hold_long_int(data: bytes) -> bool:
-    return _LONG_RUN in data.translate(_DIGITS_TO_ZERO)
-
-
 def _renamed_reserialised(data: bytes, obj: dict[str, Any], public: str, backend: str) -> bytes:
     """The body serialised again with the client's model name (the byte swap did not apply)."""
-    if _may_hold_long_int(data):
+    if may_hold_long_int(data):
         # orjson read integers beyond 64 bits as floats: read the body again, keeping them.
         obj = loads_exact(data, backend)
     obj["model"] = public
     return dumps_exact(obj, backend)
-
-
-def loads_keeping_integers(data: bytes, backend: str) -> Any:
-    """``data`` parsed (orjson; raises ``orjson.JSONDecodeError``), read again exactly where it may
-    hold an integer orjson turned into a float."""
-    obj = orjson.loads(data)
-    return loads_exact(data, backend) if _may_hold_long_int(data) else obj
-
-
-def loads_exact(data: bytes, backend: str) -> Any:
-    """``data`` (valid JSON) parsed with every integer kept exact: the stdlib parser, slower, used only where needed.
-
-    An integer too long for Python to read (over 4300 digits) or nesting deeper than its
-    recursion limit is refused with a 502 naming it.
-    """
-    try:
-        return json.loads(data)
-    except ValueError:
-        raise UpstreamProtocolError("the upstream sent an integer too long to relay", backend=backend) from None
-    except RecursionError:
-        raise UpstreamProtocolError("the upstream sent JSON nested too deeply to relay", backend=backend) from None
-
-
-def dumps_exact(obj: Any, backend: str, what: str = "a body") -> bytes:
-    """``obj`` serialised, integers beyond 64 bits and nesting past orjson's 255 levels through the stdlib.
-
-    Deeper than the stdlib goes (its recursion limit) is a 502 naming ``what``.
-    """
-    try:
-        return orjson.dumps(obj)
-    except orjson.JSONEncodeError:
-        pass
-    try:
-        return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
-    except (RecursionError, ValueError):
-        raise UpstreamProtocolError(f"the upstream sent {what} nested too deeply to relay", backend=backend) from None
 
 
 _DONE_TAIL = b"\n\ndata: [DONE]\n\n"  # how a normal stream's last read ends: a whole event after whole events

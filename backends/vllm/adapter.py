@@ -34,9 +34,10 @@ from backends.capabilities import Capabilities
 from backends.chat_capabilities import ChatCapabilities
 from backends.emulation.best_of import ReplicatedStream, pick_best_of, replicate_choices, scale_usage
 from backends.errors import UpstreamConnectError, UpstreamError, UpstreamProtocolError
+from backends.exact_json import dumps_exact, loads_keeping_integers
 from backends.openai.adapter import OpenAIBackend
 from backends.openai.chat import chat_refusal
-from backends.openai.relay import dumps_exact, loads_keeping_integers, usage_of
+from backends.openai.relay import usage_of
 from backends.transport.base import HTTPTransport, send_ok
 from backends.vllm.chat import normalise_chat_body, replication, translate_chat
 from backends.vllm.chat_capabilities import VLLMChatFeatures, vllm_chat_capabilities

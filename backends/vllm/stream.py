@@ -37,7 +37,8 @@ import re
 from typing import Any, ClassVar
 
 from backends.errors import UpstreamProtocolError
-from backends.openai.relay import OpenAIStreamRelay, dumps_exact, loads_keeping_integers, with_usage_null
+from backends.exact_json import dumps_exact, loads_keeping_integers
+from backends.openai.relay import OpenAIStreamRelay, with_usage_null
 from backends.vllm.dialect import UpstreamGenerationError, map_finish_reason
 
 __all__ = ["VLLMChatStreamRelay", "VLLMStreamRelay", "has_foreign_finish_reason", "rename_reasoning"]
