@@ -19,7 +19,7 @@ import pytest
 
 from backends.base import TokenUsage, UpstreamCall
 from backends.errors import UpstreamError, UpstreamProtocolError, UpstreamTimeoutError
-from backends.openai.relay import OpenAIStreamRelay, with_usage_null
+from backends.openai.relay import OpenAIStreamRelay, usage_of, with_usage_null
 from schemas.completions import CompletionRequest
 
 UP = "org/up-model"
@@ -639,3 +639,17 @@ async def test_a_parsed_event_keeps_an_integer_beyond_64_bits(cls: str) -> None:
     assert out.count(b'"created":%d' % BIG) == 3, out
     assert b"e+19" not in out
     assert relay.usage is not None and relay.usage.prompt_tokens == 3
+
+
+@pytest.mark.parametrize("bad", [2**64 + 1, 2**62, -1, True, 1.0, "3", None])
+async def test_a_usage_count_that_is_no_count_is_not_usage(bad: Any) -> None:
+    """A hostile upstream's 2^62 or 2^64+1 token count must not settle a key's budget (it would lock the key
+    out for ages): the relay reports no usage instead (the gateway then keeps its estimate)."""
+    used = usage_chunk()
+    used["usage"]["completion_tokens"] = bad
+    body = json.dumps(used, separators=(",", ":")).encode()  # orjson cannot write 2^64+1
+    relay, _ = make_relay([ev(chunk("a")) + b"data: " + body + b"\n\n" + done()], wants_usage=True)
+    await drain(relay)
+    assert relay.usage is None
+    assert usage_of({"prompt_tokens": 3, "completion_tokens": bad}) is None
+    assert usage_of({"prompt_tokens": 3, "completion_tokens": 4}) == TokenUsage(3, 4)
