@@ -1,0 +1,111 @@
+"""The stream relay's byte fast path against its own event-by-event parse, on generated streams.
+
+The fast path (``OpenAIStreamRelay._rename``) relays whole reads after a few byte scans and
+leans on a self-check to send anything unusual (an early ``[DONE]``, error events, comments,
+``id:`` lines, another model spelling) to the parse. Whatever the reads, the client must get
+the same events, the same end, the same usage and the same relayed count as when every read
+is parsed. Hypothesis writes the streams from realistic and hostile pieces and cuts them into
+reads at any byte.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from backends.errors import UpstreamError
+from backends.openai.relay import OpenAIStreamRelay
+from tests.backends.openai.test_openai_relay import UP, chunk, make_relay, usage_chunk
+
+TEXTS = st.sampled_from(
+    [
+        " a",
+        "data: x",
+        "[DONE]",
+        "\n\ndata: [DONE]\n\n",
+        '"model":"org/up-model"',
+        '"error"',
+        '"prompt_tokens"',
+        "é ✓",
+        "}\n\n",
+    ]
+)
+
+
+def _event(obj: Any, spaced: bool) -> bytes:
+    body = json.dumps(obj).encode() if spaced else orjson.dumps(obj)
+    return b"data: " + body + b"\n\n"
+
+
+@st.composite
+def pieces(draw: st.DrawFn) -> bytes:
+    kind = draw(st.sampled_from(["chunk", "chunk", "chunk", "spaced", "other_model", "usage", "error", "vllm_error",
+                                 "done", "done_nospace", "comment", "id_line", "continuous"]))  # fmt: skip
+    text = draw(TEXTS)
+    if kind in ("chunk", "spaced"):
+        return _event(chunk(text), kind == "spaced")
+    if kind == "other_model":
+        return _event(chunk(text, model="org/up-model-2024"), False)
+    if kind == "usage":
+        return _event(usage_chunk(), False)
+    if kind == "continuous":
+        return _event(chunk(text, usage={"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}), False)
+    if kind == "error":
+        return _event({"error": {"message": "boom", "type": "server_error"}}, False)
+    if kind == "vllm_error":
+        return _event({"object": "error", "message": "boom", "type": "BadRequestError", "code": 400}, False)
+    if kind == "done":
+        return b"data: [DONE]\n\n"
+    if kind == "done_nospace":
+        return b"data:[DONE]\n\n"
+    if kind == "comment":
+        return b": keep-alive\n\n"
+    return b"id: 7\n" + _event(chunk(text), False)
+
+
+class ParsedRelay(OpenAIStreamRelay):
+    """The reference: every read goes through the event-by-event parse."""
+
+    def _rename(self, block: bytes) -> bytes:
+        return self._process_slow(block)
+
+
+async def _run(relay: OpenAIStreamRelay) -> tuple[list[Any], str, Any, int]:
+    events: list[Any] = []
+    end = "finished"
+    try:
+        async for piece in relay:
+            for raw in piece.split(b"\n\n")[:-1]:
+                assert raw.startswith(b"data: ") and b"\n" not in raw, raw
+                events.append(json.loads(raw[len(b"data: ") :]))
+    except UpstreamError as exc:
+        end = f"error:{exc.reason}"
+    finally:
+        await relay.aclose()
+    return events, end, relay.usage, relay.relayed_events
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    body=st.lists(pieces(), min_size=1, max_size=12).map(b"".join),
+    cuts=st.lists(st.integers(min_value=1, max_value=400), max_size=6),
+    usage=st.booleans(),
+    continuous=st.booleans(),
+)
+async def test_the_fast_path_relays_what_the_parse_would(
+    body: bytes, cuts: list[int], usage: bool, continuous: bool
+) -> None:
+    at = sorted({c for c in cuts if c < len(body)})
+    reads = [body[a:b] for a, b in zip([0, *at], [*at, len(body)], strict=True)]
+    fast, _ = make_relay(list(reads), wants_usage=usage, wants_continuous=continuous)
+    slow, _ = make_relay(list(reads), wants_usage=usage, wants_continuous=continuous)
+    slow.__class__ = ParsedRelay
+    got, want = await _run(fast), await _run(slow)
+    assert got == want
+    for event in got[0]:
+        assert event.get("model") in (None, "public-model"), event  # never the upstream's id
+    assert UP  # the upstream id the fast path renames (tests.backends.openai.test_openai_relay)
