@@ -11,24 +11,20 @@ event, never with an invented ``finish_reason`` (see
 ``usage``: with ``include_usage`` OpenAI sends ``"usage": null`` in every ordinary
 chunk; vLLM leaves the key out, so it is added (only for clients that asked for usage).
 
-Deliberately *not* stripped from streams, all checked against the 0.32.0 wheel's
-serving code (chat golden ``tests/fixtures/chat/vllm/0.32.0/stream_vllm_keys.json``):
+vLLM's own keys (checked against the 0.32.0 wheel's serving code; chat golden
+``tests/fixtures/chat/vllm/0.32.0/stream_vllm_keys.json``) leave the stream when they carry
+nothing, so chunks have OpenAI's shape: per choice ``stop_reason``, ``token_ids`` and, in
+completions, ``prompt_token_ids``; in chat's first chunk the top-level ``prompt_token_ids``
+and ``prompt_text`` (the rendered template: vLLM fills them only for ``return_token_ids`` /
+``return_prompt_text``, which the chat schema refuses, so no template leaks). Each is cut on
+the bytes as ``,"<key>":null`` (a quote inside a JSON string is escaped, so that sequence is
+structure only). Kept when they carry something: the ``stop_reason`` of a final chunk (the
+stop string or token id that matched) and the token ids a completions client asked for with
+``return_token_ids``. Non-streamed answers are rebuilt in OpenAI's shape instead
+(:func:`backends.vllm.dialect.normalise_body`).
 
-- per choice: ``stop_reason`` (the stop string or token id that ended the choice,
-  else ``null``), ``token_ids`` and, in completions, ``prompt_token_ids`` (``null``
-  unless the client asked ``return_token_ids``, a completions field). Removing them
-  would cost a parse of every event, which the relay exists to avoid.
-- chat, top level, first chunk only: ``prompt_token_ids`` and ``prompt_text`` (the
-  rendered chat template), always ``null`` through the gateway: vLLM fills them only
-  for ``return_token_ids`` / ``return_prompt_text``, which the chat schema refuses,
-  so no template leaks. Two nulls once per stream; stripping them would parse the
-  first event, which otherwise stays on the byte path like the rest.
-
-OpenAI clients ignore unknown fields. Non-streamed answers are rebuilt in
-OpenAI's shape instead (:func:`backends.vllm.dialect.normalise_body`).
-
-Cost on the byte path: one regex search per network read (plus, with include_usage,
-one split of the read).
+Cost on the byte path: one regex search and four ``in`` scans per network read (plus, with
+include_usage, one ``replace``).
 """
 
 from __future__ import annotations
@@ -50,6 +46,7 @@ _FOREIGN = re.compile(rb'"finish_reason"\s*:\s*"(?!(?:stop|length|content_filter
 # Chat adds OpenAI's tool_calls and function_call to the enum.
 _CHAT_FOREIGN = re.compile(rb'"finish_reason"\s*:\s*"(?!(?:stop|length|content_filter|tool_calls|function_call)")')
 _OPENAI_FINISH = frozenset({None, "stop", "length", "content_filter"})
+_NULL_EXTRAS = (b',"token_ids":null', b',"stop_reason":null', b',"prompt_token_ids":null', b',"prompt_text":null')
 _CHAT_FINISH = _OPENAI_FINISH | {"tool_calls", "function_call"}
 
 
@@ -66,6 +63,9 @@ class VLLMStreamRelay(OpenAIStreamRelay):
 
     def _process(self, block: bytes) -> bytes:
         out = super()._process(block)
+        for extra in _NULL_EXTRAS:  # vLLM's own keys that carry nothing: OpenAI's shape
+            if extra in out:
+                out = out.replace(extra, b"")
         if self.foreign.search(out) is not None:
             out = self._map_finish(out)
         if self._keep_usage_chunk and out:

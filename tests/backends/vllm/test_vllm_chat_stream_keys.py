@@ -1,8 +1,9 @@
 """vLLM 0.32's own keys in chat answers: what reaches clients and why that is safe.
 
 The first stream chunk carries top-level ``prompt_token_ids`` and ``prompt_text`` (the rendered
-chat template); every chunk a per-choice ``token_ids``; the final one ``stop_reason``
-(``backends.vllm.stream``'s docstring says why they are relayed). The golden
+chat template); every chunk a per-choice ``token_ids``; the final one ``stop_reason``.
+The relay cuts the null ones on the bytes and keeps a ``stop_reason`` that carries the
+matched stop (``backends.vllm.stream``'s docstring). The golden
 ``0.32.0/stream_vllm_keys.json`` replays the shape (``test_vllm_chat_goldens``); these tests
 pin the invariant it rests on: no client can make them non-null through the gateway, so the
 template never leaks, and a non-streamed answer drops them whatever they hold.
@@ -30,16 +31,17 @@ def golden() -> dict[str, Any]:
     return data
 
 
-def test_golden_first_chunk_carries_vllm_keys_as_null_and_the_client_gets_them_as_sent() -> None:
+def test_golden_first_chunk_carries_vllm_keys_as_null_and_the_client_gets_openai_shape() -> None:
     g = golden()
     upstream = [orjson.loads(e.removeprefix("data: ")) for e in g["events"] if e != "data: [DONE]"]
     assert all(upstream[0][key] is None for key in TOP_LEVEL)
     assert not any(key in event for event in upstream[1:] for key in TOP_LEVEL)  # first chunk only
     assert upstream[-2]["choices"][0]["stop_reason"] == "\n"
     client = g["expect_events"]
-    assert [client[0][key] for key in TOP_LEVEL] == [None, None]
-    assert not any(key in event for event in client[1:] for key in TOP_LEVEL)
-    assert client[-2]["choices"][0]["stop_reason"] == "\n"
+    assert not any(key in event for event in client for key in TOP_LEVEL)  # null: cut on the bytes
+    assert not any("token_ids" in c for event in client for c in event["choices"])
+    assert client[-2]["choices"][0]["stop_reason"] == "\n"  # carries something: kept
+    assert not any("stop_reason" in c for event in client[:-2] for c in event["choices"])
     assert all(event["model"] == "public-name" for event in client)
 
 

@@ -142,3 +142,14 @@ async def test_concurrent_guided_streams_confirm_the_version_once(mock: respx.Mo
     await asyncio.gather(*(one() for _ in range(40)))
     await backend.close()
     assert version.call_count - before == 1
+
+
+async def test_vllm_extras_that_carry_nothing_are_cut_and_the_rest_kept(mock: respx.MockRouter) -> None:
+    """OpenAI's chunk shape: a null ``stop_reason`` / ``token_ids`` leaves; a matched stop string and
+    the token ids a client asked for stay."""
+    first = event(text=" a").replace(b'"stop_reason":null}', b'"stop_reason":null,"token_ids":null}')
+    last = event("stop", text=" b").replace(b'"stop_reason":null}', b'"stop_reason":"\\n","token_ids":[5,6]}')
+    events, error = await run(mock, first + last + b"data: [DONE]\n\n")
+    assert error is None
+    assert events[0]["choices"][0] == {"index": 0, "text": " a", "logprobs": None, "finish_reason": None}
+    assert events[1]["choices"][0]["stop_reason"] == "\n" and events[1]["choices"][0]["token_ids"] == [5, 6]
