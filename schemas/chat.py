@@ -13,7 +13,6 @@ never forwards one. Messages, tools and formats live in :mod:`schemas.chat_messa
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, TypeAdapter, model_validator
@@ -49,6 +48,7 @@ from schemas.common import (
     ChoiceCount,
     Count,
     CountOrMinusOne,
+    FieldRules,
     GuidedChoice,
     Int64,
     JsonObject,
@@ -170,11 +170,7 @@ class ChatCompletionRequest(_Strict):
         (messages and a few sampling fields) pays for the message check alone.
         """
         self._check_messages()
-        touched = self.__pydantic_fields_set__ & _RULE_FIELDS
-        if touched:
-            for fields, rule in _RULES:
-                if not touched.isdisjoint(fields):
-                    rule(self)
+        _RULES.run(self, self.__pydantic_fields_set__)
         return self
 
     def _check_messages(self) -> None:
@@ -376,7 +372,7 @@ class ChatCompletionRequest(_Strict):
 
 
 # Each rule after the message check, in order, with the fields without which it cannot fail.
-_RULES: tuple[tuple[frozenset[str], Callable[[ChatCompletionRequest], None]], ...] = (
+_RULES: FieldRules[ChatCompletionRequest] = FieldRules(
     (frozenset({"max_completion_tokens"}), ChatCompletionRequest._check_max_tokens_pair),
     (frozenset({"top_logprobs"}), ChatCompletionRequest._check_top_logprobs),
     (frozenset({"stream_options"}), ChatCompletionRequest._check_stream_options),
@@ -392,7 +388,6 @@ _RULES: tuple[tuple[frozenset[str], Callable[[ChatCompletionRequest], None]], ..
         ChatCompletionRequest._check_one_constraint,
     ),
 )
-_RULE_FIELDS: frozenset[str] = frozenset().union(*(fields for fields, _ in _RULES))
 
 # upstream_fields' fast path: each field's place in the declared order, and its serializer.
 _FIELD_ORDER: dict[str, int] = {name: i for i, name in enumerate(ChatCompletionRequest.model_fields)}

@@ -11,8 +11,8 @@ named ``model_validator`` (validator order, and so which error wins, stays per m
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Annotated, Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Annotated, Any, Generic, TypeVar
 
 from pydantic import AfterValidator, Field, StrictInt
 
@@ -27,6 +27,7 @@ __all__ = [
     "ChoiceCount",
     "Count",
     "CountOrMinusOne",
+    "FieldRules",
     "GuidedChoice",
     "Int64",
     "JsonObject",
@@ -129,3 +130,32 @@ def check_guides(
             "guided_decoding_backend",
             "guided_decoding_backend needs one of guided_json, guided_regex, guided_choice or guided_grammar",
         )
+
+
+_Model = TypeVar("_Model")
+
+
+class FieldRules(Generic[_Model]):
+    """A request model's cross-field rules, in order, each with the fields without which it cannot
+    fail (the first rule broken is the error).
+
+    :meth:`run` calls a rule only when one of its fields was set (an unset field is its default,
+    which breaks no rule), so a plain request pays for one set intersection: the request path's
+    cost (issue 14). Shared by the completions and chat schemas.
+    """
+
+    __slots__ = ("_fields", "_rules")
+
+    def __init__(self, *rules: tuple[frozenset[str], Callable[[_Model], None]]) -> None:
+        self._rules = rules
+        self._fields: frozenset[str] = frozenset().union(*(fields for fields, _ in rules))
+
+    def __iter__(self) -> Iterator[tuple[frozenset[str], Callable[[_Model], None]]]:
+        return iter(self._rules)
+
+    def run(self, model: _Model, fields_set: set[str]) -> None:
+        touched = fields_set & self._fields
+        if touched:
+            for fields, rule in self._rules:
+                if not touched.isdisjoint(fields):
+                    rule(model)

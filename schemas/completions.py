@@ -12,7 +12,6 @@ gateway never forwards a ``null`` upstream (see :meth:`CompletionRequest.upstrea
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
@@ -24,6 +23,7 @@ from schemas.common import (
     ChoiceCount,
     Count,
     CountOrMinusOne,
+    FieldRules,
     GuidedChoice,
     Int64,
     JsonObject,
@@ -186,11 +186,7 @@ class CompletionRequest(BaseModel):
         was set (an unset field is its default, ``None``, which breaks no rule), so a plain
         request (model, prompt, a few sampling fields) pays for one set intersection.
         """
-        touched = self.__pydantic_fields_set__ & _RULE_FIELDS
-        if touched:
-            for fields, rule in _RULES:
-                if not touched.isdisjoint(fields):
-                    rule(self)
+        _RULES.run(self, self.__pydantic_fields_set__)
         return self
 
     def _check_logit_bias_keys(self) -> None:
@@ -324,7 +320,7 @@ class CompletionRequest(BaseModel):
 
 # check_rules' table: (the fields whose setting can break the rule, the rule), in the order the
 # rules are checked. Each rule raises only when one of its fields holds a non-default value.
-_RULES: tuple[tuple[frozenset[str], Callable[[CompletionRequest], None]], ...] = (
+_RULES: FieldRules[CompletionRequest] = FieldRules(
     (frozenset({"logit_bias"}), CompletionRequest._check_logit_bias_keys),
     (frozenset({"best_of"}), CompletionRequest._check_best_of),
     (frozenset({"stream_options"}), CompletionRequest._check_stream_options),
@@ -337,7 +333,6 @@ _RULES: tuple[tuple[frozenset[str], Callable[[CompletionRequest], None]], ...] =
     ),
     (frozenset({"use_beam_search"}), CompletionRequest._check_beam_search),
 )
-_RULE_FIELDS: frozenset[str] = frozenset().union(*(fields for fields, _ in _RULES))
 
 
 # Values of the vLLM extras that mean "off": a field explicitly set to one of these

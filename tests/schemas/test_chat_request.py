@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 import schemas.chat as chat_module
 from schemas.chat import ChatCompletionRequest
+from schemas.common import FieldRules
 from schemas.completions import INT64_MAX
 from schemas.errors import FieldRuleError
 
@@ -451,7 +452,7 @@ def test_plain_request_runs_only_the_message_rule(monkeypatch: pytest.MonkeyPatc
     """A request with messages and sampling fields only pays for the message check (issue 14)."""
     ran: list[str] = []
     rules = tuple((fields, lambda _r, f=fields: ran.append(min(f))) for fields, _ in chat_module._RULES)
-    monkeypatch.setattr(chat_module, "_RULES", rules)
+    monkeypatch.setattr(chat_module, "_RULES", FieldRules(*rules))
     make(max_tokens=16, temperature=0.5, top_p=1.0, n=1, stream=True, seed=1, stop="x", user="u")
     assert ran == []
     make(tools=TOOLS, min_tokens=1)

@@ -14,6 +14,7 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
+from schemas.common import FieldRules
 from schemas.completions import DEFAULT_MAX_TOKENS, INT64_MAX, CompletionRequest
 from schemas.errors import FieldRuleError
 
@@ -506,7 +507,7 @@ def test_plain_request_runs_no_cross_field_rule(monkeypatch: pytest.MonkeyPatch)
 
     ran: list[str] = []
     rules = tuple((fields, lambda _r, f=fields: ran.append(min(f))) for fields, _ in completions_module._RULES)
-    monkeypatch.setattr(completions_module, "_RULES", rules)
+    monkeypatch.setattr(completions_module, "_RULES", FieldRules(*rules))
     make(max_tokens=16, temperature=0.5, top_p=1.0, n=2, stream=True, seed=1, stop="x", user="u", echo=False)
     assert ran == []
     make(best_of=2, guided_decoding_backend="x")
