@@ -17,9 +17,10 @@ from backends.native.ollama import OllamaBackend
 from backends.native.tgi import TGIBackend
 from backends.openai.adapter import OpenAIBackend
 from backends.vllm.adapter import VLLMBackend
-from backends.vllm.pool import ReportsPool, VLLMEndpointsBackend, VLLMPoolBackend
-from backends.vllm.pool.metrics import PoolCollector
+from backends.vllm.pool import VLLMPoolBackend
 from backends.vllm.pool.shared import PoolClients, PoolOwnership, shared_configs
+from backends.vllm.routing import ReportsPool, VLLMEndpointsBackend
+from backends.vllm.routing.metrics import PoolCollector
 from schemas.config import (
     BackendConfig,
     LlamaCppBackendConfig,

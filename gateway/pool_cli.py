@@ -1,7 +1,7 @@
 """``gateway pool status``: each pool worker's state, read from the pools' status files.
 
 A running ``vllm-pool`` backend keeps ``<log_dir>/status.json`` current (see
-``backends.vllm.pool.status``); this command finds it from the same config file the
+``backends.vllm.routing.status``); this command finds it from the same config file the
 gateway serves, so it needs no admin endpoint and works while the gateway is busy.
 With ``gateway serve --workers N`` the control process runs the pool and writes the file; the
 table then says how many calls each gateway worker (``g0`` .. ``gN-1``) has in flight per vLLM worker.
@@ -17,7 +17,7 @@ import sys
 import time
 
 from backends.vllm.pool import pool_log_dir
-from backends.vllm.pool.status import PoolStatus, format_table, read_status
+from backends.vllm.routing.status import PoolStatus, format_table, read_status
 from gateway.configfile import ConfigError, load_config
 from schemas.config import VLLMPoolBackendConfig
 

@@ -18,7 +18,7 @@ it (:meth:`PoolWatchers.synced`). Why this channel rather than the status file o
 views are small, change at most once per scrape interval, and must arrive at once when a vLLM
 worker becomes ready or goes away (polling a file trades latency for wake-ups). The one figure
 that changes per request, calls in flight, has its shared-memory table instead
-(``backends.vllm.pool.inflight``): no message per request.
+(``backends.vllm.routing.inflight``): no message per request.
 """
 
 from __future__ import annotations

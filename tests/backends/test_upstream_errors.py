@@ -13,7 +13,7 @@ from backends.errors import (
     UpstreamTimeoutError,
     UpstreamTooLargeError,
 )
-from backends.vllm.pool.dispatch import NoReadyWorkerError
+from backends.vllm.routing.dispatch import NoReadyWorkerError
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from backends.vllm.pool import VLLMEndpointsBackend
+from backends.vllm.routing import VLLMEndpointsBackend
 from gateway.app import create_app
 from gateway.configfile import parse_config
 from gateway.state import STATE

@@ -1,26 +1,12 @@
-"""Local vLLM worker pools and multi-server vLLM backends.
+"""Local vLLM worker pools: workers this gateway starts and supervises (``type: vllm-pool``).
 
-- :class:`VLLMPoolBackend` (``type: vllm-pool``): workers this gateway starts and supervises
-  (``supervisor``, ``process``, ``launcher``);
-- :class:`VLLMEndpointsBackend` (``type: vllm`` with ``base_urls`` or ``discovery``): servers
-  someone else runs;
-
-both routing with the same ``balancer`` (load + prefix affinity) and ``dispatch`` (retries
-across workers). ``status`` is what they report (``gateway pool status``, metrics).
+:class:`VLLMPoolBackend` plans, spawns, probes, restarts and stops vLLM processes
+(``supervisor``, ``worker``, ``process``, ``launcher``, ``resources``, ``probe``) and rolls a
+changed section out (``rollout``); it routes over its workers with ``backends.vllm.routing``,
+as multi-server ``vllm`` does. ``client`` and ``shared``: both kinds as the processes of
+``gateway serve --workers N`` share them.
 """
 
-from backends.vllm.pool.dispatch import NoReadyWorkerError
 from backends.vllm.pool.pool import VLLMPoolBackend, pool_log_dir
-from backends.vllm.pool.remote import VLLMEndpointsBackend
-from backends.vllm.pool.status import STATES, PoolStatus, ReportsPool, WorkerStatus
 
-__all__ = [
-    "STATES",
-    "NoReadyWorkerError",
-    "PoolStatus",
-    "ReportsPool",
-    "VLLMEndpointsBackend",
-    "VLLMPoolBackend",
-    "WorkerStatus",
-    "pool_log_dir",
-]
+__all__ = ["VLLMPoolBackend", "pool_log_dir"]

@@ -2,10 +2,10 @@
 
 The control process owns the backend (:class:`backends.vllm.pool.pool.VLLMPoolBackend`: GPU plan,
 vLLM processes, restarts, readiness probes, metrics scrapes, version detection, ``status.json``;
-:class:`backends.vllm.pool.remote.VLLMEndpointsBackend`: DNS discovery, probes, scrapes, version
+:class:`backends.vllm.routing.remote.VLLMEndpointsBackend`: DNS discovery, probes, scrapes, version
 detection), so the vLLM processes live as long as the gateway, not as long as one worker, and
 each server is probed once, not N times. It publishes a *view* (``view()``, see
-:func:`backends.vllm.pool.status.endpoints_view`) whenever something changes; each worker applies
+:func:`backends.vllm.routing.status.endpoints_view`) whenever something changes; each worker applies
 it here (:meth:`SharedEndpointsClient.apply`) and routes with the same balancer and dispatcher as
 a single-process gateway, over the same endpoints:
 
@@ -14,7 +14,7 @@ a single-process gateway, over the same endpoints:
 - the adapter is built with the version the control process detected (no ``GET /version`` per
   worker);
 - load: the scraped queue and KV-cache figures from the view, plus the whole gateway's calls in
-  flight from the shared table (:mod:`backends.vllm.pool.inflight`: this worker writes its row);
+  flight from the shared table (:mod:`backends.vllm.routing.inflight`: this worker writes its row);
 - a call that cannot connect takes the endpoint out of this worker's routing at once and asks
   the control process (``report_suspect``) to probe it now; the next view says what it found;
 - an endpoint the view no longer lists (a discovered server gone) is not routable; its object is
@@ -37,14 +37,14 @@ from backends.transport import make_transport
 from backends.transport.base import HTTPTransport
 from backends.vllm.adapter import VLLM_CAPABILITIES, VLLMBackend
 from backends.vllm.chat_capabilities import VLLMChatFeatures, vllm_chat_capabilities
-from backends.vllm.pool.balancer import Endpoint
-from backends.vllm.pool.dispatch import DispatchedBackend, Dispatcher
-from backends.vllm.pool.inflight import InFlightTable, SharedEndpoint
 from backends.vllm.pool.pool import endpoint_config, worker_count
-from backends.vllm.pool.remote import server_config
 from backends.vllm.pool.rollout import apply_routing, restart_keys, split_changes
-from backends.vllm.pool.scrape import WorkerLoad
-from backends.vllm.pool.status import PoolStatus
+from backends.vllm.routing.balancer import Endpoint
+from backends.vllm.routing.dispatch import DispatchedBackend, Dispatcher
+from backends.vllm.routing.inflight import InFlightTable, SharedEndpoint
+from backends.vllm.routing.remote import server_config
+from backends.vllm.routing.scrape import WorkerLoad
+from backends.vllm.routing.status import PoolStatus
 from schemas.config import VLLMBackendConfig, VLLMPoolBackendConfig
 
 __all__ = ["ClientReport", "SharedEndpointsClient", "VLLMEndpointsClient", "VLLMPoolClient"]

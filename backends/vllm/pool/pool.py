@@ -11,8 +11,8 @@ none of their processes is alive.
 
 Each worker is a vLLM OpenAI server, so requests reuse the ``vllm`` adapter
 (:class:`backends.vllm.adapter.VLLMBackend`) per worker over one shared transport; the pool
-adds only the choice of worker (``backends.vllm.pool.balancer``) and retries across
-workers (``backends.vllm.pool.dispatch``).
+adds only the choice of worker (``backends.vllm.routing.balancer``) and retries across
+workers (``backends.vllm.routing.dispatch``).
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ from backends.transport import make_transport
 from backends.transport.base import HTTPTransport
 from backends.vllm.adapter import VLLM_CAPABILITIES, VLLMBackend
 from backends.vllm.chat_capabilities import VLLMChatFeatures, vllm_chat_capabilities
-from backends.vllm.pool.balancer import Endpoint
-from backends.vllm.pool.dispatch import DispatchedBackend, Dispatcher
-from backends.vllm.pool.inflight import InFlightTable
 from backends.vllm.pool.rollout import RolloutReport, apply_routing, restart_keys, roll, split_changes
-from backends.vllm.pool.status import PoolStatus, default_log_dir, endpoints_view, fill_in_flight, write_status
 from backends.vllm.pool.supervisor import Supervisor
+from backends.vllm.routing.balancer import Endpoint
+from backends.vllm.routing.dispatch import DispatchedBackend, Dispatcher
+from backends.vllm.routing.inflight import InFlightTable
+from backends.vllm.routing.status import PoolStatus, default_log_dir, endpoints_view, fill_in_flight, write_status
 from schemas.config import VLLMBackendConfig, VLLMPoolBackendConfig
 
 __all__ = ["VLLMPoolBackend", "endpoint_config", "pool_log_dir", "worker_count"]

@@ -38,11 +38,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from backends.vllm.pool.balancer import DECISIONS
-from backends.vllm.pool.dispatch import Dispatcher
 from backends.vllm.pool.resources import detect_gpus, plan_gpus
 from backends.vllm.pool.supervisor import Supervisor
 from backends.vllm.pool.worker import Worker
+from backends.vllm.routing.balancer import DECISIONS
+from backends.vllm.routing.dispatch import Dispatcher
 from schemas.config import VLLMPoolBackendConfig
 
 __all__ = [

@@ -6,8 +6,8 @@ run once, not once per worker).
 
 - :class:`PoolOwnership` (the control process): each is a full
   :class:`~backends.vllm.pool.pool.VLLMPoolBackend` (supervisor, launcher, probes, scrapes,
-  version detection, ``status.json``) or :class:`~backends.vllm.pool.remote.VLLMEndpointsBackend`,
-  plus its in-flight table (:mod:`backends.vllm.pool.inflight`); :meth:`PoolOwnership.frame` is
+  version detection, ``status.json``) or :class:`~backends.vllm.routing.remote.VLLMEndpointsBackend`,
+  plus its in-flight table (:mod:`backends.vllm.routing.inflight`); :meth:`PoolOwnership.frame` is
   what the workers are told after every change.
 - :class:`PoolClients` (a gateway worker): one client (:mod:`backends.vllm.pool.client`) per
   shared backend, fed those frames.
@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from backends.errors import UpstreamConnectError
-from backends.vllm.pool.balancer import Endpoint
 from backends.vllm.pool.client import SharedEndpointsClient, VLLMEndpointsClient, VLLMPoolClient
-from backends.vllm.pool.inflight import InFlightTable
 from backends.vllm.pool.pool import VLLMPoolBackend
-from backends.vllm.pool.remote import VLLMEndpointsBackend
+from backends.vllm.routing.balancer import Endpoint
+from backends.vllm.routing.inflight import InFlightTable
+from backends.vllm.routing.remote import VLLMEndpointsBackend
 from schemas.config import BackendConfig, VLLMBackendConfig, VLLMPoolBackendConfig
 
 __all__ = ["PoolClients", "PoolOwnership", "SharedConfig", "shared_configs"]

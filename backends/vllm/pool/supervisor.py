@@ -18,7 +18,7 @@ GPU is never handed to a new process while an old one may still hold its memory.
 ``restart.max_failures`` failures in a row mark the worker ``failed``: it stays stopped
 and is reported (state, last exit, the last lines of its log), never restarted forever.
 
-Routing sees a worker through its :class:`~backends.vllm.pool.balancer.Endpoint`:
+Routing sees a worker through its :class:`~backends.vllm.routing.balancer.Endpoint`:
 ``available`` only while ``ready``; every new ready spell bumps its ``generation`` and
 clears its prefix LRU (a restarted worker has a cold cache). ``poke`` asks for a probe
 now (a request could not connect). :meth:`Supervisor.add_worker` and
@@ -40,12 +40,12 @@ from pathlib import Path
 from backends.base import Backend
 from backends.errors import UpstreamError
 from backends.transport.base import HTTPTransport
-from backends.vllm.pool.balancer import Endpoint
 from backends.vllm.pool.probe import control_transport, ready, worker_get
 from backends.vllm.pool.process import WorkerProcess, spawn, stop, tail
 from backends.vllm.pool.resources import GpuLedger, PortAllocator, detect_gpus, plan_gpus
-from backends.vllm.pool.scrape import WorkerLoad, parse_vllm_metrics
 from backends.vllm.pool.worker import Worker, client_host, describe_outcome
+from backends.vllm.routing.balancer import Endpoint
+from backends.vllm.routing.scrape import WorkerLoad, parse_vllm_metrics
 from schemas.config import VLLMPoolBackendConfig
 
 __all__ = ["Supervisor", "Worker"]

@@ -14,9 +14,9 @@ import time
 from collections import deque
 from pathlib import Path
 
-from backends.vllm.pool.balancer import Endpoint
 from backends.vllm.pool.process import WorkerProcess
-from backends.vllm.pool.status import WorkerStatus
+from backends.vllm.routing.balancer import Endpoint
+from backends.vllm.routing.status import WorkerStatus
 from schemas.config import VLLMPoolBackendConfig
 
 __all__ = ["Worker", "client_host", "describe_outcome"]

@@ -11,8 +11,8 @@ import respx
 
 from backends.base import ChatCall
 from backends.vllm.adapter import VLLMBackend
-from backends.vllm.pool import VLLMEndpointsBackend
-from backends.vllm.pool.prefix import chat_prefix_keys, chat_prefix_text
+from backends.vllm.routing import VLLMEndpointsBackend
+from backends.vllm.routing.prefix import chat_prefix_keys, chat_prefix_text
 from backends.vllm.versions import parse_version
 from schemas.chat import ChatCompletionRequest
 from schemas.config import PoolRoutingConfig, VLLMBackendConfig, VLLMPoolBackendConfig

@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 
 from backends.vllm.pool import VLLMPoolBackend
-from backends.vllm.pool.status import read_status
+from backends.vllm.routing.status import read_status
 from gateway.app import create_app
 from gateway.configfile import load_config
 from gateway.reload import Reloader, enable_reload

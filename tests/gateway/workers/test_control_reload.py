@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 
 from backends.vllm.pool import VLLMPoolBackend
-from backends.vllm.pool.balancer import Endpoint
 from backends.vllm.pool.client import VLLMPoolClient
-from backends.vllm.pool.inflight import InFlightTable
 from backends.vllm.pool.shared import PoolOwnership
 from backends.vllm.pool.supervisor import Supervisor
+from backends.vllm.routing.balancer import Endpoint
+from backends.vllm.routing.inflight import InFlightTable
 from gateway.configfile import load_config
 from gateway.workers.channel import read_frame, write_frame
 from gateway.workers.pools import PoolWatchers

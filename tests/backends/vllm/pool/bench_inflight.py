@@ -9,8 +9,8 @@ import timeit
 from collections.abc import Callable
 from pathlib import Path
 
-from backends.vllm.pool.balancer import Balancer, Endpoint
-from backends.vllm.pool.inflight import InFlightTable, SharedEndpoint
+from backends.vllm.routing.balancer import Balancer, Endpoint
+from backends.vllm.routing.inflight import InFlightTable, SharedEndpoint
 from schemas.config import PoolRoutingConfig
 
 ROUTING = PoolRoutingConfig(strategy="least-load")

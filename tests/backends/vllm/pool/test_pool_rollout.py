@@ -11,7 +11,7 @@ import aiohttp
 
 from backends.vllm.pool import VLLMPoolBackend
 from backends.vllm.pool.rollout import IN_PLACE_KEYS, RESTART_KEYS, ROLLED_KEYS
-from backends.vllm.pool.status import read_status
+from backends.vllm.routing.status import read_status
 from schemas.config import VLLMPoolBackendConfig
 from tests.backends.vllm.pool.conftest import MakePool, pool_config, worker_info
 from tests.conftest import eventually

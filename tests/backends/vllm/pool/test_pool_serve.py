@@ -21,7 +21,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from backends.vllm.pool.status import read_status
+from backends.vllm.routing.status import read_status
 from gateway.cli import main as gateway_main
 from tests.backends.vllm.pool.conftest import gateway_yaml, live_pids_with, pool_yaml, wait_no_pids
 from tests.conftest import free_port

@@ -12,10 +12,10 @@ from aiohttp import web
 from backends.errors import UpstreamConnectError, UpstreamTimeoutError
 from backends.registry import build_worker_backends, shared_configs
 from backends.vllm.adapter import VLLMBackend
-from backends.vllm.pool.balancer import Balancer
 from backends.vllm.pool.client import VLLMEndpointsClient, VLLMPoolClient
-from backends.vllm.pool.inflight import InFlightTable, SharedEndpoint
 from backends.vllm.pool.shared import PoolClients, PoolOwnership
+from backends.vllm.routing.balancer import Balancer
+from backends.vllm.routing.inflight import InFlightTable, SharedEndpoint
 from backends.vllm.versions import VLLMVersion
 from gateway.app import create_app
 from gateway.configfile import parse_config

@@ -11,8 +11,9 @@ import pytest
 
 from backends.base import UpstreamCall
 from backends.vllm.adapter import VLLMBackend
-from backends.vllm.pool import NoReadyWorkerError, VLLMPoolBackend
-from backends.vllm.pool.status import read_status
+from backends.vllm.pool import VLLMPoolBackend
+from backends.vllm.routing import NoReadyWorkerError
+from backends.vllm.routing.status import read_status
 from schemas.completions import CompletionRequest
 from tests.backends.vllm.pool.conftest import MODEL, MakePool, control, live_pids_with, states, wait_for, worker_info
 

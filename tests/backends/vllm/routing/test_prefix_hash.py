@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from backends.vllm.pool.balancer import DECISIONS, HASH_EPSILON, Balancer, Endpoint, rendezvous_order
-from backends.vllm.pool.prefix import block_keys, prefix_keys
-from backends.vllm.pool.scrape import WorkerLoad
+from backends.vllm.routing.balancer import DECISIONS, HASH_EPSILON, Balancer, Endpoint, rendezvous_order
+from backends.vllm.routing.prefix import block_keys, prefix_keys
+from backends.vllm.routing.scrape import WorkerLoad
 from schemas.completions import CompletionRequest
 from schemas.config import PoolRoutingConfig
 
@@ -51,7 +51,7 @@ def test_keys_are_the_same_in_every_process() -> None:
     prompts: list[Any] = ["A" * 40, [1, 2, 3, 4, 5, 6, 7, 8], [[9] * 8]]
     code = (
         "import json, sys\n"
-        "from backends.vllm.pool.prefix import prefix_keys\n"
+        "from backends.vllm.routing.prefix import prefix_keys\n"
         "from schemas.completions import CompletionRequest\n"
         "from schemas.config import PoolRoutingConfig\n"
         "r = PoolRoutingConfig(block_chars=16, block_tokens=4, max_blocks=4)\n"

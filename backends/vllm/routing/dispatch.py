@@ -30,8 +30,8 @@ from typing import Any, TypeVar
 
 from backends.base import Backend, Call, ChatCall, CompletionResult, CompletionStream, UpstreamCall
 from backends.errors import UpstreamError, retryable
-from backends.vllm.pool.balancer import Balancer, Endpoint
-from backends.vllm.pool.prefix import chat_prefix_keys, prefix_keys
+from backends.vllm.routing.balancer import Balancer, Endpoint
+from backends.vllm.routing.prefix import chat_prefix_keys, prefix_keys
 from schemas.chat import ChatCompletionRequest
 from schemas.config import PoolRoutingConfig
 from schemas.endpoints import Endpoint as EndpointKind

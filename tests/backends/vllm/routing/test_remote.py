@@ -13,8 +13,8 @@ import pytest
 from aiohttp import web
 
 from backends.registry import build_backend
-from backends.vllm.pool import VLLMEndpointsBackend
-from backends.vllm.pool.remote import resolve_dns
+from backends.vllm.routing import VLLMEndpointsBackend
+from backends.vllm.routing.remote import resolve_dns
 from gateway.app import create_app
 from gateway.configfile import parse_config
 from gateway.state import STATE

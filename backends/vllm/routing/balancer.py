@@ -1,12 +1,12 @@
 """Choosing a worker: least load, refined by the worker's own queue, prefix affinity, prefix hash.
 
 Load of an endpoint = requests in flight from this gateway (every worker process of it with
-``--workers N``: ``backends.vllm.pool.inflight``) + requests waiting in the
+``--workers N``: ``backends.vllm.routing.inflight``) + requests waiting in the
 worker's own queue (``vllm:num_requests_waiting``, scraped) + its KV-cache usage (0..1,
 scraped), so equal in-flight counts are broken towards the emptier cache. Ties go
 round-robin, so an idle pool still spreads.
 
-``prefix-affinity``: the request's prefix keys (``backends.vllm.pool.prefix``) are
+``prefix-affinity``: the request's prefix keys (``backends.vllm.routing.prefix``) are
 looked up deepest first in each available endpoint's LRU; the endpoint holding the
 longest matching prefix (the least loaded of several) is chosen unless it is
 overloaded (load above the least loaded endpoint's by more than ``overload_margin``,
@@ -15,7 +15,7 @@ chosen instead. The chosen endpoint records the keys, so the next request with t
 same prefix follows it.
 
 ``prefix-hash``: no learned state. The key of the prompt's first whole block
-(``backends.vllm.pool.prefix``: BLAKE2b, equal in every process) ranks the available
+(``backends.vllm.routing.prefix``: BLAKE2b, equal in every process) ranks the available
 endpoints by rendezvous hashing (highest ``blake2b(key, endpoint id)`` first; the id is
 the endpoint's URL), and the first endpoint in that order whose load is within the bound
 is chosen. So every gateway worker and every replica sends a prefix to the same server
@@ -45,8 +45,8 @@ from collections.abc import Sequence
 from hashlib import blake2b
 
 from backends.base import Backend
-from backends.vllm.pool.prefix import PrefixLRU
-from backends.vllm.pool.scrape import WorkerLoad
+from backends.vllm.routing.prefix import PrefixLRU
+from backends.vllm.routing.scrape import WorkerLoad
 from schemas.config import PoolRoutingConfig
 
 __all__ = ["DECISIONS", "HASH_EPSILON", "Balancer", "Endpoint", "rendezvous_order"]
@@ -113,7 +113,7 @@ class Endpoint:
     @property
     def gateway_in_flight(self) -> int:
         """Calls in flight to the endpoint from the whole gateway (this process, unless shared:
-        :class:`backends.vllm.pool.inflight.SharedEndpoint` sums every gateway worker's)."""
+        :class:`backends.vllm.routing.inflight.SharedEndpoint` sums every gateway worker's)."""
         return self.in_flight
 
     @property

@@ -1,8 +1,8 @@
 """A ``vllm`` backend over several servers: ``base_urls``, or a DNS name re-resolved periodically.
 
 The same choice of server as inside a ``vllm-pool`` (least load refined by each server's
-scraped queue and KV-cache usage, prefix affinity; ``backends.vllm.pool.balancer``) and
-the same retries across servers (``backends.vllm.pool.dispatch``), over servers someone
+scraped queue and KV-cache usage, prefix affinity; ``backends.vllm.routing.balancer``) and
+the same retries across servers (``backends.vllm.routing.dispatch``), over servers someone
 else runs: for example vLLM pods behind a Kubernetes headless Service, whose DNS name
 resolves to one A record per ready pod.
 
@@ -30,11 +30,11 @@ from backends.transport.base import get_ok
 from backends.transport.httptools_client import FastHTTPTransport
 from backends.vllm.adapter import VLLM_CAPABILITIES, VLLMBackend
 from backends.vllm.chat_capabilities import VLLMChatFeatures, vllm_chat_capabilities
-from backends.vllm.pool.balancer import Endpoint
-from backends.vllm.pool.dispatch import DispatchedBackend, Dispatcher
-from backends.vllm.pool.inflight import InFlightTable
-from backends.vllm.pool.scrape import parse_vllm_metrics
-from backends.vllm.pool.status import PoolStatus, WorkerStatus, endpoints_view, fill_in_flight
+from backends.vllm.routing.balancer import Endpoint
+from backends.vllm.routing.dispatch import DispatchedBackend, Dispatcher
+from backends.vllm.routing.inflight import InFlightTable
+from backends.vllm.routing.scrape import parse_vllm_metrics
+from backends.vllm.routing.status import PoolStatus, WorkerStatus, endpoints_view, fill_in_flight
 from schemas.config import TimeoutConfig, VLLMBackendConfig
 
 __all__ = ["Resolver", "VLLMEndpointsBackend", "resolve_dns", "server_config"]

@@ -106,7 +106,7 @@ def fill_in_flight(workers: list[WorkerStatus], cells: Sequence[int], rows: int,
 def endpoints_view(status: PoolStatus, endpoints: Iterable[Any], *, hopeless: bool, describe: str) -> dict[str, Any]:
     """What a gateway worker routing over a shared backend needs (``backends.vllm.pool.client``), JSON-friendly.
 
-    ``endpoints``: :class:`~backends.vllm.pool.balancer.Endpoint` objects (their adapter tells the version).
+    ``endpoints``: :class:`~backends.vllm.routing.balancer.Endpoint` objects (their adapter tells the version).
     """
     view = []
     for ep in endpoints:

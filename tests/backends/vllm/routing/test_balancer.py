@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from backends.vllm.pool.balancer import Balancer, Endpoint
-from backends.vllm.pool.prefix import PrefixLRU, prefix_keys
-from backends.vllm.pool.scrape import WorkerLoad, parse_vllm_metrics
+from backends.vllm.routing.balancer import Balancer, Endpoint
+from backends.vllm.routing.prefix import PrefixLRU, prefix_keys
+from backends.vllm.routing.scrape import WorkerLoad, parse_vllm_metrics
 from schemas.completions import CompletionRequest
 from schemas.config import PoolRoutingConfig
 

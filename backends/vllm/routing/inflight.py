@@ -20,7 +20,7 @@ import mmap
 import os
 from pathlib import Path
 
-from backends.vllm.pool.balancer import Endpoint
+from backends.vllm.routing.balancer import Endpoint
 
 __all__ = ["InFlightTable", "SharedEndpoint"]
 

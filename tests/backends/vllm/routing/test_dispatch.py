@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from backends.base import UpstreamCall
 from backends.errors import UpstreamConnectError, UpstreamProtocolError
-from backends.vllm.pool.balancer import Endpoint
-from backends.vllm.pool.dispatch import Dispatcher
+from backends.vllm.routing.balancer import Endpoint
+from backends.vllm.routing.dispatch import Dispatcher
 from schemas.completions import CompletionRequest
 from schemas.config import PoolRoutingConfig
 from tests.fakes import Reply, ScriptedBackend

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from backends.vllm.pool.status import STATES, ReportsPool
+from backends.vllm.routing.status import STATES, ReportsPool
 
 __all__ = ["PoolCollector"]
 
