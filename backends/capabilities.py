@@ -1,4 +1,7 @@
-"""Which request fields a backend can honour, as frozen data.
+"""Which request fields a backend can honour, as frozen data: the levels and the completions table.
+
+The machinery shared by every family; each family's tables live in its own folder (one per
+endpoint: ``backends/<family>/capabilities.py``, ``backends/native/<server>_capabilities.py``).
 
 Each field of :class:`schemas.completions.CompletionRequest` (and each nested field
 named in ``schemas.completions.NESTED_FIELDS``, as ``parent.child``) has a level per

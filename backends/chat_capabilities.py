@@ -1,5 +1,8 @@
-"""Which Chat Completions fields (and which *forms* of them) each backend type can honour, as frozen data.
+"""The chat capability table: which Chat Completions fields (and *forms* of them) a backend honours.
 
+This module is the machinery shared by every family; each family's table lives in its own folder
+(``backends/openai/capabilities.py``, ``backends/mock/capabilities.py``,
+``backends/native/<server>_capabilities.py``, ``backends/vllm/capabilities.py``).
 A chat table has these layers, all data (spec chat-protocol.md is the source of every entry):
 
 - ``fields``: a :class:`~backends.capabilities.Capabilities` with a level per field of
@@ -31,7 +34,7 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import Any
 
-from backends.capabilities import AUDIT_USER_NOTE, Capabilities, Level
+from backends.capabilities import Capabilities, Level
 from schemas.chat import ChatCompletionRequest
 from schemas.chat_messages import FunctionTool, TextResponseFormat
 from schemas.errors import UnsupportedParameterError
@@ -39,12 +42,7 @@ from schemas.errors import UnsupportedParameterError
 __all__ = [
     "CHAT_FIELDS",
     "CHAT_NEUTRAL_VALUES",
-    "LLAMACPP_CHAT",
-    "MOCK_CHAT",
-    "OLLAMA_CHAT",
-    "OPENAI_CHAT",
     "OPENAI_ONLY_FIELDS",
-    "TGI_CHAT",
     "VLLM_CHAT_EXTRAS",
     "ChatCapabilities",
     "Exclusive",
@@ -254,124 +252,3 @@ def _describe(refusal: Refusal) -> str:
         name, limit = key.split(">", 1)
         return f"{name} above {limit}"
     return " together with ".join(key.split("+"))
-
-
-# --- openai: everything OpenAI documents; vLLM's extras are not OpenAI's ----------------------
-
-OPENAI_CHAT = ChatCapabilities.build(
-    N, dict.fromkeys(VLLM_CHAT_EXTRAS, U), {"stream_options=continuous_usage_stats": U}
-)
-
-# --- mock: the chat simulator (backends.mock.chat); hints that change no simulated text are accepted
-
-MOCK_CHAT = ChatCapabilities.build(
-    N,
-    {
-        **dict.fromkeys(VLLM_CHAT_EXTRAS - {"min_tokens", "ignore_eos"}, U),
-        "modalities": U, "audio": U, "prediction": U, "web_search_options": U, "functions": U, "function_call": U,
-    },
-    {
-        "tools=custom": U, "tool_choice=custom": U, "stream_options=continuous_usage_stats": U,
-        "stream_options=include_obfuscation": U,
-    },
-)  # fmt: skip
-
-# --- TGI Messages API (v3.3.7): unlisted fields are unsupported -------------------------------
-
-# router/src/infer/tool_grammar.rs: every call is generated under a JSON grammar built from the
-# function's properties and required (additionalProperties false), whatever strict says; TGI's
-# FunctionDefinition has no strict key. What that grammar drops is refused in backends.native.tgi_chat.
-TGI_STRICT_NOTE = (
-    "TGI's tool grammar always holds a call's arguments to the function's properties and required "
-    "(no extra keys), so strict is not sent; a strict tool whose parameters need more at the top "
-    "(`$defs`, `anyOf`, ...) is refused"
-)
-
-TGI_CHAT = ChatCapabilities.build(
-    U,
-    {
-        "messages": N, "model": T, "max_completion_tokens": T, "frequency_penalty": N, "top_logprobs": N,
-        "response_format": T, "stream": N, "stop": N, "logprobs": N, "max_tokens": N, "n": E, "seed": N,
-        "stream_options": N, "temperature": N, "top_p": N, "tools": N, "tool_choice": N,
-        "parallel_tool_calls": N, "user": E,
-    },
-    {
-        "messages=input_audio": U, "messages=file": U, "tools=custom": U, "tool_choice=custom": U,
-        "tool_choice=allowed_tools": U, "stream_options=continuous_usage_stats": U,
-        "stream_options=include_obfuscation": U, "tools=strict": N,
-    },
-    limits={"top_logprobs": 5},
-    exclusive=(Exclusive(("tools", "response_format"), "TGI refuses a grammar and tools together"),),
-    reasons={
-        "presence_penalty": "TGI turns presence_penalty into repetition_penalty = presence_penalty + 2",
-        "logit_bias": "TGI accepts logit_bias but does not apply it",
-        "top_logprobs>5": "TGI returns at most max_top_n_tokens (default 5) alternatives",
-    },
-    notes={"user": AUDIT_USER_NOTE, "tools=strict": TGI_STRICT_NOTE},
-)  # fmt: skip
-
-# --- Ollama native /api/chat: options{}, format, images[]; unlisted fields are unsupported ------
-
-OLLAMA_CHAT = ChatCapabilities.build(
-    U,
-    {
-        "messages": T, "model": T, "reasoning_effort": T, "max_completion_tokens": T, "frequency_penalty": T,
-        "presence_penalty": T, "top_logprobs": T, "response_format": T, "stream": T, "stop": T, "logprobs": T,
-        "max_tokens": T, "n": E, "seed": T, "stream_options": E, "temperature": T, "top_p": T, "tools": T,
-        "tool_choice": T, "parallel_tool_calls": N, "user": E, "top_k": T, "min_p": T, "repetition_penalty": T,
-    },
-    {
-        "messages=remote_image_url": U, "messages=input_audio": U, "messages=file": U, "tools=custom": U,
-        # Ollama has no tool_choice: "auto" is its only behaviour, "none" drops the tools.
-        "tool_choice=required": U, "tool_choice=function": U, "tool_choice=custom": U,
-        "tool_choice=allowed_tools": U, "parallel_tool_calls=false": U,
-        "stream_options=continuous_usage_stats": U, "stream_options=include_obfuscation": U,
-        # Its tool schema has no strict; a template-rendered model (the default) is parsed from free text.
-        "tools=strict": U,
-    },
-    reasons={
-        "messages=remote_image_url": "Ollama takes images only as data: URLs (base64)",
-        "tool_choice=required": "Ollama cannot force a tool call (it has no tool_choice)",
-        "tool_choice=function": "Ollama cannot force a tool call (it has no tool_choice)",
-        "parallel_tool_calls=false": "Ollama cannot limit a reply to one tool call",
-        "tools=strict": (
-            "Ollama renders tools into the prompt and parses calls from the model's text: nothing holds "
-            "the arguments to the function's parameters"
-        ),
-    },
-    notes={"user": AUDIT_USER_NOTE},
-)  # fmt: skip
-
-# --- llama.cpp server /v1/chat/completions ----------------------------------------------------
-
-LLAMACPP_CHAT = ChatCapabilities.build(
-    U,
-    {
-        "messages": N, "model": T, "max_completion_tokens": T, "frequency_penalty": N, "presence_penalty": N,
-        "top_logprobs": N, "response_format": N, "stream": N, "stop": N, "logit_bias": N, "logprobs": N,
-        "max_tokens": N, "n": E, "seed": N, "stream_options": N, "temperature": N, "top_p": N, "tools": N,
-        "tool_choice": N, "parallel_tool_calls": N, "user": E, "top_k": N, "min_p": N, "repetition_penalty": T,
-        "ignore_eos": N,
-    },
-    {
-        "messages=file": U, "tools=custom": U, "tools=strict": N,
-        # llama.cpp reads tool_choice as a string: an object silently falls back to "auto".
-        "tool_choice=function": U, "tool_choice=custom": U, "tool_choice=allowed_tools": U,
-        "stream_options=continuous_usage_stats": U, "stream_options=include_obfuscation": U,
-    },
-    exclusive=(
-        Exclusive(("logprobs", "tools", "stream"), "llama.cpp cannot stream logprobs together with tools"),
-    ),
-    reasons={
-        "tool_choice=function": "llama.cpp reads tool_choice as a string and would downgrade a named choice to auto",
-    },
-    # common/chat.cpp: each function's parameters become a grammar rule (resolve_refs + the JSON-schema
-    # grammar), applied from the tool-call trigger on (from the start with "required"); strict is not read.
-    notes={
-        "user": AUDIT_USER_NOTE,
-        "tools=strict": (
-            "llama.cpp (--jinja) generates every tool call under a grammar built from the function's parameters "
-            "schema, strict or not"
-        ),
-    },
-)  # fmt: skip

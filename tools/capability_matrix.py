@@ -1,5 +1,8 @@
 """The capability matrix of every backend type, rendered from the capability tables as markdown.
 
+Each family's tables live in its own folder (``backends/<family>/capabilities.py``,
+``backends/native/<server>_capabilities.py``); this tool only lays them out side by side.
+
 ``python -m tools.capability_matrix`` prints it; ``--write README.md --write docs/capabilities.md``
 replaces, in each file, every block whose markers it holds: the completions matrix
 (``<!-- capability-matrix -->``), the chat matrix (``<!-- chat-capability-matrix -->``, rows from
@@ -11,7 +14,7 @@ what this renders, so the docs cannot drift from the tables the router enforces.
 A cell ``native ≤ 20`` means the backend honours the field up to that value (its own
 bound, e.g. vLLM's ``--max-logprobs`` default) and refuses more by name.
 
-vLLM's table depends on the server's version (``backends.vllm.versions``): two columns show
+vLLM's tables depend on the server's version (``backends.vllm.capabilities``): two columns show
 an unknown version (the table that cannot fail open) and the newest version boundary.
 ``vllm-pool`` workers are vLLM servers and share those tables.
 """
@@ -24,22 +27,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from backends.capabilities import ALL_FIELDS, Capabilities
-from backends.chat_capabilities import (
-    CHAT_FIELDS,
-    LLAMACPP_CHAT,
-    MOCK_CHAT,
-    OLLAMA_CHAT,
-    OPENAI_CHAT,
-    TGI_CHAT,
-    ChatCapabilities,
-)
-from backends.mock import MOCK_CAPABILITIES
-from backends.native.llamacpp import LLAMACPP_CAPABILITIES
-from backends.native.ollama import OLLAMA_CAPABILITIES
-from backends.native.tgi import TGI_CAPABILITIES
-from backends.openai.adapter import OPENAI_CAPABILITIES
-from backends.vllm.chat_capabilities import CHAT_BOUNDARIES, VLLMChatFeatures, vllm_chat_capabilities
-from backends.vllm.versions import BOUNDARIES, VLLMFeatures, capabilities_for
+from backends.chat_capabilities import CHAT_FIELDS, ChatCapabilities
+from backends.mock.capabilities import MOCK_CAPABILITIES, MOCK_CHAT
+from backends.native.llamacpp_capabilities import LLAMACPP_CAPABILITIES, LLAMACPP_CHAT
+from backends.native.ollama_capabilities import OLLAMA_CAPABILITIES, OLLAMA_CHAT
+from backends.native.tgi_capabilities import TGI_CAPABILITIES, TGI_CHAT
+from backends.openai.capabilities import OPENAI_CAPABILITIES, OPENAI_CHAT
+from backends.vllm.capabilities import capabilities_for, vllm_chat_capabilities
+from backends.vllm.versions import BOUNDARIES, CHAT_BOUNDARIES, VLLMChatFeatures, VLLMFeatures
 
 __all__ = [
     "BEGIN",

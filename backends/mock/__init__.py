@@ -7,7 +7,7 @@ One backend, one translator per endpoint, as for every family:
 - ``chat`` (:mod:`backends.mock.chat`): deterministic ``chat.completion`` answers: text,
   tool calls with arguments valid against each function's schema, JSON replies valid against
   a ``response_format`` schema (:mod:`backends.mock.json_schema`), chat logprobs, OpenAI's
-  stream shape. Its capability table is :data:`backends.chat_capabilities.MOCK_CHAT`.
+  stream shape. Its capability tables are in :mod:`backends.mock.capabilities`.
 
 Both pace streams by the entry's ``first_token_delay_ms`` / ``token_delay_ms``.
 """
@@ -17,16 +17,10 @@ from __future__ import annotations
 from typing import ClassVar
 
 from backends.base import Backend, ChatCall, CompletionResult, CompletionStream, UpstreamCall
-from backends.chat_capabilities import MOCK_CHAT, ChatCapabilities
+from backends.chat_capabilities import ChatCapabilities
+from backends.mock.capabilities import MOCK_CAPABILITIES, MOCK_CHAT
 from backends.mock.chat import chat_result, chat_stream
-from backends.mock.completions import (
-    FINGERPRINT,
-    MOCK_CAPABILITIES,
-    MOCK_CONTEXT_LENGTH,
-    MockStream,
-    complete_text,
-    stream_text,
-)
+from backends.mock.completions import FINGERPRINT, MOCK_CONTEXT_LENGTH, MockStream, complete_text, stream_text
 from schemas.config import MockBackendConfig
 from schemas.endpoints import Endpoint
 

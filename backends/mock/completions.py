@@ -43,14 +43,12 @@ from typing import Any, cast
 import orjson
 
 from backends.base import CompletionResult, CompletionStream, TokenUsage, UpstreamCall
-from backends.capabilities import Capabilities, Level
 from backends.native.common import first_stop
-from schemas.completions import DEFAULT_MAX_TOKENS, VLLM_EXTRA_FIELDS, CompletionRequest, Prompt
+from schemas.completions import DEFAULT_MAX_TOKENS, CompletionRequest, Prompt
 from schemas.errors import InvalidRequestError
 
 __all__ = [
     "FINGERPRINT",
-    "MOCK_CAPABILITIES",
     "MOCK_CONTEXT_LENGTH",
     "VOCAB",
     "MockStream",
@@ -58,9 +56,6 @@ __all__ = [
     "stream_text",
 ]
 
-MOCK_CAPABILITIES = Capabilities.of(
-    Level.NATIVE, **dict.fromkeys(VLLM_EXTRA_FIELDS, Level.UNSUPPORTED), suffix=Level.UNSUPPORTED
-).with_limits({"logprobs": 5})  # OpenAI's bound, which the mock imitates
 MOCK_CONTEXT_LENGTH = 8192  # simulated max_model_len: bounds the work one request can ask for
 FINGERPRINT = "mock-simulator"
 

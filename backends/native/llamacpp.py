@@ -25,15 +25,11 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from backends.base import TokenUsage, UpstreamCall
-from backends.capabilities import AUDIT_USER_NOTE, Level
-from backends.emulation.fanout import FANOUT_RULES
 from backends.errors import UpstreamProtocolError
 from backends.native.base import NativeBackend
 from backends.native.common import (
-    ECHO_LOGPROBS_RULE,
     Event,
     Generation,
-    NativeCapabilities,
     TokenLogprob,
     count,
     explicit_sampling,
@@ -46,24 +42,13 @@ from backends.native.common import (
     upstream_failed,
     upstream_max_tokens,
 )
+from backends.native.llamacpp_capabilities import LLAMACPP_CAPABILITIES
 from backends.native.llamacpp_chat import LlamaCppChat
 from schemas.completions import CompletionRequest
 from schemas.config import LlamaCppBackendConfig
 
-__all__ = ["LLAMACPP_CAPABILITIES", "LlamaCppBackend", "choice_grammar"]
+__all__ = ["LlamaCppBackend", "choice_grammar"]
 
-T, E = Level.TRANSLATED, Level.EMULATED
-LLAMACPP_CAPABILITIES = NativeCapabilities.build(
-    {
-        "model": T, "prompt": T, "best_of": E, "echo": E, "frequency_penalty": T, "logit_bias": T,
-        "logprobs": T, "max_tokens": T, "n": E, "presence_penalty": T, "seed": T, "stop": T,
-        "stream": T, "stream_options": E, "temperature": T, "top_p": T, "user": E, "top_k": T,
-        "min_p": T, "repetition_penalty": T, "include_stop_str_in_output": E, "ignore_eos": T,
-        "guided_json": T, "guided_choice": T, "guided_grammar": T,
-    },
-    rules=(ECHO_LOGPROBS_RULE, *FANOUT_RULES),
-    limits={"logprobs": 5},
-).with_notes({"user": AUDIT_USER_NOTE})  # fmt: skip
 
 _FINISH = {"eos": "stop", "word": "stop", "limit": "length", "none": "length"}
 _GBNF_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}

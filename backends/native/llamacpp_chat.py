@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from backends.chat_capabilities import LLAMACPP_CHAT
 from backends.native.chat_openai_shaped import OpenAIShapedChat, openai_messages, openai_tools
 from backends.native.common import explicit_sampling, logit_bias_pairs, native_seed, stops_of
+from backends.native.llamacpp_capabilities import LLAMACPP_CHAT
 from schemas.chat import ChatCompletionRequest
 
 __all__ = ["LlamaCppChat"]

@@ -22,19 +22,13 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from backends.base import TokenUsage
-from backends.capabilities import AUDIT_USER_NOTE, Level
-from backends.emulation.fanout import FANOUT_RULES
 from backends.errors import UpstreamProtocolError
 from backends.native.base import NativeBackend
 from backends.native.common import (
-    ECHO_LOGPROBS_RULE,
-    TOKEN_PROMPT_RULE,
     Event,
     Generation,
-    NativeCapabilities,
     TokenLogprob,
     count,
-    empty_prompt_rule,
     explicit_sampling,
     fit_tokens,
     guided_json_schema,
@@ -45,24 +39,12 @@ from backends.native.common import (
     upstream_failed,
     upstream_max_tokens,
 )
+from backends.native.ollama_capabilities import OLLAMA_CAPABILITIES
 from backends.native.ollama_chat import OllamaChat
 from schemas.completions import CompletionRequest
 from schemas.config import OllamaBackendConfig
 
-__all__ = ["OLLAMA_CAPABILITIES", "OllamaBackend"]
-
-T, E = Level.TRANSLATED, Level.EMULATED
-_EMPTY_PROMPT_RULE = empty_prompt_rule('Ollama reads it as "load the model" and generates nothing (done_reason "load")')
-OLLAMA_CAPABILITIES = NativeCapabilities.build(
-    {
-        "model": T, "prompt": T, "best_of": E, "echo": E, "frequency_penalty": T, "logprobs": T,
-        "max_tokens": T, "n": E, "presence_penalty": T, "seed": T, "stop": T, "stream": T,
-        "stream_options": E, "suffix": T, "temperature": T, "top_p": T, "user": E, "top_k": T,
-        "min_p": T, "repetition_penalty": T, "guided_json": T,
-    },
-    rules=(TOKEN_PROMPT_RULE, _EMPTY_PROMPT_RULE, ECHO_LOGPROBS_RULE, *FANOUT_RULES),
-    limits={"logprobs": 20},
-).with_notes({"user": AUDIT_USER_NOTE})  # fmt: skip
+__all__ = ["OllamaBackend"]
 
 
 class OllamaBackend(NativeBackend):

@@ -36,7 +36,6 @@ from typing import Any
 import orjson
 
 from backends.base import TokenUsage
-from backends.chat_capabilities import OLLAMA_CHAT
 from backends.errors import UpstreamProtocolError
 from backends.native.chat import (
     CallPiece,
@@ -51,6 +50,7 @@ from backends.native.chat import (
     text_of,
 )
 from backends.native.common import count, explicit_sampling, native_seed, ollama_finish, stops_of, upstream_failed
+from backends.native.ollama_capabilities import OLLAMA_CHAT
 from schemas.chat import ChatCompletionRequest
 from schemas.chat_messages import (
     AssistantMessage,

@@ -29,44 +29,27 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from backends.base import TokenUsage
-from backends.capabilities import AUDIT_USER_NOTE, Level
 from backends.emulation.best_of import is_greedy
-from backends.emulation.fanout import FANOUT_RULES
 from backends.errors import UpstreamProtocolError, UpstreamStatusError, error_from_upstream_body
 from backends.native.base import NativeBackend
 from backends.native.common import (
-    ECHO_LOGPROBS_RULE,
-    TOKEN_PROMPT_RULE,
     Event,
     Generation,
-    NativeCapabilities,
     TokenLogprob,
     count,
-    empty_prompt_rule,
     finish_of,
     guided_json_schema,
     stops_of,
     upstream_failed,
     upstream_max_tokens,
 )
+from backends.native.tgi_capabilities import TGI_CAPABILITIES
 from backends.native.tgi_chat import TGIChat
 from schemas.completions import CompletionRequest
 from schemas.config import TGIBackendConfig
 
-__all__ = ["TGI_CAPABILITIES", "TGIBackend", "choice_regex"]
+__all__ = ["TGIBackend", "choice_regex"]
 
-T, E = Level.TRANSLATED, Level.EMULATED
-_EMPTY_PROMPT_RULE = empty_prompt_rule('TGI refuses empty `inputs` (422 "`inputs` cannot be empty")')
-TGI_CAPABILITIES = NativeCapabilities.build(
-    {
-        "model": T, "prompt": T, "best_of": E, "echo": E, "frequency_penalty": T, "logprobs": T,
-        "max_tokens": T, "n": E, "seed": T, "stop": E, "stream": T, "stream_options": E,
-        "temperature": T, "top_p": T, "user": E, "top_k": T, "repetition_penalty": T,
-        "include_stop_str_in_output": E, "guided_json": T, "guided_regex": T, "guided_choice": T,
-    },
-    rules=(TOKEN_PROMPT_RULE, _EMPTY_PROMPT_RULE, ECHO_LOGPROBS_RULE, *FANOUT_RULES),
-    limits={"logprobs": 5},
-).with_notes({"user": AUDIT_USER_NOTE})  # fmt: skip
 
 _FINISH = {"length": "length", "eos_token": "stop", "stop_sequence": "stop"}
 _REGEX_META = frozenset("\\.^$|?*+()[]{}/")

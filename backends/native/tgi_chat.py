@@ -31,10 +31,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from backends.chat_capabilities import TGI_CHAT
 from backends.emulation.best_of import is_greedy
 from backends.native.chat_openai_shaped import OpenAIShapedChat, openai_messages, openai_tools
 from backends.native.common import stops_of
+from backends.native.tgi_capabilities import TGI_CHAT
 from schemas.chat import ChatCompletionRequest
 from schemas.chat_messages import FunctionTool, JSONSchemaResponseFormat
 

@@ -5,7 +5,7 @@ dropped), with ``model`` mapped to the route's upstream id. vLLM's extra
 sampling fields are unsupported here unless the backend entry overrides its
 capabilities; a field set to its neutral value is simply not forwarded.
 Chat (``POST {base_url}/chat/completions``) is translated by ``backends.openai.chat``
-against the chat table :data:`~backends.chat_capabilities.OPENAI_CHAT`.
+against the chat table :data:`~backends.openai.capabilities.OPENAI_CHAT`.
 """
 
 from __future__ import annotations
@@ -15,23 +15,18 @@ from typing import Any, ClassVar
 import orjson
 
 from backends.base import Backend, Call, ChatCall, CompletionResult, CompletionStream, UpstreamCall
-from backends.capabilities import Capabilities, Level
-from backends.chat_capabilities import OPENAI_CHAT, ChatCapabilities
+from backends.capabilities import Capabilities
+from backends.chat_capabilities import ChatCapabilities
 from backends.errors import UpstreamError, error_from_upstream_body
+from backends.openai.capabilities import OPENAI_CAPABILITIES, OPENAI_CHAT
 from backends.openai.chat import ChatStreamRelay, MaxTokensField, ask_stream_usage, chat_payload, relay_chat_body
 from backends.openai.relay import OpenAIStreamRelay, relay_completion_body
 from backends.transport import HTTPTransport, get_ok, make_transport
 from backends.transport.base import UpstreamResponse, refuse_status
-from schemas.completions import VLLM_EXTRA_FIELDS
 from schemas.config import OpenAIBackendConfig, VLLMBackendConfig
 from schemas.endpoints import Endpoint
 
-__all__ = ["OPENAI_CAPABILITIES", "OpenAIBackend", "client_usage"]
-
-# OpenAI's own bound: logprobs 0..5 (other backend types have theirs in their tables).
-OPENAI_CAPABILITIES = Capabilities.of(Level.NATIVE, **dict.fromkeys(VLLM_EXTRA_FIELDS, Level.UNSUPPORTED)).with_limits(
-    {"logprobs": 5}
-)
+__all__ = ["OpenAIBackend", "client_usage"]
 
 _JSON = "application/json"
 

@@ -39,8 +39,8 @@ from backends.openai.adapter import OpenAIBackend
 from backends.openai.chat import chat_refusal
 from backends.openai.relay import usage_of
 from backends.transport.base import HTTPTransport, send_ok
+from backends.vllm.capabilities import VLLM_CAPABILITIES, vllm_chat_capabilities
 from backends.vllm.chat import normalise_chat_body, replication, translate_chat
-from backends.vllm.chat_capabilities import VLLMChatFeatures, vllm_chat_capabilities
 from backends.vllm.dialect import (
     GUIDED_TO_STRUCTURED,
     VERSION_DEPENDENT_FIELDS,
@@ -51,18 +51,15 @@ from backends.vllm.dialect import (
     vllm_error,
 )
 from backends.vllm.stream import VLLMChatStreamRelay, VLLMStreamRelay
-from backends.vllm.versions import VLLMFeatures, VLLMVersion, capabilities_for, parse_version
+from backends.vllm.versions import VLLMChatFeatures, VLLMFeatures, VLLMVersion, parse_version
 from schemas.chat import ChatCompletionRequest
 from schemas.completions import CompletionRequest
 from schemas.config import VLLMBackendConfig
 from schemas.errors import UnsupportedParameterError
 
-__all__ = ["VLLM_CAPABILITIES", "VLLMBackend"]
+__all__ = ["VLLMBackend"]
 
 log = logging.getLogger("gateway.vllm")
-
-# Before any version is known: nothing that could fail open.
-VLLM_CAPABILITIES: Capabilities = capabilities_for(VLLMFeatures.of(None))
 
 _DETECT_TIMEOUT = 10.0  # seconds for GET /version (start-up must not hang on a silent server)
 _RETRY_INTERVAL = 1.0  # seconds between two detection attempts while the server is unreachable

@@ -1,7 +1,7 @@
 """vLLM's chat dialect: a chat request in one vLLM server's form, and its chat answers back in OpenAI's.
 
 Request side (:func:`translate_chat`, on the OpenAI-family body of ``backends.openai.chat``),
-per server version and tool parser (:class:`~backends.vllm.chat_capabilities.VLLMChatFeatures`;
+per server version and tool parser (:class:`~backends.vllm.versions.VLLMChatFeatures`;
 the capability table refused, by name, what the server cannot honour):
 
 - ``guided_*`` <-> ``structured_outputs`` as for completions
@@ -37,9 +37,9 @@ from __future__ import annotations
 from typing import Any
 
 from backends.emulation.best_of import is_greedy
-from backends.vllm.chat_capabilities import VLLMChatFeatures
 from backends.vllm.dialect import answer_envelope, map_finish_reason, translate_structured
 from backends.vllm.stream import rename_reasoning
+from backends.vllm.versions import VLLMChatFeatures
 from schemas.chat import ChatCompletionRequest
 
 __all__ = ["REASONING_FIELD", "normalise_chat_body", "replication", "translate_chat"]

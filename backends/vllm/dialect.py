@@ -33,7 +33,8 @@ from typing import Any
 from backends.capabilities import Capabilities
 from backends.emulation.best_of import is_greedy
 from backends.errors import UpstreamProtocolError, UpstreamStatusError, error_from_upstream_body
-from backends.vllm.versions import VLLMFeatures, VLLMVersion, capabilities_for, parse_version
+from backends.vllm.capabilities import capabilities_for
+from backends.vllm.versions import VLLMFeatures, VLLMVersion, parse_version
 from schemas.chat import ChatCompletionRequest
 from schemas.completions import CompletionRequest
 

@@ -1,4 +1,4 @@
-"""vLLM server versions: parsing, what each version does with our fields, and its capability table.
+"""vLLM server versions: parsing, and what each version does with our fields (both endpoints).
 
 Why this exists: vLLM changed its Completions API under our users (see
 ``shared/spec/completions-protocol.md`` section 6). From 0.10.1 unknown fields
@@ -10,9 +10,9 @@ is therefore forwarded, translated, emulated or refused *by version*.
 
 :class:`VLLMFeatures` states the behaviour of one version as booleans, with the
 version boundaries in one table (:data:`BOUNDARIES`) so they can be read and
-tested in one place. :func:`capabilities_for` turns features into the frozen
-capability table the router checks per request; tables are computed once per
-distinct feature set (cached), never per request.
+tested in one place; :class:`VLLMChatFeatures` adds chat's boundaries
+(:data:`CHAT_BOUNDARIES`) and the server's tool parser. ``backends.vllm.capabilities``
+turns features into the frozen capability tables the router checks per request.
 
 An unknown version (no ``GET /version`` answer and no ``version:`` pin) gets the
 features that cannot fail open: structured output refused, best_of and greedy
@@ -23,12 +23,17 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import NamedTuple
 
-from backends.capabilities import EMPTY_PROMPT, Capabilities, Level, Rule, empty_prompt
-
-__all__ = ["BOUNDARIES", "VLLM_MAX_LOGPROBS", "VLLMFeatures", "VLLMVersion", "capabilities_for", "parse_version"]
+__all__ = [
+    "BOUNDARIES",
+    "CHAT_BOUNDARIES",
+    "VLLM_MAX_LOGPROBS",
+    "VLLMChatFeatures",
+    "VLLMFeatures",
+    "VLLMVersion",
+    "parse_version",
+]
 
 
 class VLLMVersion(NamedTuple):
@@ -122,119 +127,33 @@ class VLLMFeatures:
         return str(self.version) if self.version is not None else "unknown"
 
 
-_GUIDES = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
-_UNKNOWN = "the vLLM server's version is unknown (GET /version failed and the backend has no `version:` pin), so "
+# First version with each chat behaviour (spec "vLLM ChatCompletionRequest by version").
+CHAT_BOUNDARIES: dict[str, VLLMVersion] = {
+    "continue_final_message": VLLMVersion(0, 6, 3),  # and priority
+    "max_completion_tokens": VLLMVersion(0, 6, 4),  # and request_id; translated to max_tokens before
+    "tool_choice_none": VLLMVersion(0, 6, 4),  # PR #10000; 400 before
+    "tool_choice_required": VLLMVersion(0, 8, 3),
+    "reasoning_effort": VLLMVersion(0, 10, 1),
+    "parallel_tool_calls_false": VLLMVersion(0, 12, 0),  # keeps the first call; ignored before
+    "forced_tools_need_parser": VLLMVersion(0, 14, 0),  # PR #30613: named/required need a parser
+    # A function tool's strict: true constrains its arguments (PRs #45003, #45600; checked in the
+    # 0.23.0 / 0.24.0 wheels). Before: ignored with HTTP 200 (0.6.5+) or 400 extra_forbidden.
+    "tools_strict": VLLMVersion(0, 24, 0),
+}
 
 
-def refusal_reasons(features: VLLMFeatures) -> dict[str, str]:
-    """Why each field this version cannot honour is refused (field -> reason)."""
-    v = features.label
-    reasons: dict[str, str] = _answer_reasons(features)
-    if not features.structured_output:
-        for name in (*_GUIDES, "guided_decoding_backend", "guided_whitespace_pattern", "structured_outputs"):
-            reasons[name] = (
-                _UNKNOWN
-                + "the gateway cannot send a structured-output constraint in a form it is sure the server applies"
-            )
-        return reasons | _beam_reasons(features)
-    if not features.per_request_backend:
-        reasons["guided_decoding_backend"] = (
-            f"vLLM {v} selects the structured-output backend server-wide "
-            "(--structured-outputs-config); a per-request backend cannot be honoured"
-        )
-    if not features.whitespace_pattern:
-        reasons["guided_whitespace_pattern"] = (
-            f"vLLM {v} (V1 engine) applies no per-request whitespace pattern to JSON constraints"
-        )
-    return reasons | _beam_reasons(features)
+@dataclass(frozen=True, slots=True)
+class VLLMChatFeatures:
+    """What one vLLM server (version and tool parser) does with the chat fields whose handling changed."""
 
+    base: VLLMFeatures
+    tool_parser: str | None  # the server's --tool-call-parser (backend key ``tool_parser``)
 
-def _answer_reasons(features: VLLMFeatures) -> dict[str, str]:
-    """Fields a version would ignore (from 0.10.1 unknown fields are dropped with HTTP 200)."""
-    v = features.label
-    reasons: dict[str, str] = {}
-    if features.version is None:
-        reasons["return_tokens_as_token_ids"] = _UNKNOWN + "the gateway cannot tell whether it would be ignored"
-    if not features.return_token_ids:
-        reasons["return_token_ids"] = (
-            _UNKNOWN + "the gateway cannot tell whether it would be ignored"
-            if features.version is None
-            else f"vLLM {v} has no return_token_ids (added in 0.11)"
-        )
-    if not features.truncation_side:
-        reasons["truncation_side"] = (
-            _UNKNOWN + "the gateway cannot tell whether it would be ignored"
-            if features.version is None
-            else f"vLLM {v} has no truncation_side (first in 0.32)"
-        )
-    return reasons
+    @classmethod
+    def of(cls, version: VLLMVersion | None, tool_parser: str | None = None) -> VLLMChatFeatures:
+        return cls(VLLMFeatures.of(version), tool_parser)
 
-
-def _beam_reasons(features: VLLMFeatures) -> dict[str, str]:
-    if features.early_stopping:
-        return {}
-    return {
-        "early_stopping": f"vLLM {features.label} beam search has no early_stopping "
-        "(removed in 0.6.3; newer servers ignore the field)"
-    }
-
-
-# StructuredOutputsParams options with no top-level guided_* field before 0.11.
-_STRUCTURED_ONLY = (
-    "json_object",
-    "disable_fallback",
-    "disable_any_whitespace",
-    "disable_additional_properties",
-    "structural_tag",
-)
-
-
-def _structured_rules(features: VLLMFeatures) -> tuple[Rule, ...]:
-    """What a ``structured_outputs`` a version accepts cannot carry (by value, so a Rule)."""
-    rules: list[Rule] = []
-    if features.structured_output and not features.structured_outputs:
-        rules.append(
-            Rule(
-                "structured_outputs",
-                f"vLLM {features.label} takes only json, regex, choice, grammar and whitespace_pattern "
-                f"(as guided_*); {', '.join(_STRUCTURED_ONLY)} need vLLM >= 0.11",
-                lambda r: (
-                    r.structured_outputs is not None
-                    and any(getattr(r.structured_outputs, name) not in (None, False) for name in _STRUCTURED_ONLY)
-                ),
-            )
-        )
-    if features.structured_output and not features.whitespace_pattern:
-        rules.append(
-            Rule(
-                "structured_outputs",
-                f"vLLM {features.label} (V1 engine) applies no per-request whitespace_pattern to JSON constraints",
-                lambda r: r.structured_outputs is not None and r.structured_outputs.whitespace_pattern is not None,
-            )
-        )
-    return tuple(rules)
-
-
-_EMPTY_PROMPT_RULE = Rule(
-    "prompt", f'{EMPTY_PROMPT}: vLLM refuses it ("prompt ... must be provided and non-empty")', empty_prompt
-)
-
-
-@lru_cache(maxsize=32)
-def capabilities_for(features: VLLMFeatures) -> Capabilities:
-    """The capability table of one version (cached: computed once per feature set)."""
-    reasons = refusal_reasons(features)
-    levels: dict[str, Level] = dict.fromkeys(reasons, Level.UNSUPPORTED)
-    if features.structured_output and features.structured_outputs:
-        for name in _GUIDES:
-            levels[name] = Level.TRANSLATED
-    elif features.structured_output:
-        levels["structured_outputs"] = Level.TRANSLATED  # sent as guided_* (< 0.11)
-    if not features.native_best_of:
-        levels["best_of"] = Level.EMULATED
-    if not features.greedy_n:
-        levels["n"] = Level.EMULATED  # n > 1 with temperature 0: replicated greedy choice
-    limits = {"logprobs": VLLM_MAX_LOGPROBS, "prompt_logprobs": VLLM_MAX_LOGPROBS}
-    rules = (_EMPTY_PROMPT_RULE, *_structured_rules(features))
-    table = Capabilities.of(Level.NATIVE, **levels).with_rules(rules).with_limits(limits)
-    return table.with_reasons(reasons)
+    def since(self, boundary: str) -> bool | None:
+        """Whether the version has the behaviour; None when the version is unknown."""
+        version = self.base.version
+        return None if version is None else version >= CHAT_BOUNDARIES[boundary]

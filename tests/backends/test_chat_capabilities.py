@@ -13,17 +13,17 @@ import pytest
 from backends.capabilities import Level
 from backends.chat_capabilities import (
     CHAT_FIELDS,
-    LLAMACPP_CHAT,
-    OLLAMA_CHAT,
-    OPENAI_CHAT,
     OPENAI_ONLY_FIELDS,
-    TGI_CHAT,
     VLLM_CHAT_EXTRAS,
     ChatCapabilities,
     request_forms,
 )
-from backends.vllm.chat_capabilities import VLLMChatFeatures, vllm_chat_capabilities
-from backends.vllm.versions import VLLMVersion
+from backends.native.llamacpp_capabilities import LLAMACPP_CHAT
+from backends.native.ollama_capabilities import OLLAMA_CHAT
+from backends.native.tgi_capabilities import TGI_CHAT
+from backends.openai.capabilities import OPENAI_CHAT
+from backends.vllm.capabilities import vllm_chat_capabilities
+from backends.vllm.versions import VLLMChatFeatures, VLLMVersion
 from schemas.chat import ChatCompletionRequest
 
 FN = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}

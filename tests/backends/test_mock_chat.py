@@ -11,8 +11,8 @@ import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import BaseModel, Field
 
-from backends.chat_capabilities import MOCK_CHAT
 from backends.mock import MOCK_CONTEXT_LENGTH
+from backends.mock.capabilities import MOCK_CHAT
 from backends.mock.chat import chat_chunks, complete_chat, stream_chat
 from schemas.chat import ChatCompletionRequest
 from schemas.chat_responses import ChatCompletionChunk as OurChunk

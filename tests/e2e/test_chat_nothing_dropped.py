@@ -23,9 +23,14 @@ import pytest
 import pytest_asyncio
 
 from backends.capabilities import AUDIT_USER_NOTE, Level
-from backends.chat_capabilities import CHAT_FIELDS, LLAMACPP_CHAT, MOCK_CHAT, OLLAMA_CHAT, OPENAI_CHAT, TGI_CHAT
-from backends.vllm.chat_capabilities import VLLMChatFeatures, vllm_chat_capabilities
-from backends.vllm.versions import parse_version
+from backends.chat_capabilities import CHAT_FIELDS
+from backends.mock.capabilities import MOCK_CHAT
+from backends.native.llamacpp_capabilities import LLAMACPP_CHAT
+from backends.native.ollama_capabilities import OLLAMA_CHAT
+from backends.native.tgi_capabilities import TGI_CHAT
+from backends.openai.capabilities import OPENAI_CHAT
+from backends.vllm.capabilities import vllm_chat_capabilities
+from backends.vllm.versions import VLLMChatFeatures, parse_version
 from schemas.chat import ChatCompletionRequest
 from tests.conftest import eventually
 from tests.e2e.chat_upstreams import KINDS, VLLM_VERSION, ChatGateway, model_of, start_chat_gateway

@@ -35,8 +35,8 @@ from backends.capabilities import Capabilities
 from backends.errors import UpstreamError
 from backends.transport import make_transport
 from backends.transport.base import HTTPTransport
-from backends.vllm.adapter import VLLM_CAPABILITIES, VLLMBackend
-from backends.vllm.chat_capabilities import VLLMChatFeatures, vllm_chat_capabilities
+from backends.vllm.adapter import VLLMBackend
+from backends.vllm.capabilities import VLLM_CAPABILITIES, vllm_chat_capabilities
 from backends.vllm.pool.pool import endpoint_config, worker_count
 from backends.vllm.pool.rollout import apply_routing, restart_keys, split_changes
 from backends.vllm.routing.balancer import Endpoint
@@ -45,6 +45,7 @@ from backends.vllm.routing.inflight import InFlightTable, SharedEndpoint
 from backends.vllm.routing.remote import server_config
 from backends.vllm.routing.scrape import WorkerLoad
 from backends.vllm.routing.status import PoolStatus
+from backends.vllm.versions import VLLMChatFeatures
 from schemas.config import VLLMBackendConfig, VLLMPoolBackendConfig
 
 __all__ = ["ClientReport", "SharedEndpointsClient", "VLLMEndpointsClient", "VLLMPoolClient"]

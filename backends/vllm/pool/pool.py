@@ -29,14 +29,15 @@ from backends.capabilities import Capabilities
 from backends.errors import UpstreamError
 from backends.transport import make_transport
 from backends.transport.base import HTTPTransport
-from backends.vllm.adapter import VLLM_CAPABILITIES, VLLMBackend
-from backends.vllm.chat_capabilities import VLLMChatFeatures, vllm_chat_capabilities
+from backends.vllm.adapter import VLLMBackend
+from backends.vllm.capabilities import VLLM_CAPABILITIES, vllm_chat_capabilities
 from backends.vllm.pool.rollout import RolloutReport, apply_routing, restart_keys, roll, split_changes
 from backends.vllm.pool.supervisor import Supervisor
 from backends.vllm.routing.balancer import Endpoint
 from backends.vllm.routing.dispatch import DispatchedBackend, Dispatcher
 from backends.vllm.routing.inflight import InFlightTable
 from backends.vllm.routing.status import PoolStatus, default_log_dir, endpoints_view, fill_in_flight, write_status
+from backends.vllm.versions import VLLMChatFeatures
 from schemas.config import VLLMBackendConfig, VLLMPoolBackendConfig
 
 __all__ = ["VLLMPoolBackend", "endpoint_config", "pool_log_dir", "worker_count"]

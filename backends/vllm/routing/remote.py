@@ -28,13 +28,14 @@ from backends.errors import UpstreamError
 from backends.transport import make_transport
 from backends.transport.base import get_ok
 from backends.transport.httptools_client import FastHTTPTransport
-from backends.vllm.adapter import VLLM_CAPABILITIES, VLLMBackend
-from backends.vllm.chat_capabilities import VLLMChatFeatures, vllm_chat_capabilities
+from backends.vllm.adapter import VLLMBackend
+from backends.vllm.capabilities import VLLM_CAPABILITIES, vllm_chat_capabilities
 from backends.vllm.routing.balancer import Endpoint
 from backends.vllm.routing.dispatch import DispatchedBackend, Dispatcher
 from backends.vllm.routing.inflight import InFlightTable
 from backends.vllm.routing.scrape import parse_vllm_metrics
 from backends.vllm.routing.status import PoolStatus, WorkerStatus, endpoints_view, fill_in_flight
+from backends.vllm.versions import VLLMChatFeatures
 from schemas.config import TimeoutConfig, VLLMBackendConfig
 
 __all__ = ["Resolver", "VLLMEndpointsBackend", "resolve_dns", "server_config"]

@@ -8,15 +8,17 @@ import pytest
 
 from backends.capabilities import Capabilities
 from backends.errors import UpstreamProtocolError
-from backends.mock import MOCK_CAPABILITIES
+from backends.mock.capabilities import MOCK_CAPABILITIES
 from backends.native.chat import ChatPiece, ChatTurn
 from backends.native.choice import ChoiceTracker, StopCutter, legacy_logprobs
 from backends.native.common import TokenLogprob, fit_tokens, ollama_finish
-from backends.native.llamacpp import LLAMACPP_CAPABILITIES, choice_grammar
-from backends.native.ollama import OLLAMA_CAPABILITIES
-from backends.native.tgi import TGI_CAPABILITIES, choice_regex
-from backends.openai.adapter import OPENAI_CAPABILITIES
-from backends.vllm.adapter import VLLM_CAPABILITIES
+from backends.native.llamacpp import choice_grammar
+from backends.native.llamacpp_capabilities import LLAMACPP_CAPABILITIES
+from backends.native.ollama_capabilities import OLLAMA_CAPABILITIES
+from backends.native.tgi import choice_regex
+from backends.native.tgi_capabilities import TGI_CAPABILITIES
+from backends.openai.capabilities import OPENAI_CAPABILITIES
+from backends.vllm.capabilities import VLLM_CAPABILITIES
 from schemas.chat import ChatCompletionRequest
 from schemas.completions import CompletionRequest
 

@@ -29,9 +29,9 @@ import respx
 
 from backends.capabilities import ALL_FIELDS, AUDIT_USER_NOTE, Level
 from backends.native.common import NativeCapabilities
-from backends.native.llamacpp import LLAMACPP_CAPABILITIES
-from backends.native.ollama import OLLAMA_CAPABILITIES
-from backends.native.tgi import TGI_CAPABILITIES
+from backends.native.llamacpp_capabilities import LLAMACPP_CAPABILITIES
+from backends.native.ollama_capabilities import OLLAMA_CAPABILITIES
+from backends.native.tgi_capabilities import TGI_CAPABILITIES
 from gateway.app import create_app
 from gateway.configfile import parse_config
 from schemas.completions import NEUTRAL_VALUES

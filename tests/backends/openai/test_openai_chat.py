@@ -11,9 +11,9 @@ import pytest
 import respx
 
 from backends.base import ChatCall
-from backends.chat_capabilities import OPENAI_CHAT
 from backends.errors import UpstreamError, UpstreamStatusError
 from backends.openai.adapter import OpenAIBackend
+from backends.openai.capabilities import OPENAI_CHAT
 from backends.openai.chat import chat_refusal
 from schemas.chat import ChatCompletionRequest
 from schemas.config import OpenAIBackendConfig

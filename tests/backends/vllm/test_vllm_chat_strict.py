@@ -13,8 +13,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from backends.vllm.chat_capabilities import CHAT_BOUNDARIES, VLLMChatFeatures, vllm_chat_capabilities
-from backends.vllm.versions import parse_version
+from backends.vllm.capabilities import vllm_chat_capabilities
+from backends.vllm.versions import CHAT_BOUNDARIES, VLLMChatFeatures, parse_version
 from gateway.app import create_app
 from gateway.configfile import parse_config
 from schemas.chat import ChatCompletionRequest

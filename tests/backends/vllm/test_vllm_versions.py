@@ -14,7 +14,8 @@ from backends.base import UpstreamCall
 from backends.capabilities import Level
 from backends.errors import UpstreamConnectError
 from backends.vllm.adapter import VLLMBackend
-from backends.vllm.versions import VLLMFeatures, VLLMVersion, capabilities_for, parse_version
+from backends.vllm.capabilities import capabilities_for
+from backends.vllm.versions import VLLMFeatures, VLLMVersion, parse_version
 from schemas.completions import CompletionRequest
 from schemas.config import VLLMBackendConfig
 
@@ -278,7 +279,7 @@ def test_current_vllm_fields(version: VLLMVersion | None, fields: dict[str, Any]
 
 
 def test_openai_type_refuses_vllm_only_nested_field_and_keeps_openai_bounds() -> None:
-    from backends.openai.adapter import OPENAI_CAPABILITIES
+    from backends.openai.capabilities import OPENAI_CAPABILITIES
 
     request = _req(stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True})
     error = OPENAI_CAPABILITIES.refusal(request, "up", "openai")

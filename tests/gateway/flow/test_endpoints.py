@@ -7,7 +7,8 @@ from typing import ClassVar
 import pytest
 
 from backends.base import Backend
-from backends.chat_capabilities import MOCK_CHAT, ChatCapabilities
+from backends.chat_capabilities import ChatCapabilities
+from backends.mock.capabilities import MOCK_CHAT
 from gateway.app import create_app
 from gateway.configfile import ConfigError, parse_config
 from gateway.flow.endpoints import OPS

@@ -1,0 +1,208 @@
+"""What a vLLM server honours, one table per endpoint, built per version (and tool parser for chat).
+
+The version boundaries live in ``backends.vllm.versions``; this module turns a version's
+features into the frozen tables the router checks per request. Tables are computed once per
+distinct feature set (cached), never per request.
+
+An unknown version (no ``GET /version`` answer and no ``version:`` pin) gets the tables that
+cannot fail open: structured output refused, best_of and greedy ``n`` emulated (both work on
+every version).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from backends.capabilities import EMPTY_PROMPT, Capabilities, Level, Rule, empty_prompt
+from backends.chat_capabilities import CHAT_FIELDS, OPENAI_ONLY_FIELDS, ChatCapabilities
+from backends.vllm.versions import CHAT_BOUNDARIES, VLLM_MAX_LOGPROBS, VLLMChatFeatures, VLLMFeatures
+
+__all__ = ["VLLM_CAPABILITIES", "capabilities_for", "vllm_chat_capabilities"]
+
+N, T, E, U = Level.NATIVE, Level.TRANSLATED, Level.EMULATED, Level.UNSUPPORTED
+
+# --- completions ------------------------------------------------------------------------------
+
+_GUIDES = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+_UNKNOWN = "the vLLM server's version is unknown (GET /version failed and the backend has no `version:` pin), so "
+
+
+def refusal_reasons(features: VLLMFeatures) -> dict[str, str]:
+    """Why each field this version cannot honour is refused (field -> reason)."""
+    v = features.label
+    reasons: dict[str, str] = _answer_reasons(features)
+    if not features.structured_output:
+        for name in (*_GUIDES, "guided_decoding_backend", "guided_whitespace_pattern", "structured_outputs"):
+            reasons[name] = (
+                _UNKNOWN
+                + "the gateway cannot send a structured-output constraint in a form it is sure the server applies"
+            )
+        return reasons | _beam_reasons(features)
+    if not features.per_request_backend:
+        reasons["guided_decoding_backend"] = (
+            f"vLLM {v} selects the structured-output backend server-wide "
+            "(--structured-outputs-config); a per-request backend cannot be honoured"
+        )
+    if not features.whitespace_pattern:
+        reasons["guided_whitespace_pattern"] = (
+            f"vLLM {v} (V1 engine) applies no per-request whitespace pattern to JSON constraints"
+        )
+    return reasons | _beam_reasons(features)
+
+
+def _answer_reasons(features: VLLMFeatures) -> dict[str, str]:
+    """Fields a version would ignore (from 0.10.1 unknown fields are dropped with HTTP 200)."""
+    v = features.label
+    reasons: dict[str, str] = {}
+    if features.version is None:
+        reasons["return_tokens_as_token_ids"] = _UNKNOWN + "the gateway cannot tell whether it would be ignored"
+    if not features.return_token_ids:
+        reasons["return_token_ids"] = (
+            _UNKNOWN + "the gateway cannot tell whether it would be ignored"
+            if features.version is None
+            else f"vLLM {v} has no return_token_ids (added in 0.11)"
+        )
+    if not features.truncation_side:
+        reasons["truncation_side"] = (
+            _UNKNOWN + "the gateway cannot tell whether it would be ignored"
+            if features.version is None
+            else f"vLLM {v} has no truncation_side (first in 0.32)"
+        )
+    return reasons
+
+
+def _beam_reasons(features: VLLMFeatures) -> dict[str, str]:
+    if features.early_stopping:
+        return {}
+    return {
+        "early_stopping": f"vLLM {features.label} beam search has no early_stopping "
+        "(removed in 0.6.3; newer servers ignore the field)"
+    }
+
+
+# StructuredOutputsParams options with no top-level guided_* field before 0.11.
+_STRUCTURED_ONLY = (
+    "json_object",
+    "disable_fallback",
+    "disable_any_whitespace",
+    "disable_additional_properties",
+    "structural_tag",
+)
+
+
+def _structured_rules(features: VLLMFeatures) -> tuple[Rule, ...]:
+    """What a ``structured_outputs`` a version accepts cannot carry (by value, so a Rule)."""
+    rules: list[Rule] = []
+    if features.structured_output and not features.structured_outputs:
+        rules.append(
+            Rule(
+                "structured_outputs",
+                f"vLLM {features.label} takes only json, regex, choice, grammar and whitespace_pattern "
+                f"(as guided_*); {', '.join(_STRUCTURED_ONLY)} need vLLM >= 0.11",
+                lambda r: (
+                    r.structured_outputs is not None
+                    and any(getattr(r.structured_outputs, name) not in (None, False) for name in _STRUCTURED_ONLY)
+                ),
+            )
+        )
+    if features.structured_output and not features.whitespace_pattern:
+        rules.append(
+            Rule(
+                "structured_outputs",
+                f"vLLM {features.label} (V1 engine) applies no per-request whitespace_pattern to JSON constraints",
+                lambda r: r.structured_outputs is not None and r.structured_outputs.whitespace_pattern is not None,
+            )
+        )
+    return tuple(rules)
+
+
+_EMPTY_PROMPT_RULE = Rule(
+    "prompt", f'{EMPTY_PROMPT}: vLLM refuses it ("prompt ... must be provided and non-empty")', empty_prompt
+)
+
+
+@lru_cache(maxsize=32)
+def capabilities_for(features: VLLMFeatures) -> Capabilities:
+    """The capability table of one version (cached: computed once per feature set)."""
+    reasons = refusal_reasons(features)
+    levels: dict[str, Level] = dict.fromkeys(reasons, Level.UNSUPPORTED)
+    if features.structured_output and features.structured_outputs:
+        for name in _GUIDES:
+            levels[name] = Level.TRANSLATED
+    elif features.structured_output:
+        levels["structured_outputs"] = Level.TRANSLATED  # sent as guided_* (< 0.11)
+    if not features.native_best_of:
+        levels["best_of"] = Level.EMULATED
+    if not features.greedy_n:
+        levels["n"] = Level.EMULATED  # n > 1 with temperature 0: replicated greedy choice
+    limits = {"logprobs": VLLM_MAX_LOGPROBS, "prompt_logprobs": VLLM_MAX_LOGPROBS}
+    rules = (_EMPTY_PROMPT_RULE, *_structured_rules(features))
+    table = Capabilities.of(Level.NATIVE, **levels).with_rules(rules).with_limits(limits)
+    return table.with_reasons(reasons)
+
+
+# Before any version is known: nothing that could fail open.
+VLLM_CAPABILITIES: Capabilities = capabilities_for(VLLMFeatures.of(None))
+
+# --- chat (spec "vLLM ChatCompletionRequest by version") --------------------------------------
+
+
+@lru_cache(maxsize=64)
+def vllm_chat_capabilities(features: VLLMChatFeatures) -> ChatCapabilities:
+    """The chat table of one vLLM server (cached: computed once per feature set)."""
+    v = features.base.label
+    unknown = "the vLLM server's version is unknown (no GET /version answer and no `version:` pin)"
+    levels: dict[str, Level] = dict.fromkeys(OPENAI_ONLY_FIELDS, U)
+    forms: dict[str, Level] = {"messages=file": U, "tools=custom": U, "tool_choice=custom": U}
+    forms["tool_choice=allowed_tools"] = U
+    forms["stream_options=include_obfuscation"] = U
+    reasons = {k: w for k, w in refusal_reasons(features.base).items() if k in CHAT_FIELDS}
+    # vLLM >= 0.6.5 ignores unknown keys with HTTP 200: forwarding these would drop them silently.
+    reasons |= dict.fromkeys(OPENAI_ONLY_FIELDS, "an OpenAI-only field that vLLM ignores")
+    levels |= dict.fromkeys(reasons, U)
+    if features.base.structured_outputs:
+        levels |= dict.fromkeys(("guided_json", "guided_regex", "guided_choice", "guided_grammar"), T)
+    else:
+        levels["structured_outputs"] = U
+        reasons["structured_outputs"] = f"vLLM {v} has no structured_outputs field (from 0.11)"
+    if not features.base.greedy_n:
+        levels["n"] = E  # n > 1 with temperature 0: replicated greedy choice
+
+    def gate(key: str, boundary: str, level_before: Level = U) -> None:
+        has = features.since(boundary)
+        if has:
+            return
+        target = forms if "=" in key else levels
+        target[key] = level_before
+        if level_before is U:
+            since = CHAT_BOUNDARIES[boundary]
+            reasons[key] = unknown if has is None else f"vLLM {v} does not honour {key} (from {since})"
+
+    gate("max_completion_tokens", "max_completion_tokens", T)  # sent as max_tokens
+    # Older servers refuse these with 400 (extra=forbid through 0.6.4), so only a known-old
+    # version needs the gateway to refuse them; an unknown one answers for itself.
+    if features.since("max_completion_tokens") is False:
+        gate("request_id", "max_completion_tokens")
+    if features.since("continue_final_message") is False:
+        gate("continue_final_message", "continue_final_message")
+        gate("priority", "continue_final_message")
+    gate("reasoning_effort", "reasoning_effort")
+    gate("parallel_tool_calls=false", "parallel_tool_calls_false")
+    gate("tools=strict", "tools_strict")  # an older server would hand back unconstrained arguments
+    if features.since("tools_strict") is False:
+        since = CHAT_BOUNDARIES["tools_strict"]
+        reasons["tools=strict"] = f"vLLM {v} cannot enforce a function tool's strict: true (from {since})"
+    if features.since("tool_choice_none") is False:
+        gate("tool_choice=none", "tool_choice_none")
+    if features.since("tool_choice_required") is False:
+        gate("tool_choice=required", "tool_choice_required")
+    if features.tool_parser is None:
+        no_parser = "the vLLM server runs no tool parser (set the backend's `tool_parser:`)"
+        forms["tool_choice=auto"] = U
+        reasons["tool_choice=auto"] = no_parser
+        needs = features.since("forced_tools_need_parser")
+        for form in ("required", "function"):
+            if needs is not False and forms.get(f"tool_choice={form}") is not U:
+                forms[f"tool_choice={form}"] = U
+                reasons[f"tool_choice={form}"] = no_parser if needs else f"{no_parser}; {unknown}"
+    return ChatCapabilities.build(N, levels, forms, reasons=reasons)
