@@ -24,7 +24,9 @@ default aiohttp reads when a response has no ``Server`` (no per-response work).
 
 The runner reaches three private corners of aiohttp (3.14): the ``Server`` it builds gets our
 protocol class, and the idle test reads the protocol's waiter. Both are covered by the tests
-in ``tests/gateway/http/test_front_door.py`` and ``tests/gateway/http/test_drain_load.py``.
+in ``tests/gateway/http/test_front_door.py`` and ``tests/gateway/http/test_drain_load.py``;
+``tests/gateway/http/test_aiohttp_private_api.py`` names each private attribute used, and
+``pyproject.toml`` pins aiohttp to the minor release those tests ran on.
 """
 
 from __future__ import annotations
