@@ -40,6 +40,7 @@ _INSTALL_HINT = {
     "prometheus": "Debian package `prometheus`",
     "docker-compose": "Debian package `docker-compose`",
     "kubernetes_validate": "`pip install kubernetes-validate`",
+    "helm": "`bash deploy/helm/install-helm.sh`, which caches the pinned release under ~/.cache/gateway-helm",
 }
 
 
@@ -68,11 +69,11 @@ def gateway_cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "gateway", *args]
 
 
-def check_config(path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """Run ``gateway check-config`` on ``path`` with exactly ``env`` added to a clean environment."""
+def check_config(path: Path, env: dict[str, str], *options: str) -> subprocess.CompletedProcess[str]:
+    """Run ``gateway check-config [options]`` on ``path`` with exactly ``env`` added to a clean environment."""
     base = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "PYTHONPATH")}
     return subprocess.run(
-        gateway_cli("check-config", str(path)),
+        gateway_cli("check-config", *options, str(path)),
         cwd=ROOT,
         env={**base, **env},
         capture_output=True,
