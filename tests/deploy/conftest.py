@@ -64,6 +64,39 @@ def need(tool: str) -> str:
     raise AssertionError("unreachable")
 
 
+# Kubernetes releases to validate rendered objects against: an older one still widely run, and the newest.
+K8S_VERSIONS = ["1.29.0", "1.37.0"]
+# Custom resources (Prometheus Operator): kubernetes-validate has no schema for them.
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
+
+
+def kubernetes_validate() -> Any:
+    """The ``kubernetes_validate`` module (or skip / fail as :func:`missing` says)."""
+    try:
+        import kubernetes_validate
+    except ImportError:
+        missing("kubernetes_validate")
+    return kubernetes_validate
+
+
+def validate_objects(objs: tuple[dict[str, Any], ...], k8s_version: str, what: str) -> int:
+    """Every object passes ``kubernetes-validate --strict`` for ``k8s_version`` (a custom resource
+    has no schema there, and must be refused as such); returns how many were validated."""
+    kv = kubernetes_validate()
+    checked = 0
+    for obj in objs:
+        if obj["kind"] in CRD_KINDS:
+            with pytest.raises(kv.SchemaNotFoundError):
+                kv.validate(obj, k8s_version, strict=True)
+            continue
+        try:
+            kv.validate(obj, k8s_version, strict=True)
+        except kv.ValidationError as exc:
+            pytest.fail(f"{what}: {obj['kind']}/{obj['metadata']['name']} invalid for Kubernetes {k8s_version}: {exc}")
+        checked += 1
+    return checked
+
+
 def gateway_cli(*args: str) -> list[str]:
     """The real ``gateway`` command line (as ``python -m gateway``, the same entry point)."""
     return [sys.executable, "-m", "gateway", *args]

@@ -17,18 +17,23 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy.conftest import DEPLOY, ROOT, check_config, config_variables, missing, need
+from tests.deploy.conftest import (
+    CRD_KINDS,
+    DEPLOY,
+    K8S_VERSIONS,
+    ROOT,
+    check_config,
+    config_variables,
+    kubernetes_validate,
+    need,
+    validate_objects,
+)
 
 K8S = DEPLOY / "k8s"
 OVERLAYS = sorted(p.name for p in (K8S / "overlays").iterdir() if (p / "kustomization.yaml").is_file())
 MONITORING = K8S / "components" / "monitoring"
 # An overlay alone, and with the optional Prometheus Operator component added.
 VARIANTS = [*OVERLAYS, *(f"{o}+monitoring" for o in OVERLAYS)]
-# Kubernetes releases to validate against: an older one still widely run, and the newest.
-K8S_VERSIONS = ["1.29.0", "1.37.0"]
-# Custom resources (Prometheus Operator): kubernetes-validate has no schema for them;
-# test_monitoring_component checks them instead.
-CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
 
 Obj = dict[str, Any]
 
@@ -129,24 +134,12 @@ def test_kustomize_renders(variant: str) -> None:
 @pytest.mark.parametrize("k8s_version", K8S_VERSIONS)
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_kubernetes_validate_accepts_every_object(variant: str, k8s_version: str) -> None:
-    kv = _kubernetes_validate()
-    checked = 0
-    for obj in _render(variant):
-        if obj["kind"] in CRD_KINDS:
-            with pytest.raises(kv.SchemaNotFoundError):
-                kv.validate(obj, k8s_version, strict=True)
-            continue
-        try:
-            kv.validate(obj, k8s_version, strict=True)
-        except kv.ValidationError as exc:
-            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} invalid for Kubernetes {k8s_version}: {exc}")
-        checked += 1
-    assert checked >= 9
+    assert validate_objects(_render(variant), k8s_version, variant) >= 9
 
 
 def test_kubernetes_validate_rejects_a_broken_object() -> None:
     """The validator is live: a misspelt field and a wrong type are both refused."""
-    kv = _kubernetes_validate()
+    kv = kubernetes_validate()
     deployment = _one(_render(OVERLAYS[0]), "Deployment", "gateway")
     typo = yaml.safe_load(yaml.safe_dump(deployment))
     container = typo["spec"]["template"]["spec"]["containers"][0]
@@ -157,14 +150,6 @@ def test_kubernetes_validate_rejects_a_broken_object() -> None:
     wrong_type["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = "forty-five"
     with pytest.raises(kv.ValidationError):
         kv.validate(wrong_type, K8S_VERSIONS[-1], strict=True)
-
-
-def _kubernetes_validate() -> Any:
-    try:
-        import kubernetes_validate
-    except ImportError:
-        missing("kubernetes_validate")
-    return kubernetes_validate
 
 
 # --- the gateway -----------------------------------------------------------------------
