@@ -272,3 +272,18 @@ def test_existing_config_is_mounted_and_not_rendered() -> None:
     secret = render("default", "--set", "existingConfigSecret=gateway-config")
     volumes = gateway_deployment(secret)["spec"]["template"]["spec"]["volumes"]
     assert next(v for v in volumes if v["name"] == "config")["secret"] == {"secretName": "gateway-config"}
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [
+        ("replicacount=2", "'replicacount' not allowed"),
+        ("vllm.imag.tag=v1", "'imag' not allowed"),
+        ("workers=0", "/workers"),
+        ("redis.external.url=localhost:6379", "/redis/external/url"),
+        ("monitoring.serviceMonitor.interval=often", "/monitoring/serviceMonitor/interval"),
+    ],
+)
+def test_values_schema_refuses_what_would_be_ignored_or_broken(setting: str, named: str) -> None:
+    """values.schema.json: a misspelt key would otherwise be ignored without a word."""
+    assert named in refusal("--set", setting)
