@@ -74,6 +74,7 @@ CHAT_NEUTRAL_VALUES: Mapping[str, tuple[Any, ...]] = MappingProxyType(
         "stop_token_ids": ([],), "include_stop_str_in_output": (False,), "ignore_eos": (False,),
         "min_tokens": (0,), "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),
         "documents": ([],), "chat_template_kwargs": ({},), "priority": (0,), "modalities": (["text"],),
+        "use_beam_search": (False,), "return_tokens_as_token_ids": (False,), "return_token_ids": (False,),
     }
 )  # fmt: skip
 
@@ -207,7 +208,7 @@ class ChatCapabilities:
                     return Refusal(name, key, self.reasons.get(key))
         for name, limit in self.limits.items():
             value = getattr(request, name)
-            if isinstance(value, int) and value > limit:
+            if isinstance(value, int) and (value > limit or value < 0 <= limit):  # -1 ("all") is over any limit
                 return Refusal(name, f"{name}>{limit}", self.reasons.get(f"{name}>{limit}"))
         for rule in self.exclusive:
             present = [

@@ -140,6 +140,7 @@ class ChatCompletionRequest(_Strict):
     documents: list[dict[str, str]] | None = None
     chat_template: NonEmpty | None = None
     chat_template_kwargs: JsonObject | None = None
+    use_beam_search: StrictBool | None = None  # beam width is n; vLLM streams beams in chat (not completions)
     top_k: CountOrMinusOne | None = None
     min_p: UnitInterval | None = None
     repetition_penalty: PositiveFloat | None = None
@@ -150,6 +151,11 @@ class ChatCompletionRequest(_Strict):
     min_tokens: Count | None = None
     skip_special_tokens: StrictBool | None = None
     spaces_between_special_tokens: StrictBool | None = None
+    truncate_prompt_tokens: CountOrMinusOne | None = None
+    truncation_side: Literal["left", "right"] | None = None
+    # -1: every token of the vocabulary; bounded per backend (vLLM's --max-logprobs) like logprobs.
+    prompt_logprobs: CountOrMinusOne | None = None
+    allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None
     guided_json: str | JsonObject | None = None
     guided_regex: NonEmpty | None = None
     guided_choice: GuidedChoice | None = None
@@ -159,6 +165,8 @@ class ChatCompletionRequest(_Strict):
     structured_outputs: ChatStructuredOutputs | None = None
     priority: Int64 | None = None
     request_id: NonEmpty | None = None
+    return_tokens_as_token_ids: StrictBool | None = None
+    return_token_ids: StrictBool | None = None  # prompt_token_ids and each choice's token_ids in the answer
 
     # --- cross-field rules ----------------------------------------------------------------------
     @model_validator(mode="after")
@@ -261,6 +269,11 @@ class ChatCompletionRequest(_Strict):
             raise FieldRuleError(
                 "min_tokens", f"min_tokens ({self.min_tokens}) must be less than or equal to max tokens ({limit})"
             )
+
+    def _check_prompt_logprobs(self) -> None:
+        # vLLM takes 0 with stream but a stream carries no prompt logprobs: refused rather than dropped.
+        if self.prompt_logprobs is not None and self.stream:
+            raise FieldRuleError("prompt_logprobs", "prompt_logprobs is not available with stream")
 
     def _check_one_constraint(self) -> None:
         """One output constraint at a time: guided_*, structured_outputs or a JSON response_format."""
@@ -382,6 +395,7 @@ _RULES: FieldRules[ChatCompletionRequest] = FieldRules(
     (frozenset({"modalities"}), ChatCompletionRequest._check_audio),
     (frozenset({"continue_final_message"}), ChatCompletionRequest._check_template_flags),
     (frozenset({"min_tokens"}), ChatCompletionRequest._check_min_tokens),
+    (frozenset({"prompt_logprobs"}), ChatCompletionRequest._check_prompt_logprobs),
     (
         frozenset({"response_format", *GUIDED_FIELDS, "structured_outputs"})
         | {"guided_whitespace_pattern", "guided_decoding_backend"},

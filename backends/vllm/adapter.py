@@ -352,7 +352,7 @@ class VLLMBackend(OpenAIBackend):
             await self.detect_version()
             fields, copies = self._chat_fields(call)
             obj = self._parse(await self._send(orjson.dumps(fields), call, stream=False, url=self._chat_url))
-        out = normalise_chat_body(obj, call.public_model, self.name)
+        out = normalise_chat_body(obj, call.public_model, self.name, call.request)
         if copies > 1:
             out["choices"] = replicate_choices(out["choices"], copies)
             out["usage"] = scale_usage(out.get("usage"), copies)

@@ -187,6 +187,7 @@ def vllm_chat_capabilities(features: VLLMChatFeatures) -> ChatCapabilities:
         gate("continue_final_message", "continue_final_message")
         gate("priority", "continue_final_message")
     gate("reasoning_effort", "reasoning_effort")
+    gate("allowed_token_ids", "allowed_token_ids")  # completions had it first; an older chat ignores it
     gate("parallel_tool_calls=false", "parallel_tool_calls_false")
     gate("tools=strict", "tools_strict")  # an older server would hand back unconstrained arguments
     if features.since("tools_strict") is False:
@@ -205,4 +206,5 @@ def vllm_chat_capabilities(features: VLLMChatFeatures) -> ChatCapabilities:
             if needs is not False and forms.get(f"tool_choice={form}") is not U:
                 forms[f"tool_choice={form}"] = U
                 reasons[f"tool_choice={form}"] = no_parser if needs else f"{no_parser}; {unknown}"
-    return ChatCapabilities.build(N, levels, forms, reasons=reasons)
+    limits = {"prompt_logprobs": VLLM_MAX_LOGPROBS}  # the server's --max-logprobs default; -1 ("all") over it
+    return ChatCapabilities.build(N, levels, forms, limits=limits, reasons=reasons)

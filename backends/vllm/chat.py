@@ -15,14 +15,16 @@ the capability table refused, by name, what the server cannot honour):
 - ``tool_choice`` goes as it is: which forms a server takes (version, ``--tool-call-parser``)
   is the table's business;
 - ``n > 1`` at temperature 0 on >= 0.12 (vLLM refuses greedy ``n``): sent as ``n = 1`` and
-  the choice replicated in the gateway, as for completions;
+  the choice replicated in the gateway, as for completions (not with ``use_beam_search``:
+  there ``n`` is the beam width, and beams are not sampled);
 - streams ask for usage explicitly (``include_usage: true``): the default of an empty
   ``stream_options`` flipped to false at 0.18.
 
 Answer side: :func:`normalise_chat_body` rebuilds a non-streamed ``chat.completion`` in
-OpenAI's shape (vLLM-only fields such as ``prompt_logprobs``, ``stop_reason``,
-``kv_transfer_params``, empty ``tool_calls`` lists dropped, the ``""`` content of a forced
-call as ``null``), maps ``finish_reason`` like
+OpenAI's shape (vLLM-only fields such as ``stop_reason``, ``kv_transfer_params``, empty
+``tool_calls`` lists dropped, the ``""`` content of a forced call as ``null``; what the client
+asked for kept: ``prompt_logprobs``, and ``prompt_token_ids`` with each choice's ``token_ids``
+for ``return_token_ids``, see :func:`asked_chat_fields`), maps ``finish_reason`` like
 completions (:func:`~backends.vllm.dialect.map_finish_reason`) and names the reasoning text
 :data:`REASONING_FIELD`; streams do the same in ``backends.vllm.stream.VLLMChatStreamRelay``.
 
@@ -42,7 +44,7 @@ from backends.vllm.stream import rename_reasoning
 from backends.vllm.versions import VLLMChatFeatures
 from schemas.chat import ChatCompletionRequest
 
-__all__ = ["REASONING_FIELD", "normalise_chat_body", "replication", "translate_chat"]
+__all__ = ["REASONING_FIELD", "asked_chat_fields", "normalise_chat_body", "replication", "translate_chat"]
 
 REASONING_FIELD = "reasoning_content"
 
@@ -52,7 +54,7 @@ _CHAT_FINISH = frozenset({None, "stop", "length", "content_filter", "tool_calls"
 def replication(request: ChatCompletionRequest, features: VLLMChatFeatures) -> int:
     """How many copies of one greedy choice the gateway makes (1: none; the server makes the ``n``)."""
     n = request.n or 1
-    if n > 1 and is_greedy(request.temperature) and not features.base.greedy_n:
+    if n > 1 and is_greedy(request.temperature) and not features.base.greedy_n and not request.use_beam_search:
         return n
     return 1
 
@@ -68,8 +70,28 @@ def translate_chat(fields: dict[str, Any], features: VLLMChatFeatures, copies: i
         fields["n"] = 1
 
 
-def normalise_chat_body(obj: dict[str, Any], public_model: str, backend: str) -> dict[str, Any]:
-    """A vLLM ``chat.completion`` body in OpenAI's shape, with the client's model name."""
+def asked_chat_fields(request: ChatCompletionRequest | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """vLLM's extra fields the client asked for (kept): (top-level, per choice), in vLLM's order."""
+    if request is None:
+        return (), ()
+    top: tuple[str, ...] = ()
+    per_choice: tuple[str, ...] = ()
+    if request.prompt_logprobs is not None:
+        top += ("prompt_logprobs",)
+    if request.return_token_ids:
+        top += ("prompt_token_ids",)
+        per_choice += ("token_ids",)
+    return top, per_choice
+
+
+def normalise_chat_body(
+    obj: dict[str, Any], public_model: str, backend: str, request: ChatCompletionRequest | None = None
+) -> dict[str, Any]:
+    """A vLLM ``chat.completion`` body in OpenAI's shape, with the client's model name.
+
+    vLLM's extra fields are dropped unless ``request`` asked for them (:func:`asked_chat_fields`).
+    """
+    top, per_choice = asked_chat_fields(request)
     choices = []
     for choice in obj["choices"]:
         finish = choice.get("finish_reason")
@@ -93,12 +115,16 @@ def normalise_chat_body(obj: dict[str, Any], public_model: str, backend: str) ->
             out_message[REASONING_FIELD] = message[REASONING_FIELD]
         if tool_calls:  # vLLM sends [] when there are none; OpenAI leaves the key out
             out_message["tool_calls"] = tool_calls
-        choices.append(
-            {
-                "index": choice.get("index", 0),
-                "message": out_message,
-                "logprobs": choice.get("logprobs"),
-                "finish_reason": finish,
-            }
-        )
-    return answer_envelope(obj, "chat.completion", public_model, choices)
+        out_choice = {
+            "index": choice.get("index", 0),
+            "message": out_message,
+            "logprobs": choice.get("logprobs"),
+            "finish_reason": finish,
+        }
+        for name in per_choice:
+            out_choice[name] = choice.get(name)
+        choices.append(out_choice)
+    out = answer_envelope(obj, "chat.completion", public_model, choices)
+    for name in top:
+        out[name] = obj.get(name)
+    return out

@@ -16,11 +16,11 @@ vLLM's own keys (checked against the 0.32.0 wheel's serving code; chat golden
 nothing, so chunks have OpenAI's shape: per choice ``stop_reason``, ``token_ids`` and, in
 completions, ``prompt_token_ids``; in chat's first chunk the top-level ``prompt_token_ids``
 and ``prompt_text`` (the rendered template: vLLM fills them only for ``return_token_ids`` /
-``return_prompt_text``, which the chat schema refuses, so no template leaks). Each is cut on
+``return_prompt_text``; the chat schema refuses the latter, so no template leaks). Each is cut on
 the bytes as ``,"<key>":null`` (a quote inside a JSON string is escaped, so that sequence is
 structure only). Kept when they carry something: the ``stop_reason`` of a final chunk (the
-stop string or token id that matched) and the token ids a completions client asked for with
-``return_token_ids``. Non-streamed answers are rebuilt in OpenAI's shape instead
+stop string or token id that matched) and the token ids a client asked for with
+``return_token_ids`` (both endpoints). Non-streamed answers are rebuilt in OpenAI's shape instead
 (:func:`backends.vllm.dialect.normalise_body`).
 
 Cost on the byte path: one regex search and four ``in`` scans per network read (plus, with

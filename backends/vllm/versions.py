@@ -133,6 +133,7 @@ CHAT_BOUNDARIES: dict[str, VLLMVersion] = {
     "max_completion_tokens": VLLMVersion(0, 6, 4),  # and request_id; translated to max_tokens before
     "tool_choice_none": VLLMVersion(0, 6, 4),  # PR #10000; 400 before
     "tool_choice_required": VLLMVersion(0, 8, 3),
+    "allowed_token_ids": VLLMVersion(0, 9, 2),  # in chat (completions: every version); 0.9.0 has none
     "reasoning_effort": VLLMVersion(0, 10, 1),
     "parallel_tool_calls_false": VLLMVersion(0, 12, 0),  # keeps the first call; ignored before
     "forced_tools_need_parser": VLLMVersion(0, 14, 0),  # PR #30613: named/required need a parser

@@ -162,6 +162,24 @@ def _cases() -> list[tuple[str, ChatCapabilities, ChatCompletionRequest, tuple[s
          ("stream_options", "stream_options=include_obfuscation")),
         ("vllm-json-schema", vllm(0, 6, 0), req(response_format={"type": "json_schema", "json_schema": {"name": "x"}}),
          None),
+        # vLLM's extras that completions had first (issue 21): native where the version honours them
+        ("vllm-prompt-logprobs-20", vllm(0, 32), req(prompt_logprobs=20), None),
+        ("vllm-prompt-logprobs-21", vllm(0, 32), req(prompt_logprobs=21), ("prompt_logprobs", "prompt_logprobs>20")),
+        ("vllm-prompt-logprobs-all", vllm(0, 32), req(prompt_logprobs=-1), ("prompt_logprobs", "prompt_logprobs>20")),
+        ("vllm-0.10-token-ids", vllm(0, 10, 1), req(return_token_ids=True), ("return_token_ids", "return_token_ids")),
+        ("vllm-0.10-token-ids-off", vllm(0, 10, 1), req(return_token_ids=False), None),
+        ("vllm-0.11-token-ids", vllm(0, 11), req(return_token_ids=True, return_tokens_as_token_ids=True), None),
+        ("vllm-0.12-truncation-side", vllm(0, 12), req(truncate_prompt_tokens=5, truncation_side="left"),
+         ("truncation_side", "truncation_side")),
+        ("vllm-0.32-truncation-side", vllm(0, 32), req(truncate_prompt_tokens=5, truncation_side="left"), None),
+        ("vllm-0.9.0-allowed", vllm(0, 9, 0), req(allowed_token_ids=[1]), ("allowed_token_ids", "allowed_token_ids")),
+        ("vllm-0.9.2-allowed", vllm(0, 9, 2), req(allowed_token_ids=[1]), None),
+        ("vllm-beam", vllm(0, 32), req(use_beam_search=True, n=2, temperature=0, stream=True), None),
+        ("openai-prompt-logprobs", OPENAI_CHAT, req(prompt_logprobs=1), ("prompt_logprobs", "prompt_logprobs")),
+        ("openai-beam-off", OPENAI_CHAT, req(use_beam_search=False, return_token_ids=False), None),
+        ("tgi-token-ids", TGI_CHAT, req(return_token_ids=True), ("return_token_ids", "return_token_ids")),
+        ("ollama-truncate", OLLAMA_CHAT, req(truncate_prompt_tokens=5), ("truncate_prompt_tokens",) * 2),
+        ("llamacpp-allowed", LLAMACPP_CHAT, req(allowed_token_ids=[1]), ("allowed_token_ids",) * 2),
         # unknown vLLM version: nothing that could come back unconstrained or silently ignored
         ("vllm-unknown-guided", UNKNOWN_VLLM, req(guided_regex="a"), ("guided_regex", "guided_regex")),
         ("vllm-unknown-serial", UNKNOWN_VLLM, req(**tools, parallel_tool_calls=False),
@@ -171,6 +189,9 @@ def _cases() -> list[tuple[str, ChatCapabilities, ChatCompletionRequest, tuple[s
         ("vllm-unknown-effort", UNKNOWN_VLLM, req(reasoning_effort="high"), ("reasoning_effort", "reasoning_effort")),
         ("vllm-unknown-json", UNKNOWN_VLLM, req(response_format={"type": "json_object"}, max_completion_tokens=3),
          None),
+        ("vllm-unknown-token-ids", UNKNOWN_VLLM, req(return_token_ids=True), ("return_token_ids", "return_token_ids")),
+        ("vllm-unknown-allowed", UNKNOWN_VLLM, req(allowed_token_ids=[1]), ("allowed_token_ids", "allowed_token_ids")),
+        ("vllm-unknown-prompt-logprobs", UNKNOWN_VLLM, req(prompt_logprobs=1), None),
     ]  # fmt: skip
 
 
@@ -192,6 +213,8 @@ def test_refusal(table: ChatCapabilities, request_: ChatCompletionRequest, expec
         (vllm(0, 33), "store", "OpenAI-only"),
         (OLLAMA_CHAT, "messages=remote_image_url", "data: URL"),
         (TGI_CHAT, "presence_penalty", "repetition_penalty"),
+        (vllm(0, 9, 0), "allowed_token_ids", "0.9.2"),
+        (vllm(0, 10, 1), "return_token_ids", "0.11"),
     ],
 )
 def test_refusals_carry_a_reason(table: ChatCapabilities, key: str, words: str) -> None:

@@ -80,6 +80,7 @@ ASKS: dict[str, tuple[Any, dict[str, Any]]] = {
     "documents": ([{"title": "doc-77", "text": "x"}], {}),
     "chat_template": ("TEMPLATE-77", {}),
     "chat_template_kwargs": ({"flag77": True}, {}),
+    "use_beam_search": (True, {}),
     "top_k": (23, {}),
     "min_p": (0.07, {}),
     "repetition_penalty": (1.13, {}),
@@ -90,6 +91,10 @@ ASKS: dict[str, tuple[Any, dict[str, Any]]] = {
     "min_tokens": (3, {}),
     "skip_special_tokens": (False, {}),
     "spaces_between_special_tokens": (False, {}),
+    "truncate_prompt_tokens": (77, {}),
+    "truncation_side": ("left", {}),
+    "prompt_logprobs": (2, {}),
+    "allowed_token_ids": ([777, 778], {}),
     "guided_json": ({"title": "G77"}, {}),
     "guided_regex": ("R77[0-9]+", {}),
     "guided_choice": (["yes77", "no77"], {}),
@@ -99,6 +104,8 @@ ASKS: dict[str, tuple[Any, dict[str, Any]]] = {
     "structured_outputs": ({"choice": ["a77", "b77"]}, {}),
     "priority": (5, {}),
     "request_id": ("rid-77", {}),
+    "return_tokens_as_token_ids": (True, {"logprobs": True}),
+    "return_token_ids": (True, {}),
 }
 # The names a translated field takes upstream, where the backend renames it.
 NATIVE_NAMES: dict[str, tuple[str, ...]] = {

@@ -47,7 +47,8 @@ CONTEXT: dict[str, dict[str, Any]] = {
 
 BOOL_FIELDS = [
     "store", "stream", "logprobs", "echo", "add_generation_prompt", "add_special_tokens", "include_stop_str_in_output",
-    "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
+    "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "use_beam_search",
+    "return_tokens_as_token_ids", "return_token_ids",
 ]  # fmt: skip
 
 
@@ -172,6 +173,11 @@ CASES: list[tuple[str, Any, bool]] = [
     ("stop_token_ids", [], True), ("stop_token_ids", [0, 2], True), ("stop_token_ids", [-1], False),
     ("stop_token_ids", [True], False), ("stop_token_ids", [2**63], False),
     *_int64("min_tokens", 0),
+    *_int64("truncate_prompt_tokens", -1),
+    *_enum("truncation_side", ["left", "right"], ["both", "", 1]),
+    *_int64("prompt_logprobs", -1),
+    ("allowed_token_ids", [0, 5], True), ("allowed_token_ids", [], False), ("allowed_token_ids", [-1], False),
+    ("allowed_token_ids", [True], False), ("allowed_token_ids", 5, False),
     ("guided_json", '{"type": "object"}', True), ("guided_json", {"type": "object"}, True), ("guided_json", 1, False),
     ("guided_regex", "[a-z]+", True), ("guided_regex", "", False),
     ("guided_choice", ["yes", "no"], True), ("guided_choice", [], False), ("guided_choice", [""], False),
@@ -260,7 +266,7 @@ def test_required_fields(missing: str) -> None:
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("name", ["foo", "Temperature", "prompt", "best_of", "suffix", "use_beam_search"])
+@pytest.mark.parametrize("name", ["foo", "Temperature", "prompt", "best_of", "suffix", "early_stopping"])
 def test_unknown_field_refused_by_name(name: str, mode: str) -> None:
     with pytest.raises(ValidationError) as info:
         make(mode, **{name: 1})
@@ -362,6 +368,8 @@ RULE_BREAKS: list[tuple[dict[str, Any], str]] = [
     ({"continue_final_message": True}, "continue_final_message"),
     ({"min_tokens": 5, "max_tokens": 4}, "min_tokens"),
     ({"min_tokens": 5, "max_completion_tokens": 4}, "min_tokens"),
+    ({"prompt_logprobs": 0, "stream": True}, "prompt_logprobs"),
+    ({"prompt_logprobs": -1, "stream": True}, "prompt_logprobs"),
     ({"response_format": {"type": "json_object"}, "guided_json": {}}, "guided_json"),
     ({"guided_json": {}, "guided_regex": "a"}, "guided_regex"),
     ({"guided_choice": ["a"], "structured_outputs": {"regex": "a"}}, "structured_outputs"),
@@ -389,6 +397,8 @@ RULE_KEEPS: list[dict[str, Any]] = [
     {"continue_final_message": False, "add_generation_prompt": True},
     {"min_tokens": 4, "max_tokens": 4},
     {"min_tokens": 100},
+    {"prompt_logprobs": 2, "stream": False},
+    {"use_beam_search": True, "n": 3, "stream": True},  # vLLM streams beams in chat (not in completions)
     {"response_format": {"type": "text"}, "guided_regex": "a+", "guided_decoding_backend": "outlines"},
     {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}, "tools": TOOLS},
     {"guided_json": {"type": "object"}, "guided_whitespace_pattern": r"[ ]?"},

@@ -169,3 +169,30 @@ async def test_multi_server_backend_serves_chat_with_prefix_routing() -> None:
         counts = sorted(route.call_count for route in routes)
         assert counts == [0, 4]
         await b.close()
+
+
+ANSWER = {
+    "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "up",
+    "choices": [{"index": i, "message": {"role": "assistant", "content": f"beam {i}"}, "logprobs": None,
+                 "finish_reason": "length"} for i in range(2)],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("beam", "sent_n", "choices"), [(True, 2, ["beam 0", "beam 1"]), (False, 1, ["beam 0"] * 2)])
+async def test_beam_search_n_is_the_beam_width_not_a_greedy_copy(beam: bool, sent_n: int, choices: list[str]) -> None:
+    """Greedy n > 1 on >= 0.12 is one choice replicated; with use_beam_search n is the beam width (sent as is)."""
+    b = backend("0.32.0")
+    with respx.mock(assert_all_mocked=True) as router:
+        answer = {**ANSWER, "choices": ANSWER["choices"][:sent_n]}
+        route = router.post("http://vllm.test/v1/chat/completions").mock(
+            return_value=httpx.Response(200, content=orjson.dumps(answer))
+        )
+        fields: dict[str, Any] = {"n": 2, "temperature": 0, "max_tokens": 4}
+        if beam:
+            fields["use_beam_search"] = True
+        result = await b.chat(call(**fields))
+    sent = orjson.loads(route.calls.last.request.content)
+    assert sent["n"] == sent_n and sent.get("use_beam_search") is (True if beam else None)
+    assert [c["message"]["content"] for c in orjson.loads(result.body)["choices"]] == choices
+    await b.close()

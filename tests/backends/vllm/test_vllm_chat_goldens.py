@@ -68,7 +68,7 @@ def parse_events(raw: bytes) -> list[Any]:
 def test_goldens_cover_every_shape() -> None:
     names = {p.stem for p in GOLDENS}
     assert {"plain", "max_tokens", "error_flat", "error_nested", "guided_choice", "tool_calls"} <= names
-    assert {"named_tool_choice", "stream_vllm_keys"} <= names
+    assert {"named_tool_choice", "stream_vllm_keys", "return_token_ids", "stream_return_token_ids"} <= names
     assert {"stream_parallel_tool_calls", "stream_reasoning", "stream_error", "stream_error_flat"} <= names
 
 

@@ -5,8 +5,9 @@ chat template); every chunk a per-choice ``token_ids``; the final one ``stop_rea
 The relay cuts the null ones on the bytes and keeps a ``stop_reason`` that carries the
 matched stop (``backends.vllm.stream``'s docstring). The golden
 ``0.32.0/stream_vllm_keys.json`` replays the shape (``test_vllm_chat_goldens``); these tests
-pin the invariant it rests on: no client can make them non-null through the gateway, so the
-template never leaks, and a non-streamed answer drops them whatever they hold.
+pin the invariant it rests on: no client can make ``prompt_text`` non-null through the gateway, so
+the template never leaks, and a non-streamed answer keeps the token ids only when the client asked
+(``return_token_ids``; goldens ``return_token_ids.json`` and ``stream_return_token_ids.json``).
 """
 
 from __future__ import annotations
@@ -45,9 +46,9 @@ def test_golden_first_chunk_carries_vllm_keys_as_null_and_the_client_gets_openai
     assert all(event["model"] == "public-name" for event in client)
 
 
-@pytest.mark.parametrize("field", ["return_prompt_text", "return_token_ids"])
+@pytest.mark.parametrize("field", ["return_prompt_text"])
 def test_chat_schema_refuses_what_would_fill_them(field: str) -> None:
-    """What would make vLLM send the template or token ids is refused by name, never forwarded."""
+    """What would make vLLM send the template is refused by name, never forwarded."""
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], field: True}
     with pytest.raises(ValidationError) as info:
         ChatCompletionRequest.model_validate(body)
@@ -66,3 +67,9 @@ def test_non_streamed_answer_drops_them_even_when_set() -> None:
     body = normalise_chat_body(answer, "public-name", "b")
     assert not set(TOP_LEVEL) & set(body)
     assert set(body["choices"][0]) == {"index", "message", "logprobs", "finish_reason"}
+    asked = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "return_token_ids": True}
+    )
+    body = normalise_chat_body(answer, "public-name", "b", asked)
+    assert body["prompt_token_ids"] == [1, 2, 3] and "prompt_text" not in body  # the template never leaks
+    assert body["choices"][0]["token_ids"] == [7, 8]

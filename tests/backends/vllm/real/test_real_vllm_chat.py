@@ -197,3 +197,42 @@ async def test_gateway_chat_guided_choice_and_refusal_by_name(gw: Gateway, recor
     status, body = await gw.post({"messages": MESSAGES, "store": True}, CHAT)  # OpenAI-only: vLLM would ignore it
     assert status == 400 and body["error"]["param"] == "store" and body["error"]["code"] == "unsupported_parameter"
     assert len(recorder.exchanges) == before  # refused before any upstream call
+
+
+# --- vLLM's extras that completions had first (issue 21): honoured on chat too ---------------------
+
+
+async def test_gateway_chat_prompt_logprobs_and_token_ids(gw: Gateway, recorder: Recorder) -> None:
+    fields = {"messages": MESSAGES, "max_completion_tokens": 3, "temperature": 0.0}
+    status, body = await gw.post({**fields, "prompt_logprobs": 1, "return_token_ids": True}, CHAT)
+    assert status == 200, body
+    assert sent(recorder)["prompt_logprobs"] == 1 and sent(recorder)["return_token_ids"] is True
+    prompt_ids = body["prompt_token_ids"]
+    assert len(prompt_ids) == body["usage"]["prompt_tokens"]
+    assert len(body["prompt_logprobs"]) == len(prompt_ids) and body["prompt_logprobs"][0] is None
+    assert len(body["choices"][0]["token_ids"]) == body["usage"]["completion_tokens"]
+    assert "prompt_text" not in body and "kv_transfer_params" not in body  # not asked: OpenAI's shape
+
+    status, events = await gw.stream({**fields, "return_token_ids": True}, CHAT)
+    assert status == 200 and events[-1] == "[DONE]", events
+    chunks = events[:-1]
+    assert chunks[0]["prompt_token_ids"] == prompt_ids and "prompt_text" not in chunks[0]
+    streamed = [t for c in chunks for choice in c["choices"] for t in choice.get("token_ids") or ()]
+    assert streamed == body["choices"][0]["token_ids"]  # greedy: the same tokens, as the client asked
+
+    status, body = await gw.post({**fields, "prompt_logprobs": 21}, CHAT)  # over --max-logprobs (20)
+    assert status == 400 and body["error"]["param"] == "prompt_logprobs", body
+
+
+async def test_gateway_chat_sampling_extras_reach_vllm(gw: Gateway, recorder: Recorder) -> None:
+    fields = {"messages": MESSAGES, "max_completion_tokens": 4, "temperature": 0.0}
+    status, body = await gw.post({**fields, "truncate_prompt_tokens": 5, "truncation_side": "left"}, CHAT)
+    assert status == 200 and body["usage"]["prompt_tokens"] == 5, body  # vLLM kept the last 5 prompt tokens
+    status, body = await gw.post({**fields, "allowed_token_ids": [21], "return_token_ids": True}, CHAT)
+    assert status == 200 and set(body["choices"][0]["token_ids"]) == {21}, body
+    status, body = await gw.post({**fields, "use_beam_search": True, "n": 2}, CHAT)
+    assert status == 200 and len(body["choices"]) == 2 and sent(recorder)["n"] == 2, body  # beams, not copies
+    status, events = await gw.stream({**fields, "use_beam_search": True, "n": 2}, CHAT)
+    assert status == 200 and {c["index"] for e in events[:-1] for c in e["choices"]} == {0, 1}, events
+    status, body = await gw.post({**fields, "logprobs": True, "return_tokens_as_token_ids": True}, CHAT)
+    assert status == 200 and body["choices"][0]["logprobs"]["content"][0]["token"].startswith("token_id:"), body
