@@ -199,3 +199,22 @@ def test_chart_and_kustomize_describe_the_same_gateway_pod() -> None:
     chart = _pod_contract(gateway_deployment(render("remote-vllm")))
     different = {k: (kustomize[k], chart[k]) for k in kustomize if kustomize[k] != chart[k]}
     assert not different, f"deploy/k8s and the chart disagree (kustomize, chart): {different}"
+
+
+def test_chart_and_kustomize_run_the_same_redis_and_vllm() -> None:
+    from tests.deploy.test_deploy_k8s import _one as kustomize_one
+    from tests.deploy.test_deploy_k8s import _render as kustomize_render
+
+    kustomize_redis = container(kustomize_one(kustomize_render("multi-node"), "Deployment", "redis"), "redis")
+    chart_redis = container(one(render("multi-node"), "Deployment", f"{FULLNAME}-redis"), "redis")
+    for field in ("image", "args", "ports", "readinessProbe", "livenessProbe", "resources", "securityContext"):
+        assert kustomize_redis[field] == chart_redis.get(field), f"Redis {field}: deploy/k8s and the chart disagree"
+
+    kustomize_vllm = container(kustomize_one(kustomize_render("multi-node"), "StatefulSet"), "vllm")
+    chart_vllm = container(one(render("multi-node"), "StatefulSet", f"{FULLNAME}-vllm"), "vllm")
+    for field in ("image", "command", "ports", "startupProbe", "readinessProbe", "livenessProbe", "resources"):
+        assert kustomize_vllm[field] == chart_vllm.get(field), f"vLLM {field}: deploy/k8s and the chart disagree"
+    assert sorted(kustomize_vllm["args"]) == sorted(chart_vllm["args"])
+    assert [m["mountPath"] for m in kustomize_vllm["volumeMounts"]] == [
+        m["mountPath"] for m in chart_vllm["volumeMounts"]
+    ]
