@@ -41,6 +41,7 @@ _INSTALL_HINT = {
     "docker-compose": "Debian package `docker-compose`",
     "kubernetes_validate": "`pip install kubernetes-validate`",
     "helm": "`bash deploy/helm/install-helm.sh`, which caches the pinned release under ~/.cache/gateway-helm",
+    "helm 4": "`bash deploy/helm/install-helm.sh 4.3.1`, cached under ~/.cache/gateway-helm",
 }
 
 

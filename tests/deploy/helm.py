@@ -31,44 +31,45 @@ REDIS_URL = "GATEWAY_REDIS_URL"  # the variable the chart sets to the Redis it i
 Obj = dict[str, Any]
 
 
-def helm_version() -> str:
-    match = re.search(r'^HELM_VERSION="([0-9.]+)"', INSTALLER.read_text(encoding="utf-8"), re.M)
-    assert match, f"{INSTALLER} must pin HELM_VERSION"
+def helm_version(major: int = 3) -> str:
+    """The release of helm ``major`` that deploy/helm/install-helm.sh pins."""
+    match = re.search(rf'^HELM{major}_VERSION="([0-9.]+)"', INSTALLER.read_text(encoding="utf-8"), re.M)
+    assert match, f"{INSTALLER} must pin HELM{major}_VERSION"
     return match.group(1)
 
 
 @functools.cache
-def helm() -> str:
-    candidates = [
-        os.environ.get("GATEWAY_HELM", ""),
-        str(Path.home() / ".cache" / "gateway-helm" / helm_version() / "helm"),
-    ]
-    for candidate in candidates:
+def helm(major: int = 3) -> str:
+    """helm 3 (the one the tests render with): $GATEWAY_HELM, the cached pin, or helm on PATH.
+    helm 4: $GATEWAY_HELM4 or the cached pin."""
+    cached = str(Path.home() / ".cache" / "gateway-helm" / helm_version(major) / "helm")
+    for candidate in (os.environ.get("GATEWAY_HELM" if major == 3 else "GATEWAY_HELM4", ""), cached):
         if candidate and os.access(candidate, os.X_OK):
             return candidate
-    on_path = subprocess.run(["sh", "-c", "command -v helm"], capture_output=True, text=True)
-    if on_path.returncode == 0:
-        return on_path.stdout.strip()
-    missing("helm")
+    if major == 3:
+        on_path = subprocess.run(["sh", "-c", "command -v helm"], capture_output=True, text=True)
+        if on_path.returncode == 0:
+            return on_path.stdout.strip()
+    missing("helm" if major == 3 else "helm 4")
     raise AssertionError("unreachable")
 
 
-def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([helm(), *args], capture_output=True, text=True, timeout=120)
+def run_helm(*args: str, major: int = 3) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm(major), *args], capture_output=True, text=True, timeout=120)
 
 
 def values_args(variant: str) -> list[str]:
     return [] if variant == "default" else ["-f", str(EXAMPLES[variant])]
 
 
-def template(*args: str) -> subprocess.CompletedProcess[str]:
+def template(*args: str, major: int = 3) -> subprocess.CompletedProcess[str]:
     """``helm template`` of the chart as release ``gw`` in namespace ``llm``, with ``args`` added."""
-    return run_helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, *args)
+    return run_helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, *args, major=major)
 
 
 @functools.cache
-def render(variant: str, *extra: str) -> tuple[Obj, ...]:
-    done = template(*values_args(variant), *extra)
+def render(variant: str, *extra: str, major: int = 3) -> tuple[Obj, ...]:
+    done = template(*values_args(variant), *extra, major=major)
     assert done.returncode == 0, f"helm template ({variant} {' '.join(extra)}) failed:\n{done.stderr}"
     return tuple(doc for doc in yaml.safe_load_all(done.stdout) if doc)
 
