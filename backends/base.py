@@ -7,7 +7,11 @@ decided, into either a finished OpenAI body or a stream of ready-to-send SSE eve
   with an :data:`UpstreamCall` (a :class:`~schemas.completions.CompletionRequest`);
 - chat (``POST /v1/chat/completions``): :meth:`Backend.chat` / :meth:`Backend.chat_stream`
   with a :data:`ChatCall` (a :class:`~schemas.chat.ChatCompletionRequest`), only on backends
-  whose :attr:`Backend.endpoints` include ``chat``; the router sends no other.
+  whose :attr:`Backend.endpoints` include ``chat``; the router sends no other;
+- embeddings (``POST /v1/embeddings``) and rerank (``POST /v1/rerank``): :meth:`Backend.embed`
+  with an :data:`EmbeddingCall`, :meth:`Backend.rerank` with a :data:`RerankCall`, non-streamed,
+  on backends whose :attr:`Backend.endpoints` include them (their tables:
+  :attr:`Backend.embedding_capabilities`, :attr:`Backend.rerank_capabilities`).
 
 Each backend family has one translator per endpoint behind these methods. Adapters never
 see raw client JSON and raise only ``schemas.errors``/``backends.errors`` types.
@@ -27,10 +31,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, run
 from backends.capabilities import Capabilities
 from schemas.chat import ChatCompletionRequest
 from schemas.completions import CompletionRequest
-from schemas.endpoints import Endpoint
+from schemas.embeddings import EmbeddingRequest
+from schemas.endpoints import POOLING_ENDPOINTS, Endpoint
+from schemas.rerank import RerankRequest
 
 if TYPE_CHECKING:
     from backends.chat_capabilities import ChatCapabilities
+    from backends.pooling_capabilities import PoolingCapabilities
 
 __all__ = [
     "Backend",
@@ -38,13 +45,15 @@ __all__ = [
     "ChatCall",
     "CompletionResult",
     "CompletionStream",
+    "EmbeddingCall",
     "Reconfigurable",
     "ReconfigureReport",
+    "RerankCall",
     "TokenUsage",
     "UpstreamCall",
 ]
 
-Req = TypeVar("Req", CompletionRequest, ChatCompletionRequest)
+Req = TypeVar("Req", CompletionRequest, ChatCompletionRequest, EmbeddingRequest, RerankRequest)
 
 
 @dataclass(slots=True, frozen=True)
@@ -72,6 +81,18 @@ class ChatCall(Call[ChatCompletionRequest]):
     __slots__ = ()
 
 
+class EmbeddingCall(Call[EmbeddingRequest]):
+    """An embeddings attempt."""
+
+    __slots__ = ()
+
+
+class RerankCall(Call[RerankRequest]):
+    """A rerank attempt."""
+
+    __slots__ = ()
+
+
 @dataclass(slots=True)
 class TokenUsage:
     prompt_tokens: int
@@ -88,10 +109,13 @@ class TokenUsage:
 
 @dataclass(slots=True)
 class CompletionResult:
-    """A finished non-streaming completion: the client's JSON body, and usage for metrics."""
+    """A finished non-streaming answer: the client's body (JSON unless ``content_type`` says
+    otherwise, e.g. vLLM's binary embeddings, with their ``headers``), and usage for metrics."""
 
     body: bytes
     usage: TokenUsage | None
+    content_type: str = "application/json"
+    headers: dict[str, str] | None = None
 
 
 class CompletionStream(ABC):
@@ -132,9 +156,11 @@ class Backend(ABC):
 
     kind: ClassVar[str]
     # The endpoints this backend serves; a family that has a chat translator adds ``CHAT``
-    # and sets :attr:`chat_capabilities`.
+    # and sets :attr:`chat_capabilities`; one that embeds or reranks adds those and sets their tables.
     endpoints: frozenset[Endpoint] = frozenset({Endpoint.COMPLETIONS})
     chat_capabilities: ChatCapabilities | None = None
+    embedding_capabilities: PoolingCapabilities | None = None
+    rerank_capabilities: PoolingCapabilities | None = None
 
     def __init__(self, name: str, capabilities: Capabilities) -> None:
         self.name = name
@@ -146,13 +172,20 @@ class Backend(ABC):
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release everything; called once at shutdown."""
 
-    @abstractmethod
-    async def complete(self, call: UpstreamCall) -> CompletionResult:
-        """A non-streaming completion."""
+    @property
+    def default_endpoints(self) -> frozenset[Endpoint]:
+        """What a model on this backend is served on when its config lists no ``endpoints``: the
+        generation endpoints, or the pooling ones where it serves nothing else (tei, a pooling pool)."""
+        generation = self.endpoints - POOLING_ENDPOINTS
+        return generation or self.endpoints
 
-    @abstractmethod
+    async def complete(self, call: UpstreamCall) -> CompletionResult:
+        """A non-streaming completion (only where :attr:`endpoints` has ``completions``)."""
+        raise NotImplementedError(f"{type(self).__name__} serves no completions endpoint")
+
     async def stream(self, call: UpstreamCall) -> CompletionStream:
         """Start a streaming completion; returns once the upstream accepted it."""
+        raise NotImplementedError(f"{type(self).__name__} serves no completions endpoint")
 
     async def chat(self, call: ChatCall) -> CompletionResult:
         """A non-streaming chat completion (only where :attr:`endpoints` has ``chat``)."""
@@ -161,6 +194,14 @@ class Backend(ABC):
     async def chat_stream(self, call: ChatCall) -> CompletionStream:
         """Start a streaming chat completion; returns once the upstream accepted it."""
         raise NotImplementedError(f"{type(self).__name__} serves no chat endpoint")
+
+    async def embed(self, call: EmbeddingCall) -> CompletionResult:
+        """Embeddings, OpenAI's list object (only where :attr:`endpoints` has ``embeddings``)."""
+        raise NotImplementedError(f"{type(self).__name__} serves no embeddings endpoint")
+
+    async def rerank(self, call: RerankCall) -> CompletionResult:
+        """Relevance scores, sorted (only where :attr:`endpoints` has ``rerank``)."""
+        raise NotImplementedError(f"{type(self).__name__} serves no rerank endpoint")
 
     async def health(self) -> bool:
         """Whether the upstream answers; used by probes (default: assume healthy)."""

@@ -29,7 +29,9 @@ from typing import Any, ClassVar
 import orjson
 
 from schemas.completions import CompletionRequest
+from schemas.embeddings import EmbeddingRequest
 from schemas.errors import GatewayError
+from schemas.rerank import RerankRequest
 
 __all__ = [
     "RETRYABLE_BEFORE_FIRST_BYTE",
@@ -257,7 +259,10 @@ def error_fields(body: bytes | dict[str, Any]) -> ErrorFields:
     return ErrorFields(_clip(str(data), _MAX_TEXT))
 
 
-_REQUEST_FIELDS = frozenset(CompletionRequest.model_fields)
+# Every endpoint's fields: an upstream's param is kept when it names one of them.
+_REQUEST_FIELDS = frozenset(CompletionRequest.model_fields).union(
+    EmbeddingRequest.model_fields, RerankRequest.model_fields
+)
 
 
 def parse_retry_after(value: str | None) -> float | None:

@@ -14,6 +14,7 @@ from backends.base import Backend
 from backends.mock import MockBackend
 from backends.native.llamacpp import LlamaCppBackend
 from backends.native.ollama import OllamaBackend
+from backends.native.tei import TEIBackend
 from backends.native.tgi import TGIBackend
 from backends.openai.adapter import OpenAIBackend
 from backends.vllm.adapter import VLLMBackend
@@ -27,6 +28,7 @@ from schemas.config import (
     MockBackendConfig,
     OllamaBackendConfig,
     OpenAIBackendConfig,
+    TEIBackendConfig,
     TGIBackendConfig,
     VLLMBackendConfig,
     VLLMPoolBackendConfig,
@@ -63,6 +65,8 @@ def backend_class(config: BackendConfig) -> type[Backend]:
             return OllamaBackend
         case LlamaCppBackendConfig():
             return LlamaCppBackend
+        case TEIBackendConfig():
+            return TEIBackend
     raise AssertionError(f"no adapter for backend type {config.type!r}")
 
 

@@ -9,6 +9,8 @@ pre-rendered responses, so one request costs a parse, a dict lookup and one writ
   POST /v1/chat/completions  the same in OpenAI's chat shapes (``chat.completion``; stream
                         chunks ``chat.completion.chunk`` with ``role`` in the first delta);
                         the output limit is ``max_completion_tokens`` or ``max_tokens``.
+  POST /v1/embeddings   OpenAI's list object: one 1,024-dim float32 vector per input (``--dims``),
+                        usage counting words; ``encoding_format: "base64"`` as OpenAI encodes it.
   GET  /v1/models       the model list.       GET /health, /version  liveness.
   GET  /stats           {"requests", "connections", "open", "peak_open", "paths"} as JSON:
                         compare requests with connections to prove keep-alive reuse.
@@ -20,8 +22,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import ipaddress
+import random
 import signal
+import struct
 import sys
 import time
 from typing import Any
@@ -30,6 +35,7 @@ import orjson
 
 CREATED = int(time.time())
 MAX_HEAD = 64 * 1024
+DIMS = 1024  # embedding size (--dims)
 STATS: dict[str, Any] = {"requests": 0, "connections": 0, "open": 0, "peak_open": 0, "paths": {}}
 SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
 SSE_HEAD += b"Transfer-Encoding: chunked\r\n"
@@ -96,6 +102,32 @@ class Renderer:
             if len(self.cache) < 4096:
                 self.cache[key] = chunks
         return chunks
+
+
+def _vectors(dims: int) -> list[float]:
+    """A fixed float32 vector (what an engine sends: floats that are exact float32 values)."""
+    rng = random.Random(dims)
+    return [struct.unpack("<f", struct.pack("<f", rng.uniform(-0.1, 0.1)))[0] for _ in range(dims)]
+
+
+def embeddings_body(render: Renderer, req: dict[str, Any], dims: int) -> bytes:
+    value = req.get("input", "")
+    inputs = [value] if isinstance(value, str) or (value and isinstance(value[0], int)) else value
+    b64 = req.get("encoding_format") == "base64"
+    model = str(req.get("model") or "bench")
+    words = sum(len(i.split()) if isinstance(i, str) else len(i) for i in inputs)
+    key = ("e", model, len(inputs), words, b64, dims)
+    body = render.cache.get(key)
+    if body is None:
+        vector: Any = _vectors(dims)
+        if b64:
+            vector = base64.b64encode(struct.pack(f"<{dims}f", *vector)).decode()
+        data = [{"object": "embedding", "index": i, "embedding": vector} for i in range(len(inputs))]
+        usage = {"prompt_tokens": words, "total_tokens": words}
+        body = orjson.dumps({"object": "list", "data": data, "model": model, "usage": usage})
+        if len(render.cache) < 4096:
+            render.cache[key] = body
+    return body
 
 
 def _prompt_tokens(req: dict[str, Any], chat: bool) -> int:
@@ -218,6 +250,11 @@ class Upstream(asyncio.Protocol):
                     out = head + b"".join(chunks) + DONE
                 else:
                     out = _json("200 OK", self.render.nonstream(model, k, pt, chat), keep_alive)
+        elif method == b"POST" and path in ("/v1/embeddings", "/embeddings"):
+            try:
+                out = _json("200 OK", embeddings_body(self.render, orjson.loads(body), DIMS), keep_alive)
+            except Exception:
+                out = _json("400 Bad Request", b'{"error":{"message":"invalid request body"}}', keep_alive)
         elif method == b"GET" and path in ("/v1/models", "/models"):
             models = [{"id": "bench", "object": "model", "created": CREATED, "owned_by": "bench"}]
             out = _json("200 OK", orjson.dumps({"object": "list", "data": models}), keep_alive)
@@ -274,6 +311,8 @@ def _dechunk(buf: bytearray, pos: int) -> tuple[bytes, int] | None:
 async def serve(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     render = Renderer()
+    global DIMS
+    DIMS = args.dims
     delay = args.token_delay_ms / 1000.0
     server = await loop.create_server(
         lambda: Upstream(render, args.default_max_tokens, delay), args.host, args.port, backlog=4096, reuse_address=True
@@ -292,6 +331,7 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=18001)
     ap.add_argument("--token-delay-ms", type=float, default=0.0, help="sleep between stream chunks")
     ap.add_argument("--default-max-tokens", type=int, default=16)
+    ap.add_argument("--dims", type=int, default=1024, help="embedding vector size")
     args = ap.parse_args()
     if not ipaddress.ip_address(args.host).is_loopback:
         sys.exit("fake_upstream: loopback addresses only")

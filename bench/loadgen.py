@@ -41,7 +41,11 @@ class Run:
             "max_tokens": args.max_tokens,
             "temperature": 0,
         }
-        if args.chat:  # same words, same limit: the two endpoints differ only in their shapes
+        if args.embed:  # an embeddings request: --embed inputs of the prompt's words, floats back
+            text = " ".join(["word"] * args.embed_tokens)
+            body = {"model": args.model, "input": text if args.embed == 1 else [text] * args.embed}
+            body["encoding_format"] = "float"
+        elif args.chat:  # same words, same limit: the two endpoints differ only in their shapes
             body = {
                 "model": args.model,
                 "messages": [{"role": "user", "content": args.prompt}],
@@ -334,6 +338,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", required=True, help="http://127.0.0.1:PORT/v1/completions (or /v1/chat/completions)")
     ap.add_argument("--chat", action="store_true", help="send a chat body (messages) instead of a prompt")
+    ap.add_argument("--embed", type=int, default=0, help="send an embeddings body of this many inputs")
+    ap.add_argument("--embed-tokens", type=int, default=64, help="words per embeddings input")
     ap.add_argument("-c", "--concurrency", type=int, default=1)
     ap.add_argument("-d", "--duration", type=float, default=10.0)
     ap.add_argument("-w", "--warmup", type=float, default=2.0)

@@ -10,7 +10,9 @@ pass-through, and through ``gateway serve`` (and LiteLLM when given), on pinned 
 The fake upstream (bench/fake_upstream.py) and the client (bench/loadgen.py) share core 1;
 each proxy runs alone on core 0 (``taskset``; no pinning on a 1-core machine). Scenarios:
 ``ns_c1`` (non-stream, 16 tokens, 1 connection), ``ns_c64``, ``st_c64`` (stream, 64 tokens,
-64 connections); any ``[chat_]ns|st_c<N>[_t<tokens>]`` works: ``chat_`` sends the same words
+64 connections), ``emb_c64`` (embeddings: one 64-word input, 1,024-dim float vectors, 64
+connections), ``emb_batch`` (256 such inputs, 8 connections); any ``[chat_]ns|st_c<N>[_t<tokens>]``
+works: ``chat_`` sends the same words
 and limit as one user message to /v1/chat/completions (``chat_ns_c64``, ``chat_st_c64``), and the
 table adds each chat cell's ratio to the completions cell of the same target and run. Each closed-loop run is --warmup +
 --duration seconds; with --repeats the table shows medians. ``gateway`` runs
@@ -71,6 +73,10 @@ LITELLM_ENV = {
 
 
 def scenario(name: str) -> dict[str, Any]:
+    e = re.fullmatch(r"emb_(c(\d+)|batch)", name)  # emb_c64: one 64-word input; emb_batch: 256 of them, 8 connections
+    if e:
+        inputs = 256 if e.group(1) == "batch" else 1
+        return {"id": name, "stream": False, "c": int(e.group(2) or 8), "tokens": 64, "chat": False, "embed": inputs}
     m = re.fullmatch(r"(chat_)?(ns|st)_c(\d+)(?:_t(\d+))?", name)
     if not m:
         sys.exit(f"bad scenario {name!r}: want ns_c1, ns_c64, st_c64, st_c64_t128, chat_ns_c64 ...")
@@ -97,6 +103,7 @@ backends:
   - name: bench
     routes:
       - {{backend: upstream, model: bench}}
+    endpoints: [completions, chat, embeddings]
 """)
 
 
@@ -170,7 +177,7 @@ def loadgen(
     duration: float,
     warmup: float,
 ) -> list[str]:
-    path = "/v1/chat/completions" if sc.get("chat") else "/v1/completions"
+    path = "/v1/embeddings" if sc.get("embed") else "/v1/chat/completions" if sc.get("chat") else "/v1/completions"
     argv = [
         PY,
         str(HERE / "loadgen.py"),
@@ -189,6 +196,7 @@ def loadgen(
     ]
     argv += ["--auth", AUTH[port]] if port in AUTH else []
     argv += ["--chat"] if sc.get("chat") else []
+    argv += ["--embed", str(sc["embed"]), "--embed-tokens", str(sc["tokens"])] if sc.get("embed") else []
     return pin(args.client_cpus) + argv + (["--stream"] if sc["stream"] else [])
 
 

@@ -33,7 +33,7 @@ from gateway.security.auth import protect
 from gateway.security.guard import RequestGuard
 from gateway.state import STATE, GatewayState, models_body
 from schemas.config import GatewayConfig
-from schemas.endpoints import ENDPOINT_PATHS
+from schemas.endpoints import ENDPOINT_ALIASES, ENDPOINT_PATHS
 
 __all__ = ["PROBER", "backend_guards", "build_state", "check_endpoints", "create_app"]
 
@@ -116,7 +116,8 @@ def check_endpoints(config: GatewayConfig, backends: Mapping[str, Backend]) -> N
 def _add_routes(app: web.Application, config: GatewayConfig, guard: RequestGuard) -> None:
     """The endpoints; the security wrappers and hooks only where the config turns them on."""
     for endpoint, path in ENDPOINT_PATHS.items():
-        app.router.add_post(path, handlers.HANDLERS[endpoint], expect_handler=expect_handler)
+        for each in (path, *ENDPOINT_ALIASES.get(endpoint, ())):
+            app.router.add_post(each, handlers.HANDLERS[endpoint], expect_handler=expect_handler)
     app.router.add_get("/v1/models", guard.list_models if guard.keyring is not None else handlers.list_models)
     app.router.add_get("/health", handlers.health)
     app.router.add_get("/ready", ready)  # readiness, separate from liveness: gateway.http.probes

@@ -29,11 +29,18 @@ from pathlib import Path
 from backends.capabilities import ALL_FIELDS, Capabilities
 from backends.chat_capabilities import CHAT_FIELDS, ChatCapabilities
 from backends.mock.capabilities import MOCK_CAPABILITIES, MOCK_CHAT
+from backends.mock.pooling import MOCK_EMBEDDINGS, MOCK_RERANK
 from backends.native.llamacpp_capabilities import LLAMACPP_CAPABILITIES, LLAMACPP_CHAT
+from backends.native.llamacpp_embed import LLAMACPP_EMBEDDINGS
 from backends.native.ollama_capabilities import OLLAMA_CAPABILITIES, OLLAMA_CHAT
+from backends.native.ollama_embed import OLLAMA_EMBEDDINGS
+from backends.native.tei import TEI_EMBEDDINGS, TEI_RERANK
 from backends.native.tgi_capabilities import TGI_CAPABILITIES, TGI_CHAT
 from backends.openai.capabilities import OPENAI_CAPABILITIES, OPENAI_CHAT
+from backends.openai.pooling import OPENAI_EMBEDDINGS, OPENAI_RERANK
+from backends.pooling_capabilities import PoolingCapabilities
 from backends.vllm.capabilities import capabilities_for, vllm_chat_capabilities
+from backends.vllm.pooling import POOLING_BOUNDARIES, vllm_pooling_tables
 from backends.vllm.versions import BOUNDARIES, CHAT_BOUNDARIES, VLLMChatFeatures, VLLMFeatures
 
 __all__ = [
@@ -185,10 +192,75 @@ def render_chat_link() -> str:
     )
 
 
+POOLING_BEGIN = (
+    "<!-- pooling-capability-matrix: rendered by `python -m tools.capability_matrix`; do not edit by hand -->"
+)
+POOLING_END = "<!-- /pooling-capability-matrix -->"
+
+
+def pooling_columns(endpoint: str) -> list[tuple[str, str, PoolingCapabilities]]:
+    """``(backend type, column title, table)`` of ``embeddings`` or ``rerank``: the types that serve it.
+
+    vLLM's tables depend on the version: an unknown version and the newest pooling boundary.
+    """
+    newest = max(POOLING_BOUNDARIES.values())
+    unknown, latest = vllm_pooling_tables(None), vllm_pooling_tables(newest)
+    pick = 0 if endpoint == "embeddings" else 1
+    vllm = [
+        ("vllm", "`vllm` (version unknown)", unknown[pick]),
+        ("vllm", f"`vllm` ≥ {newest.major}.{newest.minor}", latest[pick]),
+    ]
+    if endpoint == "embeddings":
+        return [("openai", "`openai`", OPENAI_EMBEDDINGS), *vllm, ("mock", "`mock`", MOCK_EMBEDDINGS),
+                ("ollama", "`ollama`", OLLAMA_EMBEDDINGS), ("llamacpp", "`llamacpp`", LLAMACPP_EMBEDDINGS),
+                ("tei", "`tei`", TEI_EMBEDDINGS)]  # fmt: skip
+    return [("openai", "`openai`", OPENAI_RERANK), *vllm, ("mock", "`mock`", MOCK_RERANK), ("tei", "`tei`", TEI_RERANK)]
+
+
+def _render_pooling_table(endpoint: str, path: str) -> list[str]:
+    cols = pooling_columns(endpoint)
+    keys: list[str] = []
+    for _, _, table in cols:
+        keys += [key for key, _ in table.rows() if key not in keys]
+    lines = [f"### {endpoint.capitalize()} (`{path}`)", ""]
+    lines += ["| field or form | " + " | ".join(title for _, title, _ in cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    why: dict[str, list[str]] = {}
+    for key in keys:
+        field, _, form = key.partition("=")
+        cells = []
+        for kind, _, table in cols:
+            cell = table.level(field, form or None).value
+            if any(rule.field == key for rule in table.rules):
+                cell += "*"
+                for rule in table.rules:
+                    if rule.field == key and kind not in why.setdefault(f"`{key}`: {rule.why}", []):
+                        why[f"`{key}`: {rule.why}"].append(kind)
+            note = table.note(field, form or None)
+            if note is not None:
+                cell += "†"
+                if kind not in why.setdefault(f"† `{key}`: {note}", []):
+                    why[f"† `{key}`: {note}"].append(kind)
+            cells.append(cell)
+        lines.append(f"| `{key}` | " + " | ".join(cells) + " |")
+    if why:
+        lines += ["", "\\* refused (400 `unsupported_parameter`) for some values; † how the gateway honours it:"]
+        lines += [f"- {text} ({', '.join(f'`{k}`' for k in kinds)})." for text, kinds in why.items()]
+    return lines
+
+
+def render_pooling() -> str:
+    lines = [POOLING_BEGIN, ""]
+    lines += _render_pooling_table("embeddings", "/v1/embeddings")
+    lines += [""]
+    lines += _render_pooling_table("rerank", "/v1/rerank")
+    lines += ["", POOLING_END]
+    return "\n".join(lines) + "\n"
+
+
 def blocks() -> list[tuple[str, str, str]]:
     """``(begin marker, end marker, rendered block)`` of every block this tool keeps."""
     return [(BEGIN, END, render()), (CHAT_LINK_BEGIN, CHAT_LINK_END, render_chat_link()),
-            (CHAT_BEGIN, CHAT_END, render_chat())]  # fmt: skip
+            (CHAT_BEGIN, CHAT_END, render_chat()), (POOLING_BEGIN, POOLING_END, render_pooling())]  # fmt: skip
 
 
 def replace_block(text: str, block: str, begin: str = BEGIN, end: str = END) -> str:

@@ -54,6 +54,7 @@ __all__ = [
     "Part",
     "PartResult",
     "Plan",
+    "all_or_nothing",
     "complete",
     "open_streams",
     "plan",
@@ -110,6 +111,9 @@ async def _all_or_nothing(
             if not task.cancelled() and task.exception() is None:
                 await discard(task.result())
     raise cast(BaseException, failed.exception())
+
+
+all_or_nothing = _all_or_nothing  # for the other fan-outs (an embeddings batch split into parts)
 
 
 def _usage(parts: Sequence[Part[Any]], usages: Sequence[TokenUsage | None]) -> TokenUsage:

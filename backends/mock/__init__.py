@@ -1,4 +1,4 @@
-"""The built-in ``mock`` backend: SIMULATORS of both endpoints, no model anywhere.
+"""The built-in ``mock`` backend: SIMULATORS of every endpoint, no model anywhere.
 
 One backend, one translator per endpoint, as for every family:
 
@@ -7,7 +7,9 @@ One backend, one translator per endpoint, as for every family:
 - ``chat`` (:mod:`backends.mock.chat`): deterministic ``chat.completion`` answers: text,
   tool calls with arguments valid against each function's schema, JSON replies valid against
   a ``response_format`` schema (:mod:`backends.mock.json_schema`), chat logprobs, OpenAI's
-  stream shape. Its capability tables are in :mod:`backends.mock.capabilities`.
+  stream shape. Its capability tables are in :mod:`backends.mock.capabilities`;
+- ``embeddings`` and ``rerank`` (:mod:`backends.mock.pooling`): deterministic vectors (words hashed
+  into buckets, so texts sharing words are similar) and cosine scores.
 
 Both pace streams by the entry's ``first_token_delay_ms`` / ``token_delay_ms``.
 """
@@ -16,11 +18,13 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from backends.base import Backend, ChatCall, CompletionResult, CompletionStream, UpstreamCall
+from backends.base import Backend, ChatCall, CompletionResult, CompletionStream, EmbeddingCall, RerankCall, UpstreamCall
 from backends.chat_capabilities import ChatCapabilities
 from backends.mock.capabilities import MOCK_CAPABILITIES, MOCK_CHAT
 from backends.mock.chat import chat_result, chat_stream
 from backends.mock.completions import FINGERPRINT, MOCK_CONTEXT_LENGTH, MockStream, complete_text, stream_text
+from backends.mock.pooling import MOCK_EMBEDDINGS, MOCK_RERANK, mock_embed, mock_rerank
+from backends.pooling_capabilities import PoolingCapabilities
 from schemas.config import MockBackendConfig
 from schemas.endpoints import Endpoint
 
@@ -31,6 +35,8 @@ class MockBackend(Backend):
     kind: ClassVar[str] = "mock"
     endpoints: frozenset[Endpoint] = frozenset(Endpoint)
     chat_capabilities: ChatCapabilities | None = MOCK_CHAT
+    embedding_capabilities: PoolingCapabilities | None = MOCK_EMBEDDINGS
+    rerank_capabilities: PoolingCapabilities | None = MOCK_RERANK
 
     def __init__(self, config: MockBackendConfig) -> None:
         super().__init__(config.name, MOCK_CAPABILITIES.with_overrides(config.capabilities))
@@ -48,3 +54,9 @@ class MockBackend(Backend):
 
     async def chat_stream(self, call: ChatCall) -> CompletionStream:
         return chat_stream(call, *self._delays)
+
+    async def embed(self, call: EmbeddingCall) -> CompletionResult:
+        return mock_embed(call)
+
+    async def rerank(self, call: RerankCall) -> CompletionResult:
+        return mock_rerank(call)

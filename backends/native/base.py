@@ -18,6 +18,10 @@ Who closes what: every response is released exactly once (non-streaming right af
 read; streams by :meth:`NativeChoiceStream.aclose`, which first drains what the upstream
 still sends after its final event, bounded, so the connection can be reused).
 
+Embeddings (``POST /v1/embeddings``): a family that sets ``embedding_capabilities`` serves them
+through :meth:`NativeBackend.embed` (``backends.native.pooling``: the batch cut at the server's
+inputs per call, parts joined in order); it says where (``embed_path``) and how a part is sent and read.
+
 Chat (``POST /v1/chat/completions``): a family that sets :attr:`NativeBackend.chat_translator`
 (a :class:`~backends.native.chat.ChatTranslator`) serves chat too, through the same HTTP,
 framing, fan-out (``n``) and stream contract; only the decoder of one part's events differs
@@ -27,12 +31,21 @@ framing, fan-out (``n``) and stream contract; only the decoder of one part's eve
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
 import orjson
 
-from backends.base import Backend, Call, ChatCall, CompletionResult, CompletionStream, TokenUsage, UpstreamCall
+from backends.base import (
+    Backend,
+    Call,
+    ChatCall,
+    CompletionResult,
+    CompletionStream,
+    EmbeddingCall,
+    TokenUsage,
+    UpstreamCall,
+)
 from backends.capabilities import Capabilities
 from backends.emulation import fanout
 from backends.emulation.fanout import ChoiceStream, FanoutStream, Part, PartResult
@@ -45,12 +58,14 @@ from backends.exact_json import loads_keeping_integers
 from backends.native.chat import ChatTranslator, ChatTurn, chat_head, estimate_usage, piece_chars
 from backends.native.choice import ChoiceTracker, build_choice
 from backends.native.common import Event, Generation, completion_head
+from backends.native.pooling import PartVectors, embed_in_parts
 from backends.native.stream import ChatEvents, Events, Finished, NativeChoiceStream, TextEvents
 from backends.transport import make_transport
 from backends.transport.base import HTTPTransport, UpstreamResponse, get_ok, send_ok
 from schemas.chat import ChatCompletionRequest
 from schemas.completions import CompletionRequest
 from schemas.config import LlamaCppBackendConfig, OllamaBackendConfig, TGIBackendConfig
+from schemas.embeddings import EmbeddingRequest
 from schemas.endpoints import Endpoint
 from schemas.errors import UnsupportedParameterError
 
@@ -73,8 +88,10 @@ class NativeBackend(Backend):
         super().__init_subclass__(**kwargs)
         translator = cls.__dict__.get("chat_translator")
         if translator is not None:  # a family with a chat translator serves both endpoints
-            cls.endpoints = frozenset({Endpoint.COMPLETIONS, Endpoint.CHAT})
+            cls.endpoints = cls.endpoints | {Endpoint.COMPLETIONS, Endpoint.CHAT}
             cls.chat_capabilities = translator.table
+        if cls.__dict__.get("embedding_capabilities") is not None:  # and one with an embeddings table, those
+            cls.endpoints = cls.endpoints | {Endpoint.EMBEDDINGS}
 
     def __init__(self, config: NativeConfig, transport: HTTPTransport | None = None) -> None:
         super().__init__(config.name, self.default_capabilities.with_overrides(config.capabilities))
@@ -227,6 +244,30 @@ class NativeBackend(Backend):
 
         streams = await fanout.open_streams(plan, open_one)
         return FanoutStream(plan, streams, chat_head(call.public_model), include_usage=call.request.include_usage)
+
+    # --- embeddings (a family with an embeddings table: ``embed_path``, its payload and answer) -----
+    embed_path: ClassVar[str] = ""
+
+    def embed_payload(self, request: EmbeddingRequest, model: str, inputs: Sequence[Any]) -> dict[str, Any]:
+        """The native body for one part of a batch."""
+        raise NotImplementedError(f"{type(self).__name__} serves no embeddings endpoint")
+
+    def embed_answer(self, obj: Any, inputs: int) -> PartVectors:
+        """One part's native answer: its vectors in order and its usage."""
+        raise NotImplementedError(f"{type(self).__name__} serves no embeddings endpoint")
+
+    async def embed(self, call: EmbeddingCall) -> CompletionResult:
+        table = self.embedding_capabilities
+        error = None if table is None else table.refusal(call.request, self.name, self.kind)
+        if error is not None:
+            raise error
+
+        async def send(part: Sequence[Any]) -> PartVectors:
+            payload = self.embed_payload(call.request, call.upstream_model, part)
+            obj, _ = await self.post_json(self.embed_path, payload, call)
+            return self.embed_answer(obj, len(part))
+
+        return await embed_in_parts(call, self.config.embeddings, send)  # type: ignore[union-attr]
 
     async def health(self) -> bool:
         headers = {k: v for k, v in self._headers.items() if k != "Content-Type"}

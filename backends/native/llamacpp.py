@@ -22,6 +22,7 @@ as a ``data:`` event mid-stream.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from backends.base import TokenUsage, UpstreamCall
@@ -44,8 +45,12 @@ from backends.native.common import (
 )
 from backends.native.llamacpp_capabilities import LLAMACPP_CAPABILITIES
 from backends.native.llamacpp_chat import LlamaCppChat
+from backends.native.llamacpp_embed import LLAMACPP_EMBEDDINGS, llamacpp_embed_answer, llamacpp_embed_payload
+from backends.native.pooling import PartVectors
+from backends.pooling_capabilities import PoolingCapabilities
 from schemas.completions import CompletionRequest
 from schemas.config import LlamaCppBackendConfig
+from schemas.embeddings import EmbeddingRequest
 
 __all__ = ["LlamaCppBackend", "choice_grammar"]
 
@@ -67,6 +72,8 @@ class LlamaCppBackend(NativeBackend):
     kind: ClassVar[str] = "llamacpp"
     default_capabilities = LLAMACPP_CAPABILITIES
     chat_translator = LlamaCppChat
+    embedding_capabilities: PoolingCapabilities | None = LLAMACPP_EMBEDDINGS
+    embed_path = "/v1/embeddings"
     complete_path = "/completion"
     stream_path = "/completion"
     health_path = "/health"
@@ -75,6 +82,12 @@ class LlamaCppBackend(NativeBackend):
 
     def __init__(self, config: LlamaCppBackendConfig, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
+
+    def embed_payload(self, request: EmbeddingRequest, model: str, inputs: Sequence[Any]) -> dict[str, Any]:
+        return llamacpp_embed_payload(model, inputs)
+
+    def embed_answer(self, obj: Any, inputs: int) -> PartVectors:
+        return llamacpp_embed_answer(obj, inputs, self.name)
 
     def payload(self, request: CompletionRequest, model: str, *, stream: bool) -> dict[str, Any]:
         body: dict[str, Any] = {

@@ -19,6 +19,7 @@ Errors: ``{"error": "..."}`` with the HTTP status, or as an NDJSON line mid-stre
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from backends.base import TokenUsage
@@ -41,8 +42,12 @@ from backends.native.common import (
 )
 from backends.native.ollama_capabilities import OLLAMA_CAPABILITIES
 from backends.native.ollama_chat import OllamaChat
+from backends.native.ollama_embed import OLLAMA_EMBEDDINGS, ollama_embed_answer, ollama_embed_payload
+from backends.native.pooling import PartVectors
+from backends.pooling_capabilities import PoolingCapabilities
 from schemas.completions import CompletionRequest
 from schemas.config import OllamaBackendConfig
+from schemas.embeddings import EmbeddingRequest
 
 __all__ = ["OllamaBackend"]
 
@@ -51,6 +56,8 @@ class OllamaBackend(NativeBackend):
     kind: ClassVar[str] = "ollama"
     default_capabilities = OLLAMA_CAPABILITIES
     chat_translator = OllamaChat
+    embedding_capabilities: PoolingCapabilities | None = OLLAMA_EMBEDDINGS
+    embed_path = "/api/embed"
     complete_path = "/api/generate"
     stream_path = "/api/generate"
     health_path = "/api/version"
@@ -85,6 +92,12 @@ class OllamaBackend(NativeBackend):
         if request.guided_json is not None:
             body["format"] = guided_json_schema(request)
         return body
+
+    def embed_payload(self, request: EmbeddingRequest, model: str, inputs: Sequence[Any]) -> dict[str, Any]:
+        return ollama_embed_payload(request, model, inputs)
+
+    def embed_answer(self, obj: Any, inputs: int) -> PartVectors:
+        return ollama_embed_answer(obj, inputs, self.name)
 
     def _tokens(self, obj: dict[str, Any], text: str) -> list[TokenLogprob] | None:
         tokens = logprob_tokens(obj.get("logprobs"))

@@ -5,7 +5,8 @@ dropped), with ``model`` mapped to the route's upstream id. vLLM's extra
 sampling fields are unsupported here unless the backend entry overrides its
 capabilities; a field set to its neutral value is simply not forwarded.
 Chat (``POST {base_url}/chat/completions``) is translated by ``backends.openai.chat``
-against the chat table :data:`~backends.openai.capabilities.OPENAI_CHAT`.
+against the chat table :data:`~backends.openai.capabilities.OPENAI_CHAT`; embeddings and rerank
+by ``backends.openai.pooling``.
 """
 
 from __future__ import annotations
@@ -14,13 +15,31 @@ from typing import Any, ClassVar
 
 import orjson
 
-from backends.base import Backend, Call, ChatCall, CompletionResult, CompletionStream, UpstreamCall
+from backends.base import (
+    Backend,
+    Call,
+    ChatCall,
+    CompletionResult,
+    CompletionStream,
+    EmbeddingCall,
+    RerankCall,
+    UpstreamCall,
+)
 from backends.capabilities import Capabilities
 from backends.chat_capabilities import ChatCapabilities
 from backends.errors import UpstreamError, error_from_upstream_body
 from backends.openai.capabilities import OPENAI_CAPABILITIES, OPENAI_CHAT
 from backends.openai.chat import ChatStreamRelay, MaxTokensField, ask_stream_usage, chat_payload, relay_chat_body
+from backends.openai.pooling import (
+    OPENAI_EMBEDDINGS,
+    OPENAI_RERANK,
+    embedding_payload,
+    relay_embeddings,
+    rerank_payload,
+    rerank_result,
+)
 from backends.openai.relay import OpenAIStreamRelay, relay_completion_body
+from backends.pooling_capabilities import PoolingCapabilities
 from backends.transport import HTTPTransport, get_ok, make_transport
 from backends.transport.base import UpstreamResponse, refuse_status
 from schemas.config import OpenAIBackendConfig, VLLMBackendConfig
@@ -45,8 +64,12 @@ class OpenAIBackend(Backend):
     kind: ClassVar[str] = "openai"
     default_capabilities: ClassVar[Capabilities] = OPENAI_CAPABILITIES
     health_path: ClassVar[str] = "/models"  # relative to base_url
-    endpoints: frozenset[Endpoint] = frozenset({Endpoint.COMPLETIONS, Endpoint.CHAT})
+    endpoints: frozenset[Endpoint] = frozenset(
+        {Endpoint.COMPLETIONS, Endpoint.CHAT, Endpoint.EMBEDDINGS, Endpoint.RERANK}
+    )
     chat_capabilities: ChatCapabilities | None = OPENAI_CHAT
+    embedding_capabilities: PoolingCapabilities | None = OPENAI_EMBEDDINGS
+    rerank_capabilities: PoolingCapabilities | None = OPENAI_RERANK
 
     def __init__(self, config: OpenAIBackendConfig | VLLMBackendConfig, transport: HTTPTransport | None = None) -> None:
         super().__init__(config.name, self.default_capabilities.with_overrides(config.capabilities))
@@ -54,6 +77,8 @@ class OpenAIBackend(Backend):
         self.base_url = str(config.base_url).rstrip("/")
         self._url = self.base_url + "/completions"
         self._chat_url = self.base_url + "/chat/completions"
+        self._embeddings_url = self.base_url + "/embeddings"
+        self._rerank_url = self.base_url + "/rerank"
         # vLLM keeps the client's name (its dialect renames per version: backends.vllm.chat).
         self._chat_max_tokens: MaxTokensField | None = (
             config.chat_max_tokens_field if isinstance(config, OpenAIBackendConfig) else None
@@ -134,6 +159,17 @@ class OpenAIBackend(Backend):
     async def chat_stream(self, call: ChatCall) -> CompletionStream:
         resp = await self._post(self._chat_url, self.chat_payload(call), call, stream=True)
         return self._relay(ChatStreamRelay, resp, call)
+
+    # --- embeddings and rerank (translator: backends.openai.pooling) -----------------------
+    async def embed(self, call: EmbeddingCall) -> CompletionResult:
+        assert self.embedding_capabilities is not None
+        fields = embedding_payload(call, self.embedding_capabilities)
+        return relay_embeddings(await self._post_read(self._embeddings_url, fields, call), call, self.name)
+
+    async def rerank(self, call: RerankCall) -> CompletionResult:
+        assert self.rerank_capabilities is not None
+        fields = rerank_payload(call, self.rerank_capabilities)
+        return rerank_result(await self._post_read(self._rerank_url, fields, call), call, self.name)
 
     def _relay(self, relay: type[OpenAIStreamRelay], resp: UpstreamResponse, call: Call[Any]) -> OpenAIStreamRelay:
         wants_usage, wants_continuous = client_usage(call)

@@ -28,6 +28,7 @@ another full scan of every read.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -67,9 +68,16 @@ def usage_of(obj: Any) -> TokenUsage | None:
 
 
 def relay_completion_body(
-    data: bytes, call: Call[Any], backend: str, kind: str = "text_completion"
+    data: bytes,
+    call: Call[Any],
+    backend: str,
+    kind: str = "text_completion",
+    *,
+    items: str = "choices",
+    read_usage: Callable[[Any], TokenUsage | None] = usage_of,
 ) -> CompletionResult:
-    """An upstream ``text_completion`` (or ``chat.completion``: ``kind``) body, renamed to the client's model.
+    """An upstream ``text_completion`` (or ``chat.completion``, an embeddings ``list``: ``kind``, whose
+    array is ``items``) body, renamed to the client's model.
 
     The client gets the upstream's bytes (numbers, escapes, spacing and key order as sent)
     with only the model name swapped; the parse is for the shape check and the usage.
@@ -86,9 +94,9 @@ def relay_completion_body(
         obj = orjson.loads(data)
     except orjson.JSONDecodeError:
         raise UpstreamProtocolError("the upstream sent a body that is not JSON", backend=backend) from None
-    if not isinstance(obj, dict) or not isinstance(obj.get("choices"), list):
+    if not isinstance(obj, dict) or not isinstance(obj.get(items), list):
         raise UpstreamProtocolError(f"the upstream sent a body that is not a {kind}", backend=backend)
-    usage = usage_of(obj.get("usage"))
+    usage = read_usage(obj.get("usage"))
     upstream = obj.get("model")
     # Inline, not a helper: this is every non-streamed request's path (calls per request count).
     if type(upstream) is str and data.count(b'"model"') == 1 and not (b"\\" in data and b"\\u006" in data):

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 import orjson
 
-from backends.base import Call, ChatCall, CompletionResult, CompletionStream, UpstreamCall
+from backends.base import Call, ChatCall, CompletionResult, CompletionStream, EmbeddingCall, RerankCall, UpstreamCall
 from backends.capabilities import Capabilities
 from backends.chat_capabilities import ChatCapabilities
 from backends.emulation.best_of import ReplicatedStream, pick_best_of, replicate_choices, scale_usage
@@ -37,6 +37,7 @@ from backends.errors import UpstreamConnectError, UpstreamError, UpstreamProtoco
 from backends.exact_json import dumps_exact, loads_keeping_integers
 from backends.openai.adapter import OpenAIBackend
 from backends.openai.chat import chat_refusal
+from backends.openai.pooling import embedding_payload, relay_embeddings, rerank_payload, rerank_result
 from backends.openai.relay import usage_of
 from backends.transport.base import HTTPTransport, send_ok
 from backends.vllm.capabilities import VLLM_CAPABILITIES, vllm_chat_capabilities
@@ -50,6 +51,7 @@ from backends.vllm.dialect import (
     normalise_body,
     vllm_error,
 )
+from backends.vllm.pooling import binary_embeddings, vllm_pooling_error, vllm_pooling_tables
 from backends.vllm.stream import VLLMChatStreamRelay, VLLMStreamRelay
 from backends.vllm.versions import VLLMChatFeatures, VLLMFeatures, VLLMVersion, parse_version
 from schemas.chat import ChatCompletionRequest
@@ -102,6 +104,7 @@ class VLLMBackend(OpenAIBackend):
         self.capabilities = self.dialect.capabilities.with_overrides(self._overrides)
         self.chat_features = VLLMChatFeatures.of(version, self._tool_parser)
         self.chat_capabilities: ChatCapabilities | None = vllm_chat_capabilities(self.chat_features)
+        self.embedding_capabilities, self.rerank_capabilities = vllm_pooling_tables(version)
 
     async def start(self) -> None:
         await super().start()
@@ -386,6 +389,49 @@ class VLLMBackend(OpenAIBackend):
                 param=guide,
                 backend=self.name,
             )
+
+    # --- embeddings and rerank (translator: backends.openai.pooling, vLLM's tables: backends.vllm.pooling)
+    async def _send_pooling(self, url: str, fields: dict[str, Any], call: Call[Any]) -> tuple[bytes, Any]:
+        """POST a pooling request; the body and the response (for its headers). A non-200 raises."""
+
+        def status_error(status: int, data: bytes, retry_after: str | None) -> UpstreamError:
+            return vllm_pooling_error(status, data, retry_after, self.name)
+
+        if self._stale:
+            await self._refresh()
+        try:
+            resp = await send_ok(
+                self._transport, url, orjson.dumps(fields), self._request_headers(call), stream=False,
+                status_error=status_error,
+            )  # fmt: skip
+        except UpstreamConnectError:
+            self._stale = True  # the next contact is a reconnect: re-read the version first
+            raise
+        try:
+            return await resp.read(), resp
+        finally:
+            resp.release()
+
+    def _refuse(self, error: UnsupportedParameterError | None) -> None:
+        if error is not None:  # the table of *now*: the version may have changed since routing
+            raise error
+
+    async def embed(self, call: EmbeddingCall) -> CompletionResult:
+        table = self.embedding_capabilities
+        assert table is not None
+        self._refuse(table.refusal(call.request, self.name, self.kind))
+        data, resp = await self._send_pooling(self._embeddings_url, embedding_payload(call, table), call)
+        if call.request.encoding_format in ("bytes", "bytes_only"):
+            estimate = call.request.prompt_estimate()
+            return binary_embeddings(data, resp.header("metadata"), call.public_model, estimate)
+        return relay_embeddings(data, call, self.name)
+
+    async def rerank(self, call: RerankCall) -> CompletionResult:
+        table = self.rerank_capabilities
+        assert table is not None
+        self._refuse(table.refusal(call.request, self.name, self.kind))
+        data, _ = await self._send_pooling(self._rerank_url, rerank_payload(call, table), call)
+        return rerank_result(data, call, self.name)
 
     def health_url(self) -> str:
         return self._root + "/health"

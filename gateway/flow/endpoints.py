@@ -15,7 +15,16 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from backends.base import Backend, Call, ChatCall, CompletionResult, CompletionStream, UpstreamCall
+from backends.base import (
+    Backend,
+    Call,
+    ChatCall,
+    CompletionResult,
+    CompletionStream,
+    EmbeddingCall,
+    RerankCall,
+    UpstreamCall,
+)
 from backends.tool_call_order import MAX_HELD_BYTES, SequentialToolCalls
 from gateway.served import ServedRequest
 from schemas.endpoints import ENDPOINT_PATHS, Endpoint
@@ -52,6 +61,29 @@ def _chat_stream(backend: Backend, call: ChatCall) -> Awaitable[CompletionStream
     return backend.chat_stream(call)  # no tools, no tool calls: nothing to reorder, nothing paid
 
 
+def _embeddings_refusal(backend: Backend, request: Any) -> UnsupportedParameterError | None:
+    table = backend.embedding_capabilities
+    return None if table is None else table.refusal(request, backend.name, backend.kind)
+
+
+def _rerank_refusal(backend: Backend, request: Any) -> UnsupportedParameterError | None:
+    table = backend.rerank_capabilities
+    return None if table is None else table.refusal(request, backend.name, backend.kind)
+
+
+def _embed(backend: Backend, call: EmbeddingCall) -> Awaitable[CompletionResult]:
+    return backend.embed(call)
+
+
+def _rerank(backend: Backend, call: RerankCall) -> Awaitable[CompletionResult]:
+    return backend.rerank(call)
+
+
+def _no_stream(backend: Backend, call: Call[Any]) -> Awaitable[CompletionStream]:
+    # The pooling endpoints' schemas have no ``stream``: the handler never opens one for them.
+    raise AssertionError(f"{type(call).__name__} is never streamed")
+
+
 async def _sequential(backend: Backend, call: ChatCall) -> CompletionStream:
     """Every backend's chat stream with tool calls, re-emitted one call after another (as OpenAI's)."""
     inner = await backend.chat_stream(call)
@@ -81,5 +113,7 @@ OPS: Mapping[Endpoint, EndpointOps] = MappingProxyType(
     {
         Endpoint.COMPLETIONS: EndpointOps(Endpoint.COMPLETIONS, _completions_refusal, UpstreamCall, _complete, _stream),
         Endpoint.CHAT: EndpointOps(Endpoint.CHAT, _chat_refusal, ChatCall, _chat, _chat_stream),
+        Endpoint.EMBEDDINGS: EndpointOps(Endpoint.EMBEDDINGS, _embeddings_refusal, EmbeddingCall, _embed, _no_stream),
+        Endpoint.RERANK: EndpointOps(Endpoint.RERANK, _rerank_refusal, RerankCall, _rerank, _no_stream),
     }
 )

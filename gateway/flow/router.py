@@ -1,14 +1,15 @@
 """Model names to routes, the capability check that runs before routing, and the strategies.
 
-A configured model has one or more routes (backend + upstream model id), and is served on
-the endpoints ``models[].endpoints`` allows (default: all) that its routes' backends serve
-(``Backend.endpoints``); a request on another endpoint gets 404 naming the ones it is served
-on, as OpenAI answers a chat model on ``/v1/completions``. For a request the router returns
-the routes of its endpoint that can honour every field it sets (that endpoint's capability
-table: :class:`~gateway.flow.endpoints.EndpointOps`); when none can, the
-request is refused with 400 ``unsupported_parameter`` naming the first field the
-preferred route lacks. The model's strategy then puts those routes in try order: the
-chosen route first, the rest in the order failover walks them.
+A configured model has one or more routes (backend + upstream model id), and is served on the
+endpoints ``models[].endpoints`` lists that its routes' backends serve (``Backend.endpoints``);
+unlisted, on what they serve by default (``Backend.default_endpoints``: the generation endpoints, or
+embeddings and rerank on a backend that serves nothing else). A request on another endpoint gets 404
+naming the ones it is served on, as OpenAI answers a chat model on ``/v1/completions``. For a
+request the router returns the routes of its endpoint that can honour every field it sets (that
+endpoint's capability table: :class:`~gateway.flow.endpoints.EndpointOps`); when none can, the
+request is refused with 400 ``unsupported_parameter`` naming the first field the preferred route
+lacks. The model's strategy then puts those routes in try order: the chosen route first, the rest in
+the order failover walks them.
 
 Strategies (``models[].strategy``):
 
@@ -234,10 +235,17 @@ class Router:
     @staticmethod
     def _entry(model: ModelConfig, backends: Mapping[str, Backend], guards: Mapping[str, BackendGuard]) -> ModelEntry:
         routes = tuple(Route(backends[r.backend], r.model, r.weight, guards[r.backend]) for r in model.routes)
-        allowed = set(model.endpoints) if model.endpoints is not None else set(Endpoint)
+        listed = set(model.endpoints) if model.endpoints is not None else None
         served: dict[Endpoint, tuple[Route, ...]] = {}
         for endpoint in Endpoint:
-            able = tuple(r for r in routes if endpoint in r.backend.endpoints)
+            # Unlisted: what each route's backend serves by default (generation, or pooling where
+            # it serves nothing else), so an embedding model never lands on chat, nor the reverse.
+            able = tuple(
+                r
+                for r in routes
+                if endpoint in r.backend.endpoints and (listed is not None or endpoint in r.backend.default_endpoints)
+            )
+            allowed = listed if listed is not None else {endpoint}
             if endpoint in allowed and able:
                 served[endpoint] = able
         return ModelEntry(model.name, routes, make_strategy(model.strategy), MappingProxyType(served))

@@ -30,7 +30,12 @@ from gateway.flow.endpoints import OPS
 from gateway.flow.service import OpenedStream
 from gateway.http.hardening import read_body, redact
 from gateway.http.request_id import request_id_of
-from gateway.http.validation import parse_chat_request, parse_completion_request
+from gateway.http.validation import (
+    parse_chat_request,
+    parse_completion_request,
+    parse_embedding_request,
+    parse_rerank_request,
+)
 from gateway.served import ServedRequest
 from gateway.state import STATE, GatewayState
 from schemas.endpoints import Endpoint
@@ -41,16 +46,23 @@ __all__ = [
     "PARSERS",
     "chat_completions",
     "completions",
+    "embeddings",
     "endpoint_handler",
     "health",
     "list_models",
     "metrics",
+    "rerank",
     "serve",
 ]
 
 # The one thing each endpoint does its own way at the door: the schema its body must match.
 PARSERS: Mapping[Endpoint, Callable[[bytes], Any]] = MappingProxyType(
-    {Endpoint.COMPLETIONS: parse_completion_request, Endpoint.CHAT: parse_chat_request}
+    {
+        Endpoint.COMPLETIONS: parse_completion_request,
+        Endpoint.CHAT: parse_chat_request,
+        Endpoint.EMBEDDINGS: parse_embedding_request,
+        Endpoint.RERANK: parse_rerank_request,
+    }
 )
 
 log = logging.getLogger("gateway")
@@ -135,9 +147,10 @@ async def serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
                 else:
                     record.backend = route.backend.name
                     record.usage = result.usage
-                    response = web.Response(
-                        body=result.body, content_type=_JSON, headers={"x-request-id": record.request_id}
-                    )
+                    headers = {"x-request-id": record.request_id}
+                    if result.headers:  # vLLM's binary embeddings carry their metadata in a header
+                        headers.update(result.headers)
+                    response = web.Response(body=result.body, content_type=result.content_type, headers=headers)
             finally:
                 limiter.release()
         finally:
@@ -165,9 +178,12 @@ async def serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
 
 completions = endpoint_handler(Endpoint.COMPLETIONS)  # POST /v1/completions
 chat_completions = endpoint_handler(Endpoint.CHAT)  # POST /v1/chat/completions
+embeddings = endpoint_handler(Endpoint.EMBEDDINGS)  # POST /v1/embeddings
+rerank = endpoint_handler(Endpoint.RERANK)  # POST /v1/rerank, /v2/rerank, /rerank
 HANDLERS: Mapping[Endpoint, Callable[[web.Request], Awaitable[web.StreamResponse]]] = MappingProxyType(
-    {Endpoint.COMPLETIONS: completions, Endpoint.CHAT: chat_completions}
-)
+    {Endpoint.COMPLETIONS: completions, Endpoint.CHAT: chat_completions, Endpoint.EMBEDDINGS: embeddings,
+     Endpoint.RERANK: rerank}
+)  # fmt: skip
 
 
 def _cancelled(state: GatewayState) -> NoReturn:

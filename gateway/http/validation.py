@@ -18,9 +18,11 @@ from pydantic import ValidationError
 
 from schemas.chat import ChatCompletionRequest
 from schemas.completions import CompletionRequest
+from schemas.embeddings import EmbeddingRequest
 from schemas.errors import FieldRuleError, InvalidRequestError
+from schemas.rerank import RerankRequest
 
-__all__ = ["parse_chat_request", "parse_completion_request"]
+__all__ = ["parse_chat_request", "parse_completion_request", "parse_embedding_request", "parse_rerank_request"]
 
 _Params = Callable[[tuple[int | str, ...], bytes], str | None]
 
@@ -31,6 +33,9 @@ _SHAPES: dict[str, str] = {
     "guided_json": "a JSON schema, as an object or a string",
     "content": "a string or an array of content parts",
     "tool_choice": '"none", "auto", "required" or an object naming a tool',
+    "input": "a non-empty string, an array of 1 to 2048 non-empty strings, an array of token ids, "
+    "or an array of 1 to 2048 token-id arrays (none empty)",
+    "documents": "an array of 1 to 10000 documents, each a string or an object with a text",
 }
 
 
@@ -50,6 +55,24 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
         raise _empty_body()
     try:
         return ChatCompletionRequest.model_validate_json(body)
+    except ValidationError as exc:
+        raise _to_client_error(exc, body, _chat_param) from None
+
+
+def parse_embedding_request(body: bytes) -> EmbeddingRequest:
+    if not body:
+        raise _empty_body()
+    try:
+        return EmbeddingRequest.model_validate_json(body)
+    except ValidationError as exc:
+        raise _to_client_error(exc, body, _completions_param) from None  # param: the field (``input``)
+
+
+def parse_rerank_request(body: bytes) -> RerankRequest:
+    if not body:
+        raise _empty_body()
+    try:
+        return RerankRequest.model_validate_json(body)
     except ValidationError as exc:
         raise _to_client_error(exc, body, _chat_param) from None
 

@@ -13,10 +13,12 @@ from schemas.config.auth import ApiKeyConfig, AuthConfig, CostCaps
 from schemas.config.backends import (
     BACKEND_TYPES,
     BackendConfig,
+    EmbedBatchingConfig,
     LlamaCppBackendConfig,
     MockBackendConfig,
     OllamaBackendConfig,
     OpenAIBackendConfig,
+    TEIBackendConfig,
     TGIBackendConfig,
     VLLMBackendConfig,
 )
@@ -52,6 +54,7 @@ __all__ = [
     "CircuitBreakerConfig",
     "CostCaps",
     "DNSDiscoveryConfig",
+    "EmbedBatchingConfig",
     "GatewayConfig",
     "HTTPUpstreamConfig",
     "HealthCheckConfig",
@@ -66,6 +69,7 @@ __all__ = [
     "RetryConfig",
     "RouteConfig",
     "ServerConfig",
+    "TEIBackendConfig",
     "TGIBackendConfig",
     "TimeoutConfig",
     "UpstreamLimitsConfig",

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import AnyHttpUrl, Field, field_validator, model_validator
 
-from schemas.config.common import HTTPUpstreamConfig, _BackendBase, _HTTPBackendBase
+from schemas.config.common import HTTPUpstreamConfig, _BackendBase, _HTTPBackendBase, _Strict
 from schemas.config.pool import DNSDiscoveryConfig, PoolProbeConfig, PoolRoutingConfig, VLLMPoolBackendConfig
 
 
@@ -79,6 +79,15 @@ class _NativeBackendBase(HTTPUpstreamConfig):
     """
 
 
+class EmbedBatchingConfig(_Strict):
+    """How an embeddings (or rerank) batch is cut for a server that takes fewer inputs per call."""
+
+    # Inputs per upstream call; a larger batch is split into parts (TEI: its --max-client-batch-size).
+    max_inputs_per_call: Annotated[int, Field(ge=1, le=100_000)]
+    # Parts of one request sent at once; the answer joins them in input order.
+    max_parallel_calls: Annotated[int, Field(ge=1, le=64)] = 4
+
+
 class TGIBackendConfig(_NativeBackendBase):
     """Hugging Face text-generation-inference, native ``/generate`` and ``/generate_stream``."""
 
@@ -86,15 +95,25 @@ class TGIBackendConfig(_NativeBackendBase):
 
 
 class OllamaBackendConfig(_NativeBackendBase):
-    """Ollama, native ``/api/generate``."""
+    """Ollama, native ``/api/generate`` (embeddings: ``/api/embed``)."""
 
     type: Literal["ollama"]
+    embeddings: EmbedBatchingConfig = Field(default_factory=lambda: EmbedBatchingConfig(max_inputs_per_call=128))
 
 
 class LlamaCppBackendConfig(_NativeBackendBase):
-    """llama.cpp's ``llama-server``, native ``/completion``."""
+    """llama.cpp's ``llama-server``, native ``/completion`` (embeddings: ``/v1/embeddings``, with ``--embedding``)."""
 
     type: Literal["llamacpp"]
+    embeddings: EmbedBatchingConfig = Field(default_factory=lambda: EmbedBatchingConfig(max_inputs_per_call=128))
+
+
+class TEIBackendConfig(_NativeBackendBase):
+    """Hugging Face text-embeddings-inference: ``/v1/embeddings`` and ``/rerank`` (no generation)."""
+
+    type: Literal["tei"]
+    # TEI refuses a call with more inputs than its --max-client-batch-size (default 32).
+    embeddings: EmbedBatchingConfig = Field(default_factory=lambda: EmbedBatchingConfig(max_inputs_per_call=32))
 
 
 BackendConfig = Annotated[
@@ -104,7 +123,8 @@ BackendConfig = Annotated[
     | MockBackendConfig
     | TGIBackendConfig
     | OllamaBackendConfig
-    | LlamaCppBackendConfig,
+    | LlamaCppBackendConfig
+    | TEIBackendConfig,
     Field(discriminator="type"),
 ]
-BACKEND_TYPES = ("openai", "vllm", "vllm-pool", "mock", "tgi", "ollama", "llamacpp")
+BACKEND_TYPES = ("openai", "vllm", "vllm-pool", "mock", "tgi", "ollama", "llamacpp", "tei")

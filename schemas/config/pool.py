@@ -78,6 +78,8 @@ class PoolRestartConfig(_Strict):
 
 # Flags of ``vllm serve`` the pool sets itself, per worker.
 _POOL_OWNED_FLAGS = ("--host", "--port", "--tensor-parallel-size", "-tp", "--served-model-name", "--model")
+# vLLM tasks and conversions that make a pooling model (no generation).
+_POOLING_TASKS = frozenset({"embed", "embedding", "score", "classify", "reward", "rerank"})
 
 
 class VLLMPoolBackendConfig(_BackendBase):
@@ -140,6 +142,21 @@ class VLLMPoolBackendConfig(_BackendBase):
             elif arg.startswith("--tool-call-parser="):
                 parser = arg.split("=", 1)[1]
         return parser or None
+
+    @property
+    def pooling(self) -> bool:
+        """Whether the workers run a pooling model (``--runner pooling``, ``--convert embed``, or the
+        older ``--task embed``/``score``): they serve embeddings and rerank, not completions or chat."""
+        args = self.vllm_args
+        for i, arg in enumerate(args):
+            flag, _, value = arg.partition("=")
+            if not value and i + 1 < len(args):
+                value = args[i + 1]
+            if (flag == "--runner" and value == "pooling") or (
+                flag in ("--convert", "--task") and value in _POOLING_TASKS
+            ):
+                return True
+        return False
 
     @field_validator("gpus", mode="before")
     @classmethod

@@ -20,6 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
+from schemas.endpoints import Endpoint
 from tests.conftest import MOCK_MODEL, MakeGateway, RunningGateway
 
 COMPLETIONS_ONLY = "mock-completions-only"
@@ -246,4 +247,4 @@ async def test_metrics_carry_the_endpoint(client: openai.AsyncOpenAI, chat_gatew
     assert value("gateway_completion_tokens_total", **ok, endpoint="chat") > 0
     assert value("gateway_unsupported_parameter_rejections_total", backend="sim", param="top_k", endpoint="chat") == 1
     assert value("gateway_requests_in_flight", model=MOCK_MODEL, endpoint="chat") == 0
-    assert {s.labels["endpoint"] for s in samples if "endpoint" in s.labels} <= {"completions", "chat"}
+    assert {s.labels["endpoint"] for s in samples if "endpoint" in s.labels} <= {e.value for e in Endpoint}

@@ -255,7 +255,7 @@ async def test_cli_serve_quickstart_and_sigterm() -> None:
             chunks = [c async for c in stream]
             assert chunks[-1].choices == [] and chunks[-1].usage is not None
             models = await client.models.list()
-            assert [m.id for m in models.data] == ["demo-model", "demo-chat"]
+            assert [m.id for m in models.data] == ["demo-model", "demo-chat", "demo-embed"]
             chat = await client.chat.completions.create(
                 model="demo-chat", messages=[{"role": "user", "content": "Hello"}], max_completion_tokens=5
             )

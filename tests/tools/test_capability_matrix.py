@@ -9,6 +9,7 @@ import pytest
 from backends.capabilities import Level
 from backends.chat_capabilities import CHAT_FIELDS
 from schemas.config import BACKEND_TYPES
+from schemas.endpoints import Endpoint
 from tools.capability_matrix import (
     BEGIN,
     CHAT_BEGIN,
@@ -17,14 +18,18 @@ from tools.capability_matrix import (
     CHAT_LINK_BEGIN,
     CHAT_LINK_END,
     END,
+    POOLING_BEGIN,
+    POOLING_END,
     blocks,
     chat_columns,
     chat_keys,
     columns,
     main,
+    pooling_columns,
     render,
     render_chat,
     render_chat_link,
+    render_pooling,
     replace_block,
 )
 
@@ -56,8 +61,31 @@ def test_docs_show_the_rendered_chat_matrix() -> None:
 
 
 def test_every_backend_type_has_a_column() -> None:
-    assert {kind for kind, _, _ in columns()} | {"vllm-pool"} == set(BACKEND_TYPES)
-    assert {kind for kind, _, _ in chat_columns()} | {"vllm-pool"} == set(BACKEND_TYPES)  # pool workers are vLLM
+    # tei serves no generation; pool workers are vLLM and share its columns.
+    assert {kind for kind, _, _ in columns()} | {"vllm-pool", "tei"} == set(BACKEND_TYPES)
+    assert {kind for kind, _, _ in chat_columns()} | {"vllm-pool", "tei"} == set(BACKEND_TYPES)
+    embedders = {name for name, cls in _classes().items() if Endpoint.EMBEDDINGS in cls.endpoints}
+    rerankers = {name for name, cls in _classes().items() if Endpoint.RERANK in cls.endpoints}
+    assert {kind for kind, _, _ in pooling_columns("embeddings")} == embedders  # vllm-pool: vLLM's columns
+    assert {kind for kind, _, _ in pooling_columns("rerank")} == rerankers
+
+
+def _classes() -> dict[str, type]:
+    from backends.mock import MockBackend
+    from backends.native.llamacpp import LlamaCppBackend
+    from backends.native.ollama import OllamaBackend
+    from backends.native.tei import TEIBackend
+    from backends.native.tgi import TGIBackend
+    from backends.openai.adapter import OpenAIBackend
+    from backends.vllm.adapter import VLLMBackend
+
+    kinds = (OpenAIBackend, VLLMBackend, MockBackend, TGIBackend, OllamaBackend, LlamaCppBackend, TEIBackend)
+    return {cls.kind: cls for cls in kinds}
+
+
+def test_docs_show_the_rendered_pooling_matrix() -> None:
+    text = (ROOT / CHAT_DOC).read_text(encoding="utf-8")
+    assert block_of(text, POOLING_BEGIN, POOLING_END) == render_pooling(), CHAT_DOC + " is " + STALE
 
 
 def test_chat_rows_are_every_field_then_every_form_of_every_table() -> None:
@@ -103,8 +131,8 @@ def test_write_replaces_only_the_block(tmp_path: Path) -> None:
 def test_write_renders_every_block_each_file_holds(tmp_path: Path) -> None:
     readme, doc = tmp_path / "README.md", tmp_path / "capabilities.md"
     readme.write_text(f"a\n{BEGIN}\nx\n{END}\n\n{CHAT_LINK_BEGIN}\ny\n{CHAT_LINK_END}\nb\n", encoding="utf-8")
-    doc.write_text(f"# t\n{CHAT_BEGIN}\nz\n{CHAT_END}\n", encoding="utf-8")
+    doc.write_text(f"# t\n{CHAT_BEGIN}\nz\n{CHAT_END}\n\n{POOLING_BEGIN}\nw\n{POOLING_END}\n", encoding="utf-8")
     assert main(["--write", str(readme), "--write", str(doc)]) == 0
     assert readme.read_text(encoding="utf-8") == f"a\n{render()}\n{render_chat_link()}b\n"
-    assert doc.read_text(encoding="utf-8") == "# t\n" + render_chat()
-    assert len(blocks()) == 3
+    assert doc.read_text(encoding="utf-8") == "# t\n" + render_chat() + "\n" + render_pooling()
+    assert len(blocks()) == 4

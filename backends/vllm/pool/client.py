@@ -36,7 +36,7 @@ from backends.errors import UpstreamError
 from backends.transport import make_transport
 from backends.transport.base import HTTPTransport
 from backends.vllm.adapter import VLLMBackend
-from backends.vllm.capabilities import VLLM_CAPABILITIES, vllm_chat_capabilities
+from backends.vllm.capabilities import VLLM_CAPABILITIES
 from backends.vllm.pool.pool import endpoint_config, worker_count
 from backends.vllm.pool.rollout import apply_routing, restart_keys, split_changes
 from backends.vllm.routing.balancer import Endpoint
@@ -45,7 +45,6 @@ from backends.vllm.routing.inflight import InFlightTable, SharedEndpoint
 from backends.vllm.routing.remote import server_config
 from backends.vllm.routing.scrape import WorkerLoad
 from backends.vllm.routing.status import PoolStatus
-from backends.vllm.versions import VLLMChatFeatures
 from schemas.config import VLLMBackendConfig, VLLMPoolBackendConfig
 
 __all__ = ["ClientReport", "SharedEndpointsClient", "VLLMEndpointsClient", "VLLMPoolClient"]
@@ -61,7 +60,7 @@ class SharedEndpointsClient(DispatchedBackend):
 
     def __init__(self, config: VLLMPoolBackendConfig | VLLMBackendConfig, *, row: int) -> None:
         super().__init__(config.name, self.default_capabilities.with_overrides(config.capabilities))
-        self.chat_capabilities = vllm_chat_capabilities(VLLMChatFeatures.of(None, config.tool_parser))
+        self.unknown_tables(config.tool_parser)
         self.routing = config.routing
         self.row = row  # this gateway worker's row in the in-flight table (its index K)
         self.dispatcher = Dispatcher(
@@ -143,8 +142,7 @@ class SharedEndpointsClient(DispatchedBackend):
         known = version if isinstance(version, str) and version else None
         adapter = VLLMBackend(self._server_config(url, known), self._transport)
         # All workers run the same vLLM: the pool's tables are the adapter's (as in the pool).
-        self.capabilities = adapter.capabilities
-        self.chat_capabilities = adapter.chat_capabilities
+        self.take_tables(adapter)
         return adapter
 
     def _failed(self, ep: Endpoint, exc: UpstreamError) -> None:

@@ -30,15 +30,15 @@ from backends.errors import UpstreamError
 from backends.transport import make_transport
 from backends.transport.base import HTTPTransport
 from backends.vllm.adapter import VLLMBackend
-from backends.vllm.capabilities import VLLM_CAPABILITIES, vllm_chat_capabilities
+from backends.vllm.capabilities import VLLM_CAPABILITIES
 from backends.vllm.pool.rollout import RolloutReport, apply_routing, restart_keys, roll, split_changes
 from backends.vllm.pool.supervisor import Supervisor
 from backends.vllm.routing.balancer import Endpoint
 from backends.vllm.routing.dispatch import DispatchedBackend, Dispatcher
 from backends.vllm.routing.inflight import InFlightTable
 from backends.vllm.routing.status import PoolStatus, default_log_dir, endpoints_view, fill_in_flight, write_status
-from backends.vllm.versions import VLLMChatFeatures
 from schemas.config import VLLMBackendConfig, VLLMPoolBackendConfig
+from schemas.endpoints import POOLING_ENDPOINTS
 
 __all__ = ["VLLMPoolBackend", "endpoint_config", "pool_log_dir", "worker_count"]
 
@@ -58,7 +58,9 @@ class VLLMPoolBackend(DispatchedBackend):
     def __init__(self, config: VLLMPoolBackendConfig) -> None:
         super().__init__(config.name, self.default_capabilities.with_overrides(config.capabilities))
         # Until a worker has told its version: the table that cannot fail open.
-        self.chat_capabilities = vllm_chat_capabilities(VLLMChatFeatures.of(None, config.tool_parser))
+        self.unknown_tables(config.tool_parser)
+        if config.pooling:  # workers running a pooling model serve embeddings and rerank only
+            self.endpoints = POOLING_ENDPOINTS
         self.config = config
         self.log_dir = pool_log_dir(config)
         self.status_path = self.log_dir / "status.json"
@@ -103,8 +105,7 @@ class VLLMPoolBackend(DispatchedBackend):
             await adapter.start()
         except Exception:  # the adapter falls back to its safe defaults; routing must go on
             log.exception("pool %s: starting the adapter for %s failed", self.name, url)
-        self.capabilities = adapter.capabilities
-        self.chat_capabilities = adapter.chat_capabilities
+        self.take_tables(adapter)
         return adapter
 
     # --- Backend -------------------------------------------------------------------------

@@ -28,11 +28,24 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from backends.base import Backend, Call, ChatCall, CompletionResult, CompletionStream, UpstreamCall
+from backends.base import (
+    Backend,
+    Call,
+    ChatCall,
+    CompletionResult,
+    CompletionStream,
+    EmbeddingCall,
+    RerankCall,
+    UpstreamCall,
+)
 from backends.errors import UpstreamError, retryable
+from backends.vllm.capabilities import vllm_chat_capabilities
+from backends.vllm.pooling import vllm_pooling_tables
 from backends.vllm.routing.balancer import Balancer, Endpoint
-from backends.vllm.routing.prefix import chat_prefix_keys, prefix_keys
+from backends.vllm.routing.prefix import block_keys, chat_prefix_keys, prefix_keys
+from backends.vllm.versions import VLLMChatFeatures
 from schemas.chat import ChatCompletionRequest
+from schemas.completions import CompletionRequest
 from schemas.config import PoolRoutingConfig
 from schemas.endpoints import Endpoint as EndpointKind
 
@@ -108,9 +121,12 @@ class Dispatcher:
     def _keys(self, call: Call[Any]) -> tuple[int, ...]:
         if self.routing.strategy not in ("prefix-affinity", "prefix-hash"):
             return ()
-        if isinstance(call.request, ChatCompletionRequest):
-            return chat_prefix_keys(call.request, self.routing)  # the conversation's leading part
-        return prefix_keys(call.request, self.routing)
+        request = call.request
+        if isinstance(request, ChatCompletionRequest):
+            return chat_prefix_keys(request, self.routing)  # the conversation's leading part
+        if isinstance(request, CompletionRequest):
+            return prefix_keys(request, self.routing)
+        return block_keys(request.routing_text(), self.routing)  # embeddings, rerank: the first input, the query
 
     async def _acquire(
         self, keys: tuple[int, ...], tried: set[tuple[int, int]], deadline: float, last: UpstreamError | None
@@ -151,6 +167,12 @@ class Dispatcher:
 
     async def chat(self, call: ChatCall) -> CompletionResult:
         return await self._answer(call, lambda adapter, _: adapter.chat(call), holds=False)
+
+    async def embed(self, call: EmbeddingCall) -> CompletionResult:
+        return await self._answer(call, lambda adapter, _: adapter.embed(call), holds=False)
+
+    async def rerank(self, call: RerankCall) -> CompletionResult:
+        return await self._answer(call, lambda adapter, _: adapter.rerank(call), holds=False)
 
     async def stream(self, call: UpstreamCall) -> CompletionStream:
         return await self._answer(call, lambda adapter, release: _opened(adapter.stream(call), release), holds=True)
@@ -212,7 +234,22 @@ class DispatchedBackend(Backend):
     """
 
     dispatcher: Dispatcher
-    endpoints: frozenset[EndpointKind] = frozenset({EndpointKind.COMPLETIONS, EndpointKind.CHAT})
+    endpoints: frozenset[EndpointKind] = frozenset(
+        {EndpointKind.COMPLETIONS, EndpointKind.CHAT, EndpointKind.EMBEDDINGS, EndpointKind.RERANK}
+    )
+
+    def take_tables(self, adapter: Backend) -> None:
+        """Every endpoint's table from one server's adapter: the servers behind one backend run
+        one vLLM release (a rollout: the newest), so its tables are the backend's."""
+        self.capabilities = adapter.capabilities
+        self.chat_capabilities = adapter.chat_capabilities
+        self.embedding_capabilities = adapter.embedding_capabilities
+        self.rerank_capabilities = adapter.rerank_capabilities
+
+    def unknown_tables(self, tool_parser: str | None) -> None:
+        """The tables that cannot fail open, until a server has told its version."""
+        self.chat_capabilities = vllm_chat_capabilities(VLLMChatFeatures.of(None, tool_parser))
+        self.embedding_capabilities, self.rerank_capabilities = vllm_pooling_tables(None)
 
     async def complete(self, call: UpstreamCall) -> CompletionResult:
         return await self.dispatcher.complete(call)
@@ -225,6 +262,12 @@ class DispatchedBackend(Backend):
 
     async def chat_stream(self, call: ChatCall) -> CompletionStream:
         return await self.dispatcher.chat_stream(call)
+
+    async def embed(self, call: EmbeddingCall) -> CompletionResult:
+        return await self.dispatcher.embed(call)
+
+    async def rerank(self, call: RerankCall) -> CompletionResult:
+        return await self.dispatcher.rerank(call)
 
     async def health(self) -> bool:
         return any(ep.available for ep in self.dispatcher.endpoints)

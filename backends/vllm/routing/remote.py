@@ -29,13 +29,12 @@ from backends.transport import make_transport
 from backends.transport.base import get_ok
 from backends.transport.httptools_client import FastHTTPTransport
 from backends.vllm.adapter import VLLMBackend
-from backends.vllm.capabilities import VLLM_CAPABILITIES, vllm_chat_capabilities
+from backends.vllm.capabilities import VLLM_CAPABILITIES
 from backends.vllm.routing.balancer import Endpoint
 from backends.vllm.routing.dispatch import DispatchedBackend, Dispatcher
 from backends.vllm.routing.inflight import InFlightTable
 from backends.vllm.routing.scrape import parse_vllm_metrics
 from backends.vllm.routing.status import PoolStatus, WorkerStatus, endpoints_view, fill_in_flight
-from backends.vllm.versions import VLLMChatFeatures
 from schemas.config import TimeoutConfig, VLLMBackendConfig
 
 __all__ = ["Resolver", "VLLMEndpointsBackend", "resolve_dns", "server_config"]
@@ -70,7 +69,7 @@ class VLLMEndpointsBackend(DispatchedBackend):
 
     def __init__(self, config: VLLMBackendConfig, *, resolver: Resolver = resolve_dns) -> None:
         super().__init__(config.name, self.default_capabilities.with_overrides(config.capabilities))
-        self.chat_capabilities = vllm_chat_capabilities(VLLMChatFeatures.of(None, config.tool_parser))
+        self.unknown_tables(config.tool_parser)
         self.config = config
         self._resolver = resolver
         self.dispatcher = Dispatcher(
@@ -121,8 +120,7 @@ class VLLMEndpointsBackend(DispatchedBackend):
         self.dispatcher.endpoints.sort(key=lambda ep: ep.index)
         if adapters:
             # The servers behind one backend run one vLLM release; capabilities follow the first.
-            self.capabilities = adapters[0].capabilities
-            self.chat_capabilities = adapters[0].chat_capabilities
+            self.take_tables(adapters[0])
             self.dispatcher.notify()
 
     def _server_config(self, url: str) -> VLLMBackendConfig:

@@ -106,7 +106,7 @@ async def test_unknown_path_is_404(gateway: RunningGateway, session: aiohttp.Cli
     async with session.get(f"{gateway.url}/v1/nope") as resp:
         error = await assert_envelope(resp, 404)
     assert error["code"] == "unknown_url"
-    async with session.post(f"{gateway.url}/v1/embeddings", json=completion()) as resp:
+    async with session.post(f"{gateway.url}/v1/images/generations", json=completion()) as resp:
         await assert_envelope(resp, 404)
 
 
