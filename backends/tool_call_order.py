@@ -16,7 +16,13 @@ every chat stream out of the gateway in OpenAI's order, per choice (``n > 1`` ha
   released (its merged fragment, with ``id``/``type``/``name``: its first delta) and goes live;
 - at ``finish_reason`` whatever is still held is released, in index order, in one chunk that
   carries the finish reason (the event it came in keeps its other content, finish reason
-  moved); a stream that ends without one releases it all before it ends.
+  moved); a stream that ends without one releases it all before it ends;
+- indexes are the client's: 0, 1, 2... in the order the calls leave (an upstream that numbers
+  its calls 0 and 2, or 5 and 3, is renumbered; the SDK's helper indexes a list with them);
+- a call's ``id``, ``type`` and ``function.name`` leave once, in its first fragment: an upstream
+  that repeats them on every fragment (some do) would have clients concatenate them
+  (``get_weatherget_weather``). A later ``name`` that differs from what came so far is the
+  rest of the name and passes.
 
 Cost: the request path wraps only streams whose request offers ``tools``
 (``gateway.flow.endpoints``), so a stream that cannot carry tool calls pays nothing.
@@ -29,7 +35,8 @@ stream: each held fragment's JSON size, plus a fixed charge per call index and p
 tracked (an upstream that opens 100,000 calls, or streams one call's arguments forever while the
 call before never closes, would otherwise grow a buffer without end). Past it the stream fails
 with :class:`~backends.errors.UpstreamTooLargeError`, which the client sees as an error event.
-A call ``index`` must be an integer (not a bool); others pass as they came, never reordered.
+A call ``index`` must be an integer (not a bool): a fragment without one cannot be placed
+and ends the stream with an error (clients index a list with it).
 
 The wrapped stream's contract (:class:`~backends.base.CompletionStream`) is kept: whole
 events, ``finished``/``usage`` copied from the inner stream after each read, ``aclose()`` closes it.
@@ -42,7 +49,7 @@ from typing import Any
 import orjson
 
 from backends.base import CompletionStream
-from backends.errors import UpstreamTooLargeError
+from backends.errors import UpstreamProtocolError, UpstreamTooLargeError
 
 __all__ = ["MAX_HELD_BYTES", "SequentialToolCalls"]
 
@@ -142,7 +149,7 @@ def _joined(merged: dict[str, Any]) -> dict[str, Any]:
 class _Choice:
     """One choice's calls: the live one, the held ones (merged) and the ones already done."""
 
-    __slots__ = ("arguments", "budget", "done", "held", "live", "sizes")
+    __slots__ = ("arguments", "budget", "done", "held", "live", "names", "numbers", "sizes")
 
     def __init__(self, budget: _Budget | None = None) -> None:
         budget = budget or _Budget(MAX_HELD_BYTES, "")
@@ -153,6 +160,41 @@ class _Choice:
         self.arguments = _Arguments()
         self.held: dict[int, dict[str, Any]] = {}
         self.done: set[int] = set()
+        self.numbers: dict[int, int] = {}  # the upstream's index -> the client's, in the order calls leave
+        self.names: dict[int, list[Any]] = {}  # the upstream's index -> [id, type, name so far]
+
+    def _number(self, index: int, fragment: dict[str, Any]) -> dict[str, Any]:
+        """``fragment`` as it leaves: with the client's index (the same object when that is its own)."""
+        number = self.numbers.get(index)
+        if number is None:
+            number = self.numbers[index] = len(self.numbers)
+        return fragment if number == index else {**fragment, "index": number}
+
+    def _once(self, index: int, fragment: dict[str, Any]) -> dict[str, Any]:
+        """``fragment`` without the ``id``/``type``/``name`` its call already carried (a new object if any)."""
+        function = fragment.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        seen = self.names.get(index)
+        if seen is None:
+            self.names[index] = [fragment.get("id"), fragment.get("type"), name]
+            return fragment
+        drop = []
+        for slot, key in enumerate(("id", "type")):
+            if key in fragment:
+                if seen[slot] is None:
+                    seen[slot] = fragment[key]  # the first fragment that carries it
+                else:
+                    drop.append(key)
+        repeated = isinstance(name, str) and name == seen[2]
+        if isinstance(name, str) and not repeated:
+            seen[2] = name if seen[2] is None else seen[2] + name  # the rest of a streamed name
+        if not drop and not repeated:
+            return fragment
+        out = {key: value for key, value in fragment.items() if key not in drop}
+        if repeated:
+            assert isinstance(function, dict)
+            out["function"] = {key: value for key, value in function.items() if key != "name"}
+        return out
 
     def take(self, fragments: list[Any]) -> list[Any]:
         """The fragments to relay now, in order; the others are held."""
@@ -160,17 +202,20 @@ class _Choice:
         for fragment in fragments:
             index = fragment.get("index") if isinstance(fragment, dict) else None
             if not isinstance(index, int) or isinstance(index, bool):
-                out.append(fragment)  # not a call fragment we can place: as it came
-                continue
+                raise UpstreamProtocolError(
+                    "the upstream sent a tool call fragment without an integer index", backend=self.budget.backend
+                )
+            assert isinstance(fragment, dict)
+            fragment = self._once(index, fragment)
             if self.live is None and index not in self.done:
                 self.budget.charge(_TRACKED)  # it joins ``done`` when it closes
                 self.live, self.arguments = index, _Arguments()
             if index == self.live:
-                out.append(fragment)
+                out.append(self._number(index, fragment))
                 if self.arguments.feed(_arguments_of(fragment)):
                     self._advance(out)
             elif index in self.done:
-                out.append(fragment)  # late bytes of a closed call (trailing space): never dropped
+                out.append(self._number(index, fragment))  # late bytes of a closed call (trailing space): never dropped
             else:
                 size = len(orjson.dumps(fragment)) + (0 if index in self.held else _TRACKED)
                 self.budget.charge(size)  # before it is held: over the cap, nothing more is kept
@@ -193,7 +238,7 @@ class _Choice:
             index = min(self.held)
             merged = _joined(self.held.pop(index))
             self.budget.used -= self.sizes.pop(index, 0) - _TRACKED  # it stays tracked, in ``done`` later
-            out.append(merged)
+            out.append(self._number(index, merged))
             self.live, self.arguments = index, _Arguments()
             if not self.arguments.feed(_arguments_of(merged)):
                 return
@@ -202,7 +247,7 @@ class _Choice:
         """Every held call, merged, in index order (the choice is finishing: its charge is given back)."""
         self.budget.used -= sum(self.sizes.values()) + _TRACKED * (len(self.done) + (self.live is not None) + 1)
         self.sizes.clear()
-        return [_joined(self.held[index]) for index in sorted(self.held)]
+        return [self._number(index, _joined(self.held[index])) for index in sorted(self.held)]
 
 
 def _copy(fragment: dict[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,9 @@ model shape, a line that is not ``data:``) are parsed event by event. This is wh
 keeps a 64-token stream at a small fraction of a Python proxy's budget.
 
 What reaches the client is ``data:`` events only (an upstream's ``id:``, ``event:``,
-``retry:``, comment and bare lines are not relayed), up to the *first* ``[DONE]``.
+``retry:``, comment and bare lines are not relayed), up to the *first* ``[DONE]``; the usage
+chunk a client asked for is its last event wherever the upstream sent it; a ``[DONE]`` before
+every choice has its ``finish_reason`` is an error (reason ``stream_cut``), never a clean end.
 
 Why the byte scans are safe: inside JSON strings quotes and newlines are
 escaped, so ``"model":``, ``"prompt_tokens"`` and ``\\n\\ndata:`` can only occur as real
@@ -21,9 +23,12 @@ structure, never inside generated text. What the fast path does not scan for: er
 and an early ``[DONE]`` carry no ``"model"`` key, so a read holding one fails the self-check
 (one upstream-spelled ``"model"`` per event) and is parsed. An upstream that puts the model
 key into an error event gets that event relayed as it sent it (no upstream we know does:
-OpenAI, vLLM old and new, LiteLLM send none). Likewise the shape of a chunk (``choices`` a
-list) is checked where a read is parsed, not on the byte path: checking it there would be
-another full scan of every read.
+OpenAI, vLLM old and new, LiteLLM send none). An event cut short is caught by the framing
+(``data: {`` ... ``}``) and the learned choice end (:func:`_choice_end_of`), which also sends
+the event that finishes a choice to the parse (where finishes are counted per choice). The
+rest of an event's bytes are not proven JSON on the byte path (a parse of every event costs
+a 64-token stream about 10% more CPU): damage inside an event with its structure intact is
+relayed as sent (docs/security.md).
 """
 
 from __future__ import annotations
@@ -122,6 +127,25 @@ _DONE_TAIL = b"\n\ndata: [DONE]\n\n"  # how a normal stream's last read ends: a 
 _DONE_ALONE = b"data: [DONE]\n\n"  # or the whole of it
 
 
+def _choice_end_of(block: bytes) -> bytes | None:
+    """The bytes from a null ``finish_reason`` to the ``]`` after it in ``block``'s first event, if any.
+
+    Why they vouch for an event whose bytes hold them (``OpenAIStreamRelay._rename``): in JSON
+    text ``"finish_reason":null`` can only be structure (quotes inside strings are escaped), and
+    the bytes from it to the ``]`` that closes ``choices`` are the same in every ordinary chunk
+    of one upstream. An event cut anywhere before that ``]`` lacks them; one cut after it ends
+    in something other than ``}`` (what follows ``choices`` is scalars in every upstream we
+    know; a usage object is parsed anyway), which the framing check catches. A choice that
+    finishes, or any other shape, does not hold them and is parsed.
+    """
+    first = block.find(b"\n")
+    at = block.find(b'"finish_reason":null', 0, first)
+    if at < 0:
+        at = block.find(b'"finish_reason": null', 0, first)
+    close = block.find(b"]", at, first) if at >= 0 else -1
+    return block[at : close + 1] if close >= 0 else None
+
+
 class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
     """A :class:`CompletionStream` over an OpenAI-shaped SSE upstream (OpenAI, vLLM)."""
 
@@ -149,6 +173,14 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
         self._keep_chunk_usage = client_wants_continuous_usage
         self.usage: TokenUsage | None = None
         self.relayed_events = 0  # events returned so far (CompletionStream.relayed_events)
+        # One choice per event is what the byte path can vouch for; n > 1 (or a batch of
+        # prompts) is parsed event by event, so each choice's finish is known by its index.
+        request = call.request
+        self._one_choice = request.effective_n * request.prompt_count == 1
+        self._choice_end: bytes | None = None  # the upstream's bytes from a null finish_reason to "]"
+        self._open: set[Any] = set()  # choices seen in parsed events without their finish_reason yet
+        self._ended: set[Any] = set()  # choices whose finish_reason came
+        self._usage_event: bytes | None = None  # the client's usage chunk, held until the end
 
     __anext__ = UpstreamEvents._pull  # an alias: the loop is the shared one, no call more per read
 
@@ -156,13 +188,13 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
         # The usual last event is cut here, looking at the tail only: a [DONE] earlier in the
         # block is an event without a "model" key, so it fails _rename's self-check and the
         # event-by-event parse honours it (the first [DONE] wins).
+        out: list[bytes] = []
         if block.endswith(_DONE_TAIL):
             self.finished = True
             block = block[: len(block) - len(_DONE_ALONE)]
         elif block == _DONE_ALONE:
             self.finished = True
-            return b""
-        out: list[bytes] = []
+            block = b""
         # Only the events that carry something to act on are parsed; the runs of ordinary
         # events between them take the byte-level fast path. '"prompt_tokens"' occurs only in
         # a usage object (ordinary chunks carry "usage":null). Error events need no scan of
@@ -191,25 +223,68 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
             # Events that arrived before the upstream's failure still reach the client (an
             # error after [DONE] in the same read included); the error is raised at the next call.
             self.finished = False
+        elif self.finished:
+            self._end(out)
         return out[0] if len(out) == 1 else b"".join(out)
+
+    def _end(self, out: list[bytes]) -> None:
+        """At the upstream's [DONE]: every choice must have ended, and the usage chunk goes last.
+
+        A stream whose choices never got a ``finish_reason`` was cut, however it ended: the
+        client gets an error event, never a stream that only looks complete (the native
+        backends do the same). The usage chunk, wherever it came, is the client's last event.
+        """
+        if self._open or not self._ended:
+            what = "a choice" if self._ended else "its choices"
+            self._pending = UpstreamProtocolError(
+                f"the upstream ended the stream without a finish_reason for {what}",
+                backend=self._backend,
+                reason="stream_cut",
+            )
+            self.finished = False
+            return
+        if self._usage_event is not None:
+            out.append(self._usage_event)
+            self._usage_event = None
+            self.relayed_events += 1
 
     def _rename(self, block: bytes) -> bytes:
         """Ordinary events: swap the upstream model id for the public name, bytes only.
 
-        Self-check first (anything else is parsed): data events only, each one line, so every
-        LF is one of a ``\\n\\ndata:`` between events or of the final ``\\n\\n`` (no
-        ``id:``/``event:``/``retry:`` field, comment, bare or multi-line ``data`` line); as many
-        ``"model":<upstream id>`` keys as events, all spelled one way. An event without one (a
-        ``[DONE]``, an error event, garbage) or with another model is parsed. The replace itself
-        counts the renamed keys (its length change) when the two names differ in length. The
-        event count is also what the relay reports as relayed (``relayed_events``): the handler
-        does not scan the block again.
+        Self-check first (anything else is parsed): data events only, each one line holding
+        one JSON object (``data: {`` ... ``}``), so every LF is one of a ``}\n\ndata: {``
+        between events or of the final ``}\n\n`` (no ``id:``/``event:``/``retry:`` field,
+        comment, bare or multi-line ``data`` line); each event holds the upstream's own bytes
+        from a null ``finish_reason`` to the end of ``choices`` (:meth:`_vouched`); as many
+        ``"model":<upstream id>`` keys as events, all spelled one way. An event without one
+        (a ``[DONE]``, an error event, a choice that finishes, garbage, a cut one) or with
+        another model is parsed. The replace itself counts the renamed keys (its length
+        change) when the two names differ in length. The event count is also what the relay
+        reports as relayed (``relayed_events``): the handler does not scan the block again.
         """
-        if not block.startswith(b"data:"):
+        if block.startswith(b"data: {"):
+            between = b"}\n\ndata: {"
+        elif block.startswith(b"data:{"):
+            between = b"}\n\ndata:{"
+        else:
             return self._process_slow(block)
-        events = block.count(b"\n\ndata:") + 1
-        if block.count(b"\n") != 2 * events:
+        events = block.count(between) + 1
+        if block.count(b"\n") != 2 * events or not block.endswith(b"}\n\n") or not self._one_choice:
             return self._process_slow(block)
+        end = self._choice_end
+        if end is None or block.count(end) != events:
+            # Usually the read's last event finishes the choice: the rest stays on the byte path.
+            last = block.rfind(b"\n\ndata:", 0, len(block) - 2) + 2
+            if end is not None and last >= 2 and block.count(end, 0, last) == events - 1:
+                head = self._rename(block[:last])
+                if self._pending is not None or self._done_early:
+                    return head
+                return head + self._process_slow(block[last:])
+            learned = _choice_end_of(block)
+            if learned is None or learned == end:
+                return self._process_slow(block)
+            self._choice_end = learned  # first sight of the upstream's spelling, or a new one
+            return self._rename(block)
         for old in (self._old, self._old_spaced):
             grow = len(self._new) - len(old)
             if grow:
@@ -259,12 +334,17 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
                     reason="stream_garbage",
                 )
                 break
+            choices = obj.get("choices")
+            if choices:
+                self._track(choices)
             usage = usage_of(obj.get("usage"))
+            hold = False
             if usage is not None:
                 self.usage = usage
-                if not obj.get("choices"):
+                if not choices:
                     if not self._keep_usage_chunk:
                         continue  # the gateway asked for it, for metrics only
+                    hold = True  # the client's last event, whenever the upstream sent it
                 elif not self._keep_chunk_usage:
                     obj["usage"] = None
             upstream_model = obj.get("model")
@@ -275,13 +355,29 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
                 self._old_spaced = b'"model": ' + orjson.dumps(upstream_model)
             obj["model"] = self._public
             try:
-                out.append(b"data: " + dumps_exact(obj, self._backend, "a stream event") + b"\n\n")
+                event = b"data: " + dumps_exact(obj, self._backend, "a stream event") + b"\n\n"
             except UpstreamProtocolError as exc:
                 exc.reason = "stream_garbage"
                 self._pending = exc
                 break
+            if hold:
+                self._usage_event = event
+            else:
+                out.append(event)
         self.relayed_events += len(out)
         return b"".join(out)
+
+    def _track(self, choices: list[Any]) -> None:
+        """Which choices have ended, from a parsed chunk's ``choices``."""
+        for choice in choices:
+            index = choice.get("index") if isinstance(choice, dict) else None
+            if isinstance(index, dict | list):
+                index = None  # not a key: counted as one choice of its own
+            if isinstance(choice, dict) and choice.get("finish_reason") is not None:
+                self._ended.add(index)
+                self._open.discard(index)
+            elif index not in self._ended:
+                self._open.add(index)
 
 
 _USAGE_NULL = b',"usage":null}\n\n'

@@ -156,11 +156,11 @@ def upstream_chooser(upstream_key: str, bomb: bytes) -> Callable[[dict[str, Any]
         huge_body = huge_chat if chat else huge
         huge_stream = (
             b'data: {"id":"x","object":"chat.completion.chunk","created":%d,"model":"m","choices":[{"index":%d,'
-            b'"delta":{"content":" n"},"logprobs":null,"finish_reason":null}],"usage":{"prompt_tokens":%d,'
+            b'"delta":{"content":" n"},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":%d,'
             b'"completion_tokens":1,"total_tokens":%d}}\n\ndata: [DONE]\n\n' % (BIG, BIG, BIG, BIG)
             if chat
             else b'data: {"id":"x","object":"text_completion","created":%d,"model":"m","choices":[{"index":%d,'
-            b'"text":" n","logprobs":null,"finish_reason":null}]}\n\ndata: [DONE]\n\n' % (BIG, BIG)
+            b'"text":" n","logprobs":null,"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n' % (BIG, BIG)
         )
         return {
             "gzip_bomb": lambda: Behaviour(kind="status", status=200, body=bomb, headers={"Content-Encoding": "gzip"}),

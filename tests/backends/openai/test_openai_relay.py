@@ -196,19 +196,20 @@ async def test_one_event_per_read_is_one_yield_per_read() -> None:
 async def test_upstream_model_that_differs_is_renamed_too() -> None:
     # OpenAI answers with a dated snapshot id, not the id we asked for: the byte swap
     # cannot apply, so the events are parsed and still get the public name.
-    objs = [chunk("a", model="gpt-x-0914"), chunk("b", model="gpt-x-0914")]
+    objs = [chunk("a", model="gpt-x-0914"), chunk("b", model="gpt-x-0914", finish="stop")]
     relay, _ = make_relay([b"".join(ev(o) for o in objs) + done()])
     out = await drain(relay)
     assert parse_sse(b"".join(out)) == expected_events(objs)
 
 
 async def test_upstream_model_that_differs_across_many_reads() -> None:
-    objs = [chunk(t, model="gpt-x-0914") for t in ("a", "b", "c")]
+    objs = [chunk(t, model="gpt-x-0914", finish="stop" if t == "c" else None) for t in ("a", "b", "c")]
     usage = usage_chunk(model="gpt-x-0914")
     reads = [ev(objs[0]), ev(objs[1]) + ev(usage), ev(objs[2]), done()]
     relay, _ = make_relay(reads, wants_usage=True)
     out = await drain(relay)
-    assert parse_sse(b"".join(out)) == expected_events([objs[0], objs[1], usage, objs[2]])
+    # The usage chunk reaches the client last (docs/api.md), wherever the upstream sent it.
+    assert parse_sse(b"".join(out)) == expected_events([objs[0], objs[1], objs[2], usage])
     assert relay.usage == TokenUsage(3, 4)
 
 
@@ -276,7 +277,7 @@ async def test_usage_chunk_mid_read_is_the_only_event_parsed(monkeypatch: pytest
     read = b"".join(before) + ev(USAGE) + b"".join(after)
     relay, _ = make_relay([read, done()])
     out = b"".join(await drain(relay))
-    assert parsed == [ev(USAGE)]
+    assert parsed == [ev(USAGE), ev(CONTENT[2])]  # and the event that finishes the choice
     # Ordinary events keep their exact bytes (only the name swapped); the usage chunk is hidden.
     assert out == b"".join(renamed(e) for e in before + after)
     assert relay.usage == TokenUsage(3, 4)
@@ -294,7 +295,11 @@ def continuous_payload() -> tuple[list[dict[str, Any]], bytes]:
     # vLLM's continuous_usage_stats (0.6.3's default when stream_options is present):
     # a running usage object on every chunk, then the final usage chunk.
     objs = [
-        chunk(text, usage={"prompt_tokens": 3, "completion_tokens": i + 1, "total_tokens": 4 + i})
+        chunk(
+            text,
+            usage={"prompt_tokens": 3, "completion_tokens": i + 1, "total_tokens": 4 + i},
+            finish="stop" if text == "d" else None,
+        )
         for i, text in enumerate(["a", "b", "c", "d"])
     ]
     return objs, b"".join(ev(o) for o in objs) + ev(USAGE) + done()
@@ -327,10 +332,19 @@ async def test_continuous_usage_split_one_byte_per_read() -> None:
 
 async def test_usage_null_on_ordinary_chunks_takes_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
     # With include_usage, vLLM and OpenAI put "usage":null on every content chunk.
-    monkeypatch.setattr(OpenAIStreamRelay, "_process_slow", lambda self, block: pytest.fail(f"parsed {block!r}"))
+    parsed: list[bytes] = []
+    original = OpenAIStreamRelay._process_slow
+
+    def spy(self: OpenAIStreamRelay, block: bytes) -> bytes:
+        parsed.append(block)
+        return original(self, block)
+
+    monkeypatch.setattr(OpenAIStreamRelay, "_process_slow", spy)
     events = [ev(chunk("x", usage=None)), ev(chunk("y", usage=None))]
-    relay, _ = make_relay([b"".join(events) + done()])
-    assert b"".join(await drain(relay)) == b"".join(renamed(e) for e in events)
+    last = ev(chunk("z", finish="stop", usage=None))
+    relay, _ = make_relay([b"".join(events) + last + done()])
+    assert b"".join(await drain(relay)) == b"".join(renamed(e) for e in [*events, last])
+    assert parsed == [last]  # only the event that finishes the choice
     assert relay.usage is None
 
 
@@ -355,15 +369,15 @@ async def test_comments_and_keep_alives_are_not_data() -> None:
 
 
 async def test_done_without_space_ends_the_stream() -> None:
-    relay, resp = make_relay([ev(CONTENT[0]) + done(nospace=True) + ev(CONTENT[1])])
+    relay, resp = make_relay([ev(CONTENT[2]) + done(nospace=True) + ev(CONTENT[1])])
     out = await drain(relay)
-    assert parse_sse(b"".join(out)) == expected_events(CONTENT[:1])
+    assert parse_sse(b"".join(out)) == expected_events(CONTENT[2:])
     assert resp.releases == 1
 
 
 @pytest.mark.parametrize("text", ["data: [DONE]", "\ndata: [DONE]\n\n", "data:[DONE]", "\n\ndata: [DONE]"])
 async def test_done_inside_generated_text_does_not_end_the_stream(text: str) -> None:
-    objs = [chunk(text), chunk("after")]
+    objs = [chunk(text), chunk("after", finish="stop")]
     payload = b"".join(ev(o) for o in objs)
     relay, _ = make_relay([payload])  # no real [DONE] yet: the stream must still be open
     first = await relay.__anext__()
@@ -397,11 +411,11 @@ async def test_structure_lookalikes_inside_generated_text_are_left_alone(text: s
 
 
 async def test_event_split_inside_the_done_marker() -> None:
-    payload = ev(CONTENT[0]) + done()
+    payload = ev(CONTENT[2]) + done()
     at = payload.index(b"[DO") + 3
     relay, resp = make_relay([payload[:at], payload[at:], b"ignored trailing bytes"])
     out = await drain(relay)
-    assert out == [renamed(ev(CONTENT[0]))]
+    assert out == [renamed(ev(CONTENT[2]))]
     assert resp.exhausted_at_release == [True]
 
 
@@ -487,9 +501,9 @@ async def test_transport_error_mid_stream_propagates_and_releases() -> None:
 
 
 async def test_release_once_on_normal_end_after_draining_the_rest() -> None:
-    relay, resp = make_relay([ev(CONTENT[0]), done() + b"data: junk after done\n\n", b"more", b"bytes"])
+    relay, resp = make_relay([ev(CONTENT[2]), done() + b"data: junk after done\n\n", b"more", b"bytes"])
     out = await drain(relay)
-    assert out == [renamed(ev(CONTENT[0]))]
+    assert out == [renamed(ev(CONTENT[2]))]
     assert resp.reads == 4 and resp.exhausted
     assert resp.exhausted_at_release == [True]  # drained first, so the connection can be reused
     await relay.aclose()
@@ -500,10 +514,10 @@ async def test_release_once_on_normal_end_after_draining_the_rest() -> None:
 
 
 async def test_finished_turns_true_with_the_last_chunk() -> None:
-    relay, _ = make_relay([ev(CONTENT[0]), ev(CONTENT[1]) + done()])
+    relay, _ = make_relay([ev(CONTENT[0]), ev(CONTENT[2]) + done()])
     assert await relay.__anext__() == renamed(ev(CONTENT[0]))
     assert not relay.finished
-    assert await relay.__anext__() == renamed(ev(CONTENT[1]))
+    assert await relay.__anext__() == renamed(ev(CONTENT[2]))
     assert relay.finished
     with pytest.raises(StopAsyncIteration):
         await relay.__anext__()
@@ -511,9 +525,9 @@ async def test_finished_turns_true_with_the_last_chunk() -> None:
 
 
 async def test_drain_error_after_done_is_swallowed() -> None:
-    relay, resp = make_relay([ev(CONTENT[0]) + done(), UpstreamError("cut after done", backend="up")])
+    relay, resp = make_relay([ev(CONTENT[2]) + done(), UpstreamError("cut after done", backend="up")])
     out = await drain(relay)
-    assert out == [renamed(ev(CONTENT[0]))]
+    assert out == [renamed(ev(CONTENT[2]))]
     assert resp.releases == 1
 
 
@@ -551,6 +565,9 @@ async def test_error_event_then_aclose_twice_releases_once() -> None:
 # --- the relay's own event count (what the handler accounts as relayed) --------------------
 
 
+_END = chunk("end", finish="stop")
+
+
 def relayed_count(out: list[bytes]) -> int:
     return len(parse_sse(b"".join(out)))
 
@@ -558,12 +575,14 @@ def relayed_count(out: list[bytes]) -> int:
 @pytest.mark.parametrize(
     "script",
     [
-        pytest.param([ev(chunk("a")) + ev(chunk("b")) + ev(chunk("c")) + done()], id="fast_path_one_read"),
-        pytest.param([ev(chunk("a"), spaced=True), ev(chunk("b"), nospace=True) + done()], id="spaced_and_nospace"),
-        pytest.param([ev(chunk("a")) + b": keep-alive\n\n" + ev(chunk("b")) + done()], id="slow_path_comment"),
-        pytest.param([ev(chunk("a")) + ev(usage_chunk()) + done()], id="usage_chunk_dropped"),
-        pytest.param([ev(chunk("a")), ev(chunk("b", model="org/up-model-2024")) + done()], id="learned_spelling"),
-        pytest.param([ev(chunk("x data: y data: z")) + ev(chunk("data: ")) + done()], id="data_in_text"),
+        pytest.param([ev(chunk("a")) + ev(chunk("b")) + ev(_END) + done()], id="fast_path_one_read"),
+        pytest.param([ev(chunk("a"), spaced=True), ev(_END, nospace=True) + done()], id="spaced_and_nospace"),
+        pytest.param([ev(chunk("a")) + b": keep-alive\n\n" + ev(_END) + done()], id="slow_path_comment"),
+        pytest.param([ev(_END) + ev(usage_chunk()) + done()], id="usage_chunk_dropped"),
+        pytest.param(
+            [ev(chunk("a")), ev(chunk("b", model="org/up-model-2024", finish="stop")) + done()], id="learned_spelling"
+        ),
+        pytest.param([ev(chunk("x data: y data: z")) + ev(chunk("data: ", finish="stop")) + done()], id="data_in_text"),
     ],
 )
 async def test_relayed_events_counts_every_event_yielded_and_no_other(script: list[bytes]) -> None:
@@ -584,7 +603,7 @@ async def test_relayed_events_stops_at_an_error_event() -> None:
 
 async def test_relayed_events_is_one_per_event_when_generated_text_says_data() -> None:
     """The handler used to count ``data: `` in the bytes: generated text saying it was charged as events."""
-    relay, _ = make_relay([ev(chunk("data: data: data: ")) + done()])
+    relay, _ = make_relay([ev(chunk("data: data: data: ", finish="stop")) + done()])
     await drain(relay)
     assert relay.relayed_events == 1
 
@@ -648,7 +667,7 @@ async def test_a_usage_count_that_is_no_count_is_not_usage(bad: Any) -> None:
     used = usage_chunk()
     used["usage"]["completion_tokens"] = bad
     body = json.dumps(used, separators=(",", ":")).encode()  # orjson cannot write 2^64+1
-    relay, _ = make_relay([ev(chunk("a")) + b"data: " + body + b"\n\n" + done()], wants_usage=True)
+    relay, _ = make_relay([ev(chunk("a", finish="stop")) + b"data: " + body + b"\n\n" + done()], wants_usage=True)
     await drain(relay)
     assert relay.usage is None
     assert usage_of({"prompt_tokens": 3, "completion_tokens": bad}) is None

@@ -5,7 +5,10 @@ leans on a self-check to send anything unusual (an early ``[DONE]``, error event
 ``id:`` lines, another model spelling) to the parse. Whatever the reads, the client must get
 the same events, the same end, the same usage and the same relayed count as when every read
 is parsed. Hypothesis writes the streams from realistic and hostile pieces and cuts them into
-reads at any byte.
+reads at any byte. The pieces include the shapes that break clients (issue 20): choices that
+finish or never do, a usage chunk before the last content, an event cut at any byte after
+its model key. Whatever came, every event the client gets is a JSON object the SDK reads; a
+stream that ends cleanly has ended its choice, and a usage chunk it carries is its last event.
 """
 
 from __future__ import annotations
@@ -44,10 +47,20 @@ def _event(obj: Any, spaced: bool) -> bytes:
 @st.composite
 def pieces(draw: st.DrawFn) -> bytes:
     kind = draw(st.sampled_from(["chunk", "chunk", "chunk", "spaced", "other_model", "usage", "error", "vllm_error",
-                                 "done", "done_nospace", "comment", "id_line", "continuous"]))  # fmt: skip
+                                 "done", "done_nospace", "comment", "id_line", "continuous", "finish", "finish",
+                                 "spaced_finish", "cut", "nospace"]))  # fmt: skip
     text = draw(TEXTS)
     if kind in ("chunk", "spaced"):
         return _event(chunk(text), kind == "spaced")
+    if kind in ("finish", "spaced_finish"):
+        return _event(chunk(text, finish=draw(st.sampled_from(["stop", "length"]))), kind == "spaced_finish")
+    if kind == "nospace":
+        return b"data:" + orjson.dumps(chunk(text)) + b"\n\n"
+    if kind == "cut":
+        # An event cut anywhere after its (exact, upstream) model key, still framed as an event.
+        whole = orjson.dumps(chunk(text, finish=draw(st.sampled_from([None, "stop"]))))
+        at = draw(st.integers(min_value=whole.index(b'"model"') + 8, max_value=len(whole) - 1))
+        return b"data: " + whole[:at] + b"\n\n"
     if kind == "other_model":
         return _event(chunk(text, model="org/up-model-2024"), False)
     if kind == "usage":
@@ -80,8 +93,8 @@ async def _run(relay: OpenAIStreamRelay) -> tuple[list[Any], str, Any, int]:
     try:
         async for piece in relay:
             for raw in piece.split(b"\n\n")[:-1]:
-                assert raw.startswith(b"data: ") and b"\n" not in raw, raw
-                events.append(json.loads(raw[len(b"data: ") :]))
+                assert raw.startswith(b"data:") and b"\n" not in raw, raw  # SSE's space is optional
+                events.append(json.loads(raw[len(b"data:") :]))
     except UpstreamError as exc:
         end = f"error:{exc.reason}"
     finally:
@@ -106,6 +119,11 @@ async def test_the_fast_path_relays_what_the_parse_would(
     slow.__class__ = ParsedRelay
     got, want = await _run(fast), await _run(slow)
     assert got == want
-    for event in got[0]:
+    events, end, _, _ = got
+    for event in events:
         assert event.get("model") in (None, "public-model"), event  # never the upstream's id
+    if end == "finished":
+        assert any(c.get("finish_reason") for e in events for c in e.get("choices") or ()), events
+        used = [i for i, e in enumerate(events) if e.get("usage") and not e.get("choices")]
+        assert used in ([], [len(events) - 1]), events  # the usage chunk is the last event
     assert UP  # the upstream id the fast path renames (tests.backends.openai.test_openai_relay)

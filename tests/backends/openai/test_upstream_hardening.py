@@ -24,9 +24,10 @@ from tests.backends.openai.test_openai_relay import PUB, UP, FakeResponse, drain
 from tests.fakes import Behaviour, FakeUpstream
 
 
-def chunk(text: str, model: str = UP) -> bytes:
-    obj = {"id": "c", "object": "text_completion", "created": 1, "model": model,
-           "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": None}], "usage": None}  # fmt: skip
+def chunk(text: str, model: str = UP, finish: str | None = "stop") -> bytes:
+    """A chunk that ends its choice unless ``finish`` is None (a stream must end each choice)."""
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    obj = {"id": "c", "object": "text_completion", "created": 1, "model": model, "choices": [choice], "usage": None}
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
@@ -93,7 +94,8 @@ async def test_a_long_event_costs_linear_time() -> None:
     piece = b"y" * 65536
 
     async def run(reads: int) -> float:
-        relay, _ = relay_with_cap([b'data: {"t":"'] + [piece] * reads + [b'"}\n\n', b"data: [DONE]\n\n"], 1 << 30)
+        head = b'data: {"choices":[{"finish_reason":"stop","t":"'
+        relay, _ = relay_with_cap([head] + [piece] * reads + [b'"}]}\n\n', b"data: [DONE]\n\n"], 1 << 30)
         started = time.process_time()
         out = b"".join([piece async for piece in relay])
         assert len(out) > reads * len(piece)
@@ -226,8 +228,8 @@ async def drain_stream(stream: Any) -> None:
     ("reads", "relayed"),
     [
         ([chunk("a")], None),  # no [DONE] yet
-        ([b"data: [DONE]\n\n"], []),
-        ([b"data:[DONE]\n\n"], []),
+        ([b"data: [DONE]\n\n"], None),  # no choice ever ended: an error, not an empty success
+        ([b"data:[DONE]\n\n"], None),
         ([chunk("a") + b"data: [DONE]\n\n"], ["a"]),  # the usual last read: the tail shortcut
         ([chunk("a") + b"data:[DONE]\n\n"], ["a"]),
         ([chunk("a") + b"data: [DONE]\n\n" + b"data: [DONE]\n\n"], ["a"]),  # the first of two
