@@ -11,6 +11,14 @@ relayed); :meth:`RequestRecord.close` then carries it, once, to:
 - the key's rate-limit reservation: settled by :meth:`RequestRecord.used_tokens`;
 - the per-key metrics and the audit line.
 
+When a request is finished: once the gateway has handed the last byte of its answer to the
+connection (a stream's ``[DONE]``, after its last event or its error event: :meth:`RequestRecord.answered`).
+From then on it is counted with that answer's status and tokens whatever the client does with
+the connection next: a client that closes its socket the moment it has read ``[DONE]`` cancels
+the handler while the gateway is still releasing the upstream, and that is no disconnect. A
+non-streamed answer is handed to aiohttp whole when the handler returns, and counted then.
+Spend and budgets built on these counts read :attr:`RequestRecord.final` (None: not finished).
+
 Token settlement follows what the upstream did, the same way for streams and non-streams:
 its usage when it reported one; nothing when no upstream worked on the request; otherwise an
 estimate from what was relayed (the prompt plus one token per relayed event). A non-stream
@@ -37,8 +45,8 @@ class RequestRecord:
     """What one request was, did and cost. One per request; not shared."""
 
     __slots__ = (
-        "_audit", "_closed", "_metrics", "backend", "endpoint", "key", "model", "prompt_estimate", "reached", "relayed",
-        "request_id", "reservation", "started", "status", "usage", "user",
+        "_audit", "_closed", "_metrics", "backend", "endpoint", "final", "key", "model", "prompt_estimate", "reached",
+        "relayed", "request_id", "reservation", "started", "status", "usage", "user",
     )  # fmt: skip
 
     def __init__(
@@ -66,9 +74,18 @@ class RequestRecord:
         self.relayed: int | None = None  # stream events sent to the client (None: not streaming yet)
         # A stream's final status when it differs from its 200 head (an error event midway).
         self.status: int | None = None
+        # The status of an answer whose last byte was written (:meth:`answered`): the request is finished.
+        self.final: int | None = None
         # The request's ``user`` (OpenAI's end-user id), for the audit line only: client-supplied,
         # so never a metric label. Kept raw here; the audit log bounds and escapes it.
         self.user: str | None = None
+
+    def answered(self) -> None:
+        """The answer's last byte is written: the request is finished with its status (``status``, else 200).
+
+        :meth:`close` then counts that status, not the 499 of a client that leaves afterwards.
+        """
+        self.final = self.status or 200
 
     def used_tokens(self) -> int | None:
         """Tokens to settle the key's reservation with; None keeps what was reserved."""
@@ -82,10 +99,13 @@ class RequestRecord:
         return None
 
     def close(self, status: int) -> None:
-        """Account for the request's answer (``status``, as the client saw it); idempotent."""
+        """Account for the request's answer (``status``, as the client saw it; a finished answer's own
+        status when :meth:`answered` was called); idempotent."""
         if self._closed:
             return
         self._closed = True
+        if self.final is not None:
+            status = self.final
         seconds = asyncio.get_running_loop().time() - self.started
         metrics, model, backend, usage, endpoint = self._metrics, self.model, self.backend, self.usage, self.endpoint
         metrics.request_closed(model, backend, status, seconds, usage, endpoint)  # one call: tokens, 499, status

@@ -88,15 +88,17 @@ class UpstreamEvents(Generic[_Out]):
             self._resp.release()
 
     async def aclose(self) -> None:
-        if self.finished and not self._released and self._pending is None:
-            # After the last event read the body's end so the connection goes back to the pool.
-            # Done after the consumer got its last events, and bounded, so an upstream that
-            # keeps the body open costs a closed connection, not a hang.
-            try:
-                async with asyncio.timeout(_DRAIN_SECONDS):
-                    async for _ in self._chunks:
-                        pass
-            except Exception:
-                pass
-        self.finished = True
-        self._release()
+        try:
+            if self.finished and not self._released and self._pending is None:
+                # After the last event read the body's end so the connection goes back to the pool.
+                # Done after the consumer got its last events, and bounded, so an upstream that
+                # keeps the body open costs a closed connection, not a hang.
+                try:
+                    async with asyncio.timeout(_DRAIN_SECONDS):
+                        async for _ in self._chunks:
+                            pass
+                except Exception:
+                    pass
+        finally:  # a cancel during the drain (the client left after its last event) still releases
+            self.finished = True
+            self._release()

@@ -227,6 +227,7 @@ async def _stream(
         # body leave in one write (one syscall instead of three for short streams).
         if stream.finished:
             await response.write_eof(opened.first + _DONE)
+            record.answered()  # finished: what the client does next is no disconnect
             record.relayed = (stream.relayed_events or 0) if counts else opened.first.count(_EVENT)
             metrics.first_token(model, backend, asyncio.get_running_loop().time() - record.started, endpoint=endpoint)
             return response
@@ -264,6 +265,7 @@ async def _stream(
             metrics.stream_failed(model, backend, "internal", endpoint=endpoint)
             tail = _error_event(error)
         await response.write_eof(tail)
+        record.answered()  # finished: a cancel while the upstream is released below is no disconnect
     except asyncio.CancelledError:
         if not state.in_flight.expired:
             raise  # the client left: 499
@@ -275,8 +277,8 @@ async def _stream(
                     await response.write_eof(_error_event(_shutting_down()))
         raise
     finally:
+        record.usage = stream.usage  # before the await: a cancel there must not drop the tokens
         await opened.aclose()
-        record.usage = stream.usage
     return response
 
 
