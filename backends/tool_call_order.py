@@ -50,12 +50,14 @@ import orjson
 
 from backends.base import CompletionStream
 from backends.errors import UpstreamProtocolError, UpstreamTooLargeError
+from backends.exact_json import dumps_exact, loads_keeping_integers
 
 __all__ = ["MAX_HELD_BYTES", "SequentialToolCalls"]
 
 _TOOL_CALLS = b'"tool_calls"'  # JSON structure only: inside generated text the quotes are escaped
 _KEEP_FIRST = frozenset({"index", "id", "type"})  # a call's identity, never concatenated
 MAX_HELD_BYTES = 64 * 1024 * 1024  # limits.max_response_bytes' default
+_EVENT = "a stream event"
 _TRACKED = 64  # bytes charged per call or choice index tracked (its entry in a dict or set)
 
 
@@ -217,7 +219,7 @@ class _Choice:
             elif index in self.done:
                 out.append(self._number(index, fragment))  # late bytes of a closed call (trailing space): never dropped
             else:
-                size = len(orjson.dumps(fragment)) + (0 if index in self.held else _TRACKED)
+                size = len(dumps_exact(fragment, self.budget.backend)) + (0 if index in self.held else _TRACKED)
                 self.budget.charge(size)  # before it is held: over the cap, nothing more is kept
                 self.sizes[index] = self.sizes.get(index, 0) + size
                 held = self.held.get(index)
@@ -301,8 +303,8 @@ class SequentialToolCalls(CompletionStream):
             if not self._choices and _TOOL_CALLS not in event:
                 out.append(event + b"\n\n")
                 continue
-            try:
-                obj = orjson.loads(event[5:] if event.startswith(b"data:") else event)
+            try:  # integers kept exact: a call index past 64 bits is an index (renumbered), not a float
+                obj = loads_keeping_integers(event[5:] if event.startswith(b"data:") else event, self._budget.backend)
             except orjson.JSONDecodeError:
                 obj = None
             choices = obj.get("choices") if isinstance(obj, dict) else None
@@ -350,8 +352,9 @@ class SequentialToolCalls(CompletionStream):
             kept.append(choice)
         if not changed:
             return [raw + b"\n\n"]
-        head = [b"data: " + orjson.dumps({**obj, "choices": kept}) + b"\n\n"] if kept or obj.get("usage") else []
-        return head + after
+        if not kept and not obj.get("usage"):
+            return after
+        return [b"data: " + dumps_exact({**obj, "choices": kept}, self._budget.backend, _EVENT) + b"\n\n", *after]
 
     def _chunk(self, index: Any, calls: list[dict[str, Any]], finish: Any) -> bytes:
         """A chunk releasing ``calls`` of choice ``index`` (with its finish reason, if any)."""
@@ -361,7 +364,7 @@ class SequentialToolCalls(CompletionStream):
         chunk["choices"] = [choice]
         if "usage" in envelope:
             chunk["usage"] = None
-        return b"data: " + orjson.dumps(chunk) + b"\n\n"
+        return b"data: " + dumps_exact(chunk, self._budget.backend, _EVENT) + b"\n\n"
 
     def _release_all(self) -> bytes:
         """What is still held when the stream ends without a finish reason: released, never dropped."""

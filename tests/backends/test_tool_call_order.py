@@ -11,6 +11,7 @@ from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionChunk
 
 from backends.base import CompletionStream, TokenUsage
+from backends.errors import UpstreamProtocolError
 from backends.tool_call_order import SequentialToolCalls
 
 ENVELOPE = {"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 1700000000, "model": "m"}
@@ -174,3 +175,51 @@ async def test_held_calls_are_released_when_the_stream_ends_without_a_finish_rea
         "type": "function",
         "function": {"name": "b", "arguments": "{}"},
     }
+
+
+def _call_event(index: Any, arguments: str, **head: Any) -> bytes:
+    function = {"arguments": arguments, **({"name": head.pop("name")} if "name" in head else {})}
+    tool = {"index": index, **head, "function": function}
+    return event([{"index": 0, "delta": {"tool_calls": [tool]}, "logprobs": None, "finish_reason": None}])
+
+
+_FINISH = event([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "tool_calls"}])
+
+
+@pytest.mark.parametrize("indexes", [(0, 2), (5, 3), (7, 1)])
+async def test_call_indexes_are_the_clients_in_the_order_calls_leave(indexes: tuple[int, int]) -> None:
+    first, second = indexes
+    blocks = [
+        _call_event(first, '{"a": 1}', id="x", type="function", name="f"),
+        _call_event(second, '{"b": 2}', id="y", type="function", name="g"),
+        _FINISH,
+    ]
+    chunks, _ = await relay(blocks)
+    assert [(d["index"], d.get("id")) for d in calls_in_order(chunks, 0)] == [(0, "x"), (1, "y")]
+    state = ChatCompletionStreamState()  # the SDK's own accumulation (it indexes a list with them)
+    for chunk in chunks:
+        state.handle_chunk(ChatCompletionChunk.model_validate(chunk))
+    calls = state.get_final_completion().choices[0].message.tool_calls or []
+    assert [(c.function.name, c.function.arguments) for c in calls] == [("f", '{"a": 1}'), ("g", '{"b": 2}')]  # type: ignore[union-attr]
+
+
+async def test_a_call_id_and_name_repeated_on_every_fragment_leave_once() -> None:
+    blocks = [
+        _call_event(0, '{"city', id="x", type="function", name="get_weather"),
+        _call_event(0, '": "Paris"}', id="x", type="function", name="get_weather"),
+        _call_event(1, "{", id="y", type="function", name="get_"),
+        _call_event(1, "}", name="time"),  # a name streamed in pieces: the rest passes
+        _FINISH,
+    ]
+    chunks, _ = await relay(blocks)
+    deltas = calls_in_order(chunks, 0)
+    assert deltas[1] == {"index": 0, "function": {"arguments": '": "Paris"}'}}
+    assert deltas[3] == {"index": 1, "function": {"arguments": "}", "name": "time"}}
+
+
+@pytest.mark.parametrize("index", [None, "0", 1.0, True])
+async def test_a_call_fragment_without_an_integer_index_is_an_error(index: Any) -> None:
+    stream = SequentialToolCalls(Blocks([_call_event(index, "{}", id="x", type="function", name="f"), _FINISH]))
+    with pytest.raises(UpstreamProtocolError, match="integer index"):
+        async for _ in stream:
+            pass
