@@ -217,6 +217,9 @@ class FrontDoorRunner(web.AppRunner):
         for conn in list(self.server._connections):
             idle = conn.idle_for(now) if isinstance(conn, FrontDoorProtocol) else None
             if idle is not None and idle >= grace:
-                conn.close()
+                # force_close, not close: close() only cancels the keep-alive wait, which ends
+                # aiohttp's connection task before it closes the socket, so the connection
+                # stayed open (and the drain waited out its whole timeout for it).
+                conn.force_close()
                 closed += 1
         return closed
