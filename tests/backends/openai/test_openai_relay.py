@@ -263,15 +263,21 @@ async def test_spaced_json_is_renamed() -> None:
 # --- usage -------------------------------------------------------------------------------
 
 
-async def test_usage_chunk_mid_read_is_the_only_event_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
-    parsed: list[bytes] = []
+@pytest.fixture
+def parsed(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """Every block the relay parses (its event-by-event path), in order."""
+    blocks: list[bytes] = []
     original = OpenAIStreamRelay._process_slow
 
     def spy(self: OpenAIStreamRelay, block: bytes) -> bytes:
-        parsed.append(block)
+        blocks.append(block)
         return original(self, block)
 
     monkeypatch.setattr(OpenAIStreamRelay, "_process_slow", spy)
+    return blocks
+
+
+async def test_usage_chunk_mid_read_is_the_only_event_parsed(parsed: list[bytes]) -> None:
     before = [ev(CONTENT[0]), ev(CONTENT[1])]
     after = [ev(CONTENT[2])]
     read = b"".join(before) + ev(USAGE) + b"".join(after)
@@ -330,16 +336,8 @@ async def test_continuous_usage_split_one_byte_per_read() -> None:
     assert relay.usage == TokenUsage(3, 4)
 
 
-async def test_usage_null_on_ordinary_chunks_takes_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_usage_null_on_ordinary_chunks_takes_the_fast_path(parsed: list[bytes]) -> None:
     # With include_usage, vLLM and OpenAI put "usage":null on every content chunk.
-    parsed: list[bytes] = []
-    original = OpenAIStreamRelay._process_slow
-
-    def spy(self: OpenAIStreamRelay, block: bytes) -> bytes:
-        parsed.append(block)
-        return original(self, block)
-
-    monkeypatch.setattr(OpenAIStreamRelay, "_process_slow", spy)
     events = [ev(chunk("x", usage=None)), ev(chunk("y", usage=None))]
     last = ev(chunk("z", finish="stop", usage=None))
     relay, _ = make_relay([b"".join(events) + last + done()])
