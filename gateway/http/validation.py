@@ -1,11 +1,12 @@
 """Client JSON to a validated request of the endpoint's type, or a 400 naming the field.
 
-One parse per endpoint (:func:`parse_completion_request`, :func:`parse_chat_request`):
+One parse per endpoint (:func:`parse_completion_request`, :func:`parse_chat_request`,
+:func:`parse_responses_request`):
 pydantic validates straight from the body bytes (its JSON parser is the fastest path
 available). Its errors become OpenAI's envelope here, once for both endpoints, with
 ``param`` set to the offending field: ``stream_options.include_usage`` for a nested
 completions option; for chat the whole path, as OpenAI writes it (``messages[1].tool_call_id``,
-``tools[0].function.name``).
+``tools[0].function.name``); for Responses likewise (``input[2].content[0].type``).
 """
 
 from __future__ import annotations
@@ -21,8 +22,15 @@ from schemas.completions import CompletionRequest
 from schemas.embeddings import EmbeddingRequest
 from schemas.errors import FieldRuleError, InvalidRequestError
 from schemas.rerank import RerankRequest
+from schemas.responses import ResponsesRequest
 
-__all__ = ["parse_chat_request", "parse_completion_request", "parse_embedding_request", "parse_rerank_request"]
+__all__ = [
+    "parse_chat_request",
+    "parse_completion_request",
+    "parse_embedding_request",
+    "parse_rerank_request",
+    "parse_responses_request",
+]
 
 _Params = Callable[[tuple[int | str, ...], bytes], str | None]
 
@@ -37,6 +45,9 @@ _SHAPES: dict[str, str] = {
     "or an array of 1 to 2048 token-id arrays (none empty)",
     "documents": "an array of 1 to 10000 documents, each a string or an object with a text",
 }
+
+# Responses' own ``input`` (the embeddings' one is above).
+_RESPONSES_SHAPES: dict[str, str] = {**_SHAPES, "input": "a string or an array of input items"}
 
 
 # Each parse is written out for its model rather than shared through a generic helper: the
@@ -75,6 +86,15 @@ def parse_rerank_request(body: bytes) -> RerankRequest:
         return RerankRequest.model_validate_json(body)
     except ValidationError as exc:
         raise _to_client_error(exc, body, _chat_param) from None
+
+
+def parse_responses_request(body: bytes) -> ResponsesRequest:
+    if not body:
+        raise _empty_body()
+    try:
+        return ResponsesRequest.model_validate_json(body)
+    except ValidationError as exc:
+        raise _to_client_error(exc, body, _responses_param) from None
 
 
 def _empty_body() -> InvalidRequestError:
@@ -121,6 +141,37 @@ def _chat_param(loc: tuple[int | str, ...], body: bytes) -> str | None:
     return path or None
 
 
+# Union tags of the Responses schema that no node carries as a value: an untyped item is a
+# message or a reference, and the built-in tool choices share one tag.
+_UNTYPED_TAGS = frozenset({"message", "item_reference", "builtin"})
+# Errors of a discriminated union whose tag matched no member: the client's ``type`` is wrong.
+_TAG_ERRORS = frozenset({"union_tag_invalid", "item_type", "tool_type", "tool_choice_type"})
+
+
+def _responses_param(loc: tuple[int | str, ...], body: bytes) -> str | None:
+    """The field's path as the client wrote it (``input[2].content[0].text``): union members and
+    tags dropped, a key told from a tag by the body (a tag is the node's ``type``, never a key)."""
+    if not loc:
+        return None
+    try:
+        node: Any = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        node = None
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+            node = node[part] if isinstance(node, list) and -len(node) <= part < len(node) else None
+            continue
+        if _is_union_tag(part):
+            continue
+        if isinstance(node, dict) and part not in node and (part == node.get("type") or part in _UNTYPED_TAGS):
+            continue
+        path = f"{path}.{part}" if path else part
+        node = node.get(part) if isinstance(node, dict) else None
+    return path or None
+
+
 def _to_client_error(exc: ValidationError, body: bytes, param_of: _Params) -> InvalidRequestError:
     errors = exc.errors(include_url=False)
     first: dict[str, Any] = dict(errors[0])
@@ -154,8 +205,14 @@ def _to_client_error(exc: ValidationError, body: bytes, param_of: _Params) -> In
             return InvalidRequestError(
                 f"Unrecognized request argument supplied: {param}", param=param, code="unknown_parameter"
             )
+        if first["type"] == "missing":
+            return InvalidRequestError(f"Missing required parameter: '{param}'.", param=param)
+    if first["type"] in _TAG_ERRORS:  # an unknown type: name the type key itself
+        param = f"{param}.type" if param else "type"
+        return InvalidRequestError(f"Invalid value for '{param}': {first['msg']}.", param=param)
     leaf = (param or "").rsplit(".", 1)[-1].split("[", 1)[0]
-    if leaf in _SHAPES and params.count(param) > 1:
+    shapes = _RESPONSES_SHAPES if param_of is _responses_param else _SHAPES
+    if leaf in shapes and params.count(param) > 1:
         # A member whose own check failed (a schema with an integer past 2^64) says more than the shapes.
         said = next(
             (e["msg"] for e, p in zip(errors, params, strict=True) if p == param and e["type"] == "value_error"), None
@@ -163,12 +220,13 @@ def _to_client_error(exc: ValidationError, body: bytes, param_of: _Params) -> In
         if said is not None:
             said = said.removeprefix("Value error, ")
             return InvalidRequestError(f"Invalid value for '{param}': {said}.", param=param)
-        return InvalidRequestError(f"Invalid value for '{param}': expected {_SHAPES[leaf]}.", param=param)
-    if param_of is _chat_param:
+        return InvalidRequestError(f"Invalid value for '{param}': expected {shapes[leaf]}.", param=param)
+    if param_of is _chat_param or param_of is _responses_param:
         where = param
     else:
         where = ".".join(str(part) for part in loc if not _is_union_tag(part))
-    return InvalidRequestError(f"Invalid value for '{where}': {first['msg']}.", param=param)
+    said = str(first["msg"]).removeprefix("Value error, ")
+    return InvalidRequestError(f"Invalid value for '{where}': {said}.", param=param)
 
 
 def _is_union_tag(part: int | str) -> bool:

@@ -1,0 +1,386 @@
+"""The Responses API request (``POST /v1/responses``): every field with its bounds, and the rules that tie them.
+
+Fields are listed in OpenAI's documented order (the openai SDK 3.57 ``ResponseCreateParams``:
+the current API), then ``client_metadata`` (sent by the Codex CLI on every turn), then the
+vLLM Responses extras that Chat Completions shares (spec responses-and-embeddings.md; vLLM
+0.32's ``ResponsesRequest``). Validation is strict (no ``"5"`` for an int), unknown fields are
+refused by name, errors name the full path (``input[2].content[0].type``), and ``null`` means
+"the default" for every optional field. Items live in :mod:`schemas.responses_items`, tools and
+options in :mod:`schemas.responses_tools`, the answer shapes in :mod:`schemas.responses_objects`.
+
+Fields OpenAI keeps server-side state for (``background``, ``conversation``, ``prompt``, ...) are
+accepted here and refused by name on backends that cannot honour them; ``store``,
+``previous_response_id``, ``metadata`` and ``truncation`` are the gateway's own.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictInt, model_validator
+
+from schemas.common import (
+    CHARS_PER_TOKEN,
+    CountOrMinusOne,
+    FieldRules,
+    Int64,
+    JsonObject,
+    LogitBias,
+    NonEmpty,
+    Penalty,
+    PositiveFloat,
+    Stop,
+    Temperature,
+    TokenId,
+    UnitInterval,
+    check_logit_bias_keys,
+)
+from schemas.errors import FieldRuleError
+from schemas.responses_items import (
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    InputItem,
+    InputText,
+    MessageItem,
+    OutputText,
+    ReasoningItem,
+    RefusalPart,
+)
+from schemas.responses_tools import (
+    AllowedToolsChoice,
+    BuiltinTool,
+    ConversationRef,
+    CustomChoice,
+    CustomTool,
+    FunctionChoice,
+    FunctionTool,
+    NamespaceTool,
+    PromptRef,
+    ReasoningOptions,
+    ResponsesStreamOptions,
+    TextConfig,
+    Tool,
+    ToolChoice,
+)
+
+__all__ = ["MAX_TOP_LOGPROBS", "NAMESPACE_SEPARATOR", "UNSET_OUTPUT_ESTIMATE", "Includable", "ResponsesRequest"]
+
+MAX_TOP_LOGPROBS = 20
+MAX_TOOLS = 128
+MAX_INPUT_ITEMS = 10_000  # a bound on the work one request can ask for; OpenAI's context limits come first
+UNSET_OUTPUT_ESTIMATE = 16  # an unset max_output_tokens, for rate limits and caps (as chat's)
+NAMESPACE_SEPARATOR = "__"  # a namespace tool's function, flattened: <namespace>__<name> (as vLLM does)
+
+Includable = Literal[
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "message.input_image.image_url",
+    "computer_call_output.output.image_url",
+    "code_interpreter_call.outputs",
+    "reasoning.encrypted_content",
+    "message.output_text.logprobs",
+]
+Metadata = Annotated[
+    dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]], Field(max_length=16)
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+
+
+class ResponsesRequest(_Strict):
+    """``POST /v1/responses``: OpenAI's fields, Codex's ``client_metadata``, then vLLM's extras."""
+
+    # --- OpenAI (documented order) -----------------------------------------------------------
+    access_programs: JsonObject | None = None
+    background: StrictBool | None = None
+    background_options: JsonObject | None = None
+    context_management: list[JsonObject] | None = None
+    conversation: NonEmpty | ConversationRef | None = None
+    image: JsonObject | None = None
+    include: list[Includable] | None = None
+    input: str | Annotated[list[InputItem], Field(max_length=MAX_INPUT_ITEMS)] | None = None
+    instructions: str | None = None
+    max_output_tokens: Annotated[StrictInt, Field(ge=1, le=2**63 - 1)] | None = None
+    max_tool_calls: Annotated[StrictInt, Field(ge=1, le=2**63 - 1)] | None = None
+    metadata: Metadata | None = None
+    model: NonEmpty
+    moderation: JsonObject | None = None
+    parallel_tool_calls: StrictBool | None = None
+    previous_response_id: NonEmpty | None = None
+    prompt: PromptRef | None = None
+    prompt_cache_key: Annotated[str, Field(max_length=1024)] | None = None
+    prompt_cache_options: JsonObject | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    reasoning: ReasoningOptions | None = None
+    safety_identifier: Annotated[str, Field(max_length=128)] | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast", "ultrafast"] | None = None
+    store: StrictBool | None = None
+    stream: StrictBool | None = None
+    stream_options: ResponsesStreamOptions | None = None
+    temperature: Temperature | None = None
+    text: TextConfig | None = None
+    tool_choice: ToolChoice | None = None
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
+    top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    top_p: UnitInterval | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    user: str | None = None  # deprecated by OpenAI: safety_identifier and prompt_cache_key
+
+    # --- the Codex CLI ---------------------------------------------------------------------------
+    client_metadata: dict[str, str] | None = None  # describes the client (ids, turn metadata), not the answer
+
+    # --- vLLM Responses extras that chat shares -------------------------------------------------
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    logit_bias: LogitBias | None = None
+    seed: Int64 | None = None
+    stop: Stop | None = None
+    top_k: CountOrMinusOne | None = None
+    min_p: UnitInterval | None = None
+    repetition_penalty: PositiveFloat | None = None
+    stop_token_ids: list[TokenId] | None = None
+    ignore_eos: StrictBool | None = None
+    skip_special_tokens: StrictBool | None = None
+    include_stop_str_in_output: StrictBool | None = None
+    chat_template_kwargs: JsonObject | None = None
+    priority: Int64 | None = None
+    request_id: NonEmpty | None = None
+
+    # Set by the request path, never by the client: the operator's choice for built-in tools a
+    # backend cannot run (``models[].responses.builtin_tools``), and the request's chat
+    # translation, made once for the capability check and the call (backends.responses).
+    _omit_builtin: bool = PrivateAttr(default=False)
+    _bridged: Any = PrivateAttr(default=None)
+    _stored_input: list[dict[str, Any]] | None = PrivateAttr(default=None)  # own items, once expanded
+
+    # --- cross-field rules ------------------------------------------------------------------------
+    @model_validator(mode="after")
+    def check_rules(self) -> ResponsesRequest:
+        """The cross-field rules, in this order (the first one broken is the error); a rule runs only
+        when a field that can break it was set."""
+        _RULES.run(self, self.__pydantic_fields_set__)
+        return self
+
+    def _check_input(self) -> None:
+        if self.input is None:
+            if self.prompt is None and self.conversation is None:
+                raise FieldRuleError("input", "Missing required parameter: 'input'.")
+            return
+        if isinstance(self.input, str):
+            return
+        for i, item in enumerate(self.input):
+            if isinstance(item, MessageItem) and item.role != "assistant" and not isinstance(item.content, str):
+                for j, part in enumerate(item.content):
+                    if isinstance(part, OutputText | RefusalPart):
+                        raise FieldRuleError(
+                            f"input[{i}].content[{j}].type",
+                            f"input[{i}].content[{j}]: {part.type} is the assistant's; a {item.role} message takes "
+                            "input_text, input_image and input_file",
+                        )
+
+    def _check_tools(self) -> None:
+        names: set[str] = set()
+        for i, tool in enumerate(self.tools or ()):
+            for name in _tool_names(tool):
+                if name in names:
+                    raise FieldRuleError(f"tools[{i}]", f"the names in tools must be unique; {name!r} is given twice")
+                names.add(name)
+        choice = self.tool_choice
+        if isinstance(choice, str) or choice is None:
+            if choice == "required" and not self.tools:
+                raise FieldRuleError("tool_choice", "tool_choice 'required' needs tools")
+            return
+        refs: list[tuple[str, str]]
+        if isinstance(choice, FunctionChoice | CustomChoice):
+            refs = [(choice.type, choice.name)]
+        elif isinstance(choice, AllowedToolsChoice):
+            refs = [(ref.type, ref.name) for ref in choice.tools if ref.name is not None]
+        else:
+            refs = []
+        kinds = {(kind, name) for tool in self.tools or () for kind, name in _tool_kinds(tool)}
+        for kind, name in refs:
+            if (kind, name) not in kinds and not (
+                kind == "function" and sum(1 for k, n in kinds if k == kind and _local(n) == name) == 1
+            ):
+                raise FieldRuleError("tool_choice", f"tool_choice names a {kind} tool {name!r} that is not in tools")
+
+    def _check_stream_options(self) -> None:
+        if self.stream_options is not None and not self.stream:
+            raise FieldRuleError("stream_options", "stream_options is only allowed when stream is true")
+
+    def _check_background(self) -> None:
+        if self.background and self.store is False:
+            raise FieldRuleError("background", "background mode needs store to be true")
+
+    def _check_conversation(self) -> None:
+        if self.conversation is not None and self.previous_response_id is not None:
+            raise FieldRuleError(
+                "previous_response_id", "previous_response_id and conversation cannot both be set; use one of them"
+            )
+
+    def _check_logit_bias_keys(self) -> None:
+        check_logit_bias_keys(self.logit_bias)
+
+    # --- what the request asks, for the path and the translators ------------------------------
+    @property
+    def omits_builtin_tools(self) -> bool:
+        """Whether built-in tools a backend cannot run are left out (the operator chose it), not refused."""
+        return self._omit_builtin
+
+    def omit_builtin_tools(self) -> None:
+        self._omit_builtin = True
+
+    @property
+    def bridged(self) -> Any:
+        """The chat translation, once made (``backends.responses``); None before."""
+        return self._bridged
+
+    def keep_bridged(self, value: Any) -> None:
+        self._bridged = value
+
+    @property
+    def stored_input(self) -> list[dict[str, Any]] | None:
+        """The client's own input items (with ids), kept when ``previous_response_id`` expanded ``input``."""
+        return self._stored_input
+
+    def keep_stored_input(self, items: list[dict[str, Any]]) -> None:
+        self._stored_input = items
+
+    @property
+    def builtin_tools(self) -> list[str]:
+        """The types of the OpenAI built-in tools offered, in order (empty for most requests)."""
+        return [tool.type for tool in self.tools or () if isinstance(tool, BuiltinTool)]
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.include is not None and "message.output_text.logprobs" in self.include
+
+    @property
+    def stores(self) -> bool:
+        """Whether the gateway keeps this turn (``store`` defaults to true, as on OpenAI)."""
+        return self.store is not False
+
+    # --- the request path's common interface (gateway.served.ServedRequest) ---------------
+    @property
+    def n(self) -> None:
+        return None  # one answer per request
+
+    @property
+    def best_of(self) -> None:
+        return None
+
+    @property
+    def sequences(self) -> int:
+        return 1
+
+    @property
+    def prompt_count(self) -> int:
+        return 1
+
+    @property
+    def prompt_array(self) -> None:
+        return None
+
+    @property
+    def output_limit(self) -> int:
+        limit = self.max_output_tokens
+        return UNSET_OUTPUT_ESTIMATE if limit is None else limit
+
+    @property
+    def output_limit_set(self) -> bool:
+        return self.max_output_tokens is not None
+
+    @property
+    def output_bounded(self) -> bool:
+        return self.max_output_tokens is not None
+
+    @property
+    def output_limit_param(self) -> str:
+        return "max_output_tokens"
+
+    @property
+    def include_usage(self) -> bool:
+        return True  # a Response carries its usage, streamed or not
+
+    def prompt_estimate(self) -> int:
+        """~4 characters a token over the instructions, the items' text and the tools, plus a few
+        tokens of framing per item (as chat counts per message)."""
+        items = self.input
+        chars = len(self.instructions or "")
+        count = 1
+        if isinstance(items, str):
+            chars += len(items)
+        elif items is not None:
+            count = len(items)
+            chars += sum(len(item_text(item)) for item in items)
+        if self.tools is not None:
+            chars += len(str(self.tools))
+        if self.text is not None and self.text.format is not None:
+            chars += len(str(self.text.format))
+        return chars // CHARS_PER_TOKEN + 3 * count + 3
+
+    def routing_text(self) -> str:
+        """The conversation's leading part (instructions, then each item's role and text), for prefix routing."""
+        head = f"<system>{self.instructions}" if self.instructions else ""
+        items = self.input
+        if isinstance(items, str):
+            return f"{head}<user>{items}"
+        return head + "".join(f"<{getattr(item, 'role', item.type)}>{item_text(item)}" for item in items or ())
+
+
+def item_text(item: Any) -> str:
+    """An item's text, for estimates and routing: message text, call names and arguments, outputs, reasoning."""
+    if isinstance(item, MessageItem):
+        content = item.content
+        if isinstance(content, str):
+            return content
+        return "".join(
+            part.text
+            if isinstance(part, InputText | OutputText)
+            else part.refusal
+            if isinstance(part, RefusalPart)
+            else ""
+            for part in content
+        )
+    if isinstance(item, FunctionCallItem):
+        return item.name + item.arguments
+    if isinstance(item, FunctionCallOutputItem):
+        output = item.output
+        return output if isinstance(output, str) else "".join(getattr(p, "text", "") for p in output)
+    if isinstance(item, ReasoningItem):
+        return "".join(p.text for p in item.content or ()) + "".join(p.text for p in item.summary)
+    return ""
+
+
+def _tool_names(tool: Any) -> list[str]:
+    if isinstance(tool, FunctionTool | CustomTool):
+        return [tool.name]
+    if isinstance(tool, NamespaceTool):
+        return [tool.name, *(f"{tool.name}{NAMESPACE_SEPARATOR}{t.name}" for t in tool.tools)]
+    return []
+
+
+def _tool_kinds(tool: Any) -> list[tuple[str, str]]:
+    if isinstance(tool, FunctionTool | CustomTool):
+        return [(tool.type, tool.name)]
+    if isinstance(tool, NamespaceTool):
+        return [(t.type, f"{tool.name}{NAMESPACE_SEPARATOR}{t.name}") for t in tool.tools]
+    return []
+
+
+def _local(name: str) -> str:
+    return name.rsplit(NAMESPACE_SEPARATOR, 1)[-1]
+
+
+# Each rule, in order, with the fields without which it cannot fail.
+_RULES: FieldRules[ResponsesRequest] = FieldRules(
+    (frozenset({"input", "prompt", "conversation", "model"}), ResponsesRequest._check_input),
+    (frozenset({"tools", "tool_choice"}), ResponsesRequest._check_tools),
+    (frozenset({"stream_options"}), ResponsesRequest._check_stream_options),
+    (frozenset({"background"}), ResponsesRequest._check_background),
+    (frozenset({"conversation"}), ResponsesRequest._check_conversation),
+    (frozenset({"logit_bias"}), ResponsesRequest._check_logit_bias_keys),
+)

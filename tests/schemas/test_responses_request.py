@@ -1,0 +1,161 @@
+"""The Responses request schema: the current API accepted as real clients send it, anything else refused
+by name with the full path (gateway.http.validation.parse_responses_request)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from gateway.http.validation import parse_responses_request
+from schemas.errors import InvalidRequestError
+from schemas.responses import ResponsesRequest
+from schemas.responses_items import HOSTED_ITEM_TYPES, ITEM_TAGS, FunctionCallItem, HostedItem, ItemReference
+from schemas.responses_tools import TOOL_TAGS, BuiltinTool, NamespaceTool
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "responses"
+
+
+def parse(body: dict[str, Any]) -> ResponsesRequest:
+    return parse_responses_request(orjson.dumps(body))
+
+
+def refused(body: dict[str, Any]) -> InvalidRequestError:
+    with pytest.raises(InvalidRequestError) as err:
+        parse(body)
+    return err.value
+
+
+@pytest.mark.parametrize("name", ["codex-0.171-turn1.json", "codex-0.171-tool-result.json"])
+def test_what_codex_sends_is_accepted(name: str) -> None:
+    body = json.loads((FIXTURES / name).read_text())["body"]
+    request = parse(body)
+    assert request.stream and request.store is False and request.client_metadata
+    assert request.builtin_tools == ["web_search"]
+    assert any(isinstance(t, NamespaceTool) for t in request.tools or ())
+    assert request.include == ["reasoning.encrypted_content"]
+
+
+def test_a_reasoning_item_and_a_call_come_back_as_codex_sends_them() -> None:
+    body = json.loads((FIXTURES / "codex-0.171-tool-result.json").read_text())["body"]
+    request = parse(body)
+    kinds = [item.type for item in request.input or ()]  # type: ignore[union-attr]
+    assert kinds[-3:] == ["reasoning", "function_call", "function_call_output"]
+
+
+def test_untyped_items_are_messages_or_references() -> None:
+    request = parse({"model": "m", "input": [{"role": "user", "content": "hi"}, {"id": "msg_1"}]})
+    items = request.input
+    assert isinstance(items, list) and items[0].type == "message" and isinstance(items[1], ItemReference)
+
+
+def test_the_union_tags_cover_every_type() -> None:
+    assert set(HOSTED_ITEM_TYPES) < ITEM_TAGS
+    for kind in HOSTED_ITEM_TYPES:  # OpenAI's own items: type checked, body left to OpenAI
+        item = parse({"model": "m", "input": [{"type": kind, "id": "x", "anything": [1, {"a": None}]}]}).input
+        assert isinstance(item, list) and isinstance(item[0], HostedItem)
+    for kind in TOOL_TAGS - {"function", "custom", "namespace"}:
+        tools = parse({"model": "m", "input": "x", "tools": [{"type": kind, "option": 1}]}).tools
+        assert tools is not None and isinstance(tools[0], BuiltinTool)
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        ({"input": "x", "bogus": 1}, "bogus", "unknown_parameter"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_text", "text": "x", "y": 1}]}]},
+            "input[0].content[0].y",
+            "unknown_parameter",
+        ),
+        (
+            {"input": [{"role": "user", "content": "a"}, {"role": "user", "content": [{"type": "input_txt"}]}]},
+            "input[1].content[0].type",
+            None,
+        ),
+        ({"input": [{"type": "bogus"}]}, "input[0].type", None),
+        ({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, "input[0].arguments", None),
+        ({"input": "x", "tools": [{"type": "wat"}]}, "tools[0].type", None),
+        (
+            {"input": "x", "tools": [{"type": "function", "name": "f", "parameters": {}, "x": 1}]},
+            "tools[0].x",
+            "unknown_parameter",
+        ),
+        ({"input": "x", "tools": [{"type": "function", "name": "no spaces"}]}, "tools[0].name", None),
+        ({"input": "x", "text": {"format": {"type": "json_schema", "name": "n"}}}, "text.format.schema", None),
+        ({"input": "x", "temperature": 2.5}, "temperature", None),
+        ({"input": "x", "top_logprobs": 21}, "top_logprobs", None),
+        ({"input": "x", "max_output_tokens": 0}, "max_output_tokens", None),
+        ({"input": "x", "max_output_tokens": "5"}, "max_output_tokens", None),
+        ({"input": "x", "metadata": {f"k{i}": "v" for i in range(17)}}, "metadata", None),
+        ({"input": "x", "include": ["everything"]}, "include[0]", None),
+        ({"input": 5}, "input", None),
+        ({}, "input", None),
+    ],
+)
+def test_bad_input_is_refused_by_its_full_path(body: dict[str, Any], param: str, code: str | None) -> None:
+    error = refused({"model": "m", **body})
+    assert error.param == param, error.message
+    assert error.code == code
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"input": [{"role": "user", "content": [{"type": "output_text", "text": "x"}]}]}, "input[0].content[0].type"),
+        ({"input": "x", "tools": [{"type": "function", "name": "f"}, {"type": "function", "name": "f"}]}, "tools[1]"),
+        ({"input": "x", "tool_choice": "required"}, "tool_choice"),
+        (
+            {
+                "input": "x",
+                "tools": [{"type": "function", "name": "f"}],
+                "tool_choice": {"type": "function", "name": "g"},
+            },
+            "tool_choice",
+        ),
+        ({"input": "x", "stream_options": {"include_obfuscation": False}}, "stream_options"),
+        ({"input": "x", "background": True, "store": False}, "background"),
+        ({"input": "x", "conversation": "c", "previous_response_id": "r"}, "previous_response_id"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input[0].content[0]"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f", "file_url": "u"}]}]},
+            "input[0].content[0]",
+        ),
+        ({"input": "x", "logit_bias": {"x": 1}}, "logit_bias"),
+    ],
+)
+def test_cross_field_rules_name_the_field(body: dict[str, Any], param: str) -> None:
+    assert refused({"model": "m", **body}).param == param
+
+
+def test_a_namespace_function_may_be_chosen_by_its_own_name() -> None:
+    ns = {"type": "namespace", "name": "agents", "description": "d", "tools": [{"type": "function", "name": "spawn"}]}
+    request = parse({"model": "m", "input": "x", "tools": [ns], "tool_choice": {"type": "function", "name": "spawn"}})
+    assert request.tool_choice is not None
+    parse({"model": "m", "input": "x", "tools": [ns], "tool_choice": {"type": "function", "name": "agents__spawn"}})
+
+
+def test_a_call_keeps_its_namespace_and_async_flag() -> None:
+    call = {
+        "type": "function_call",
+        "call_id": "c",
+        "name": "spawn",
+        "arguments": "{}",
+        "namespace": "agents",
+        "async": True,
+    }
+    item = parse({"model": "m", "input": [call]}).input[0]  # type: ignore[index]
+    assert isinstance(item, FunctionCallItem) and item.namespace == "agents" and item.async_ is True
+
+
+def test_the_served_request_interface() -> None:
+    request = parse({"model": "m", "instructions": "be brief", "input": [{"role": "user", "content": "a" * 400}]})
+    assert request.output_limit == 16 and not request.output_limit_set and not request.output_bounded
+    assert request.output_limit_param == "max_output_tokens" and request.sequences == 1
+    assert request.prompt_estimate() >= 100  # the items' text counts
+    assert request.routing_text().startswith("<system>be brief<user>")
+    assert request.stores  # OpenAI's default
+    assert parse({"model": "m", "input": "x", "max_output_tokens": 7}).output_limit == 7
