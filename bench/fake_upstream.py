@@ -11,6 +11,9 @@ pre-rendered responses, so one request costs a parse, a dict lookup and one writ
                         the output limit is ``max_completion_tokens`` or ``max_tokens``.
   POST /v1/embeddings   OpenAI's list object: one 1,024-dim float32 vector per input (``--dims``),
                         usage counting words; ``encoding_format: "base64"`` as OpenAI encodes it.
+  POST /v1/responses    OpenAI's Responses: a Response (one message item of ``max_output_tokens``
+                        tokens), or its events (created, in_progress, item and part added, one
+                        ``response.output_text.delta`` per token, the dones, completed; no [DONE]).
   GET  /v1/models       the model list.       GET /health, /version  liveness.
   GET  /stats           {"requests", "connections", "open", "peak_open", "paths"} as JSON:
                         compare requests with connections to prove keep-alive reuse.
@@ -83,6 +86,74 @@ class Renderer:
             if len(self.cache) < 4096:
                 self.cache[key] = body
         return body
+
+    @staticmethod
+    def _response(model: str, k: int, pt: int, status: str) -> dict[str, Any]:
+        text = "".join(f" tok{i}" for i in range(k))
+        part = {"type": "output_text", "text": text, "annotations": []}
+        item = {"id": "msg_bench", "type": "message", "role": "assistant", "status": status, "content": [part]}
+        usage = {
+            "input_tokens": pt,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": k,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": pt + k,
+        }
+        done = status != "in_progress"
+        return {
+            "id": "resp_bench",
+            "object": "response",
+            "created_at": CREATED,
+            "status": status,
+            "model": model,
+            "output": [item] if done else [],
+            "usage": usage if done else None,
+        }
+
+    def responses_nonstream(self, model: str, k: int, pt: int) -> bytes:
+        key = ("rn", model, k, pt)
+        body = self.cache.get(key)
+        if body is None:
+            body = orjson.dumps(self._response(model, k, pt, "completed"))
+            if len(self.cache) < 4096:
+                self.cache[key] = body
+        return body
+
+    def responses_stream(self, model: str, k: int, pt: int) -> list[bytes]:
+        """HTTP chunks, one per Responses event (OpenAI's ``event:`` line, then ``data:``)."""
+        key = ("rs", model, k, pt)
+        chunks = self.cache.get(key)
+        if chunks is None:
+            seq = iter(range(1 << 30))
+
+            def event(kind: str, **fields: Any) -> bytes:
+                data = orjson.dumps({"type": kind, "sequence_number": next(seq), **fields})
+                return _chunk(b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n")
+
+            start = self._response(model, k, pt, "in_progress")
+            final = self._response(model, k, pt, "completed")
+            item, at = final["output"][0], {"item_id": "msg_bench", "output_index": 0}
+            empty = {"type": "output_text", "text": "", "annotations": []}
+            chunks = [
+                event("response.created", response=start),
+                event("response.in_progress", response=start),
+                event("response.output_item.added", output_index=0, item=item | {"status": "in_progress"}),
+                event("response.content_part.added", **at, content_index=0, part=empty),
+            ]
+            chunks += [
+                event("response.output_text.delta", **at, content_index=0, delta=f" tok{i}", logprobs=[])
+                for i in range(k)
+            ]
+            text = item["content"][0]["text"]
+            chunks += [
+                event("response.output_text.done", **at, content_index=0, text=text, logprobs=[]),
+                event("response.content_part.done", **at, content_index=0, part=item["content"][0]),
+                event("response.output_item.done", output_index=0, item=item),
+                event("response.completed", response=final),
+            ]
+            if len(self.cache) < 4096:
+                self.cache[key] = chunks
+        return chunks
 
     def stream(self, model: str, k: int, pt: int, usage: bool, chat: bool = False) -> list[bytes]:
         """HTTP chunks, one per SSE event, without the final [DONE]."""
@@ -226,7 +297,29 @@ class Upstream(asyncio.Protocol):
         paths = STATS["paths"]
         paths[path] = paths.get(path, 0) + 1
         chat = path in ("/v1/chat/completions", "/chat/completions")
-        if method == b"POST" and (chat or path in ("/v1/completions", "/completions")):
+        if method == b"POST" and path in ("/v1/responses", "/responses"):
+            try:
+                req = orjson.loads(body)
+                k = max(1, min(int(req.get("max_output_tokens") or self.default_k), 100_000))
+                model = str(req.get("model") or "bench")
+                text = req.get("input")
+                pt = max(1, len(text.split())) if isinstance(text, str) else 1
+            except Exception:
+                out = _json("400 Bad Request", b'{"error":{"message":"invalid request body"}}', keep_alive)
+            else:
+                if req.get("stream"):
+                    head = SSE_HEAD + (b"\r\n" if keep_alive else b"Connection: close\r\n\r\n")
+                    chunks = self.render.responses_stream(model, k, pt)
+                    if self.token_delay > 0:
+                        self.busy = True
+                        task = asyncio.ensure_future(self.slow_stream(head, chunks, keep_alive, b"0\r\n\r\n"))
+                        TASKS.add(task)
+                        task.add_done_callback(TASKS.discard)
+                        return
+                    out = head + b"".join(chunks) + b"0\r\n\r\n"
+                else:
+                    out = _json("200 OK", self.render.responses_nonstream(model, k, pt), keep_alive)
+        elif method == b"POST" and (chat or path in ("/v1/completions", "/completions")):
             try:
                 req = orjson.loads(body)
                 limit = (req.get("max_completion_tokens") if chat else None) or req.get("max_tokens")
@@ -271,7 +364,7 @@ class Upstream(asyncio.Protocol):
             tr.close()
             self.closed = True
 
-    async def slow_stream(self, head: bytes, chunks: list[bytes], keep_alive: bool) -> None:
+    async def slow_stream(self, head: bytes, chunks: list[bytes], keep_alive: bool, end: bytes = DONE) -> None:
         tr = self.tr
         assert tr is not None
         try:
@@ -282,7 +375,7 @@ class Upstream(asyncio.Protocol):
                 if self.closed:
                     return
                 tr.write(chunk)
-            tr.write(DONE)
+            tr.write(end)
             if not keep_alive:
                 tr.close()
                 self.closed = True

@@ -4,7 +4,8 @@
 response (Content-Length or chunked), and send the next, for ``--warmup`` +
 ``--duration`` seconds; only responses that finish inside the measured window
 count. Streams record time to the first ``data:`` event (TTFT) and must end with
-``data: [DONE]``. ``--chat`` sends a chat body (the prompt as one user message, the
+``data: [DONE]`` (a Responses stream, ``--responses``: with ``response.completed``).
+``--chat`` sends a chat body (the prompt as one user message, the
 same ``max_tokens``) to a ``/v1/chat/completions`` URL. Raw asyncio Protocol on uvloop, minimal parsing, so one core
 drives well over 10k req/s. Prints one JSON line.
 
@@ -41,6 +42,13 @@ class Run:
             "max_tokens": args.max_tokens,
             "temperature": 0,
         }
+        if args.responses:  # same words, same limit, as a Responses request
+            body = {
+                "model": args.model,
+                "input": args.prompt,
+                "max_output_tokens": args.max_tokens,
+                "temperature": 0,
+            }
         if args.embed:  # an embeddings request: --embed inputs of the prompt's words, floats back
             text = " ".join(["word"] * args.embed_tokens)
             body = {"model": args.model, "input": text if args.embed == 1 else [text] * args.embed}
@@ -54,7 +62,7 @@ class Run:
             }
         if args.stream:
             body["stream"] = True
-            if args.include_usage:
+            if args.include_usage and not args.responses:
                 body["stream_options"] = {"include_usage": True}
         data = orjson.dumps(body)
         auth = f"Authorization: Bearer {args.auth}\r\n" if args.auth else ""
@@ -266,6 +274,10 @@ def _header(head: bytes, name: bytes) -> bytes:
 def _stream_done(body: bytearray, chunked: bool) -> bool:
     if _DONE in body[-64:]:
         return True
+    # A Responses stream ends with its terminal event (the whole response: look further back).
+    tail = bytes(body[-16384:])
+    if b"event: response.completed" in tail or b"event: response.incomplete" in tail:
+        return b"event: response.failed" not in tail
     if not chunked:
         return bytes(body).rstrip().endswith(_DONE)
     out, pos = bytearray(), 0  # [DONE] split across chunks: decode the whole body
@@ -340,6 +352,7 @@ def main() -> None:
     ap.add_argument("--chat", action="store_true", help="send a chat body (messages) instead of a prompt")
     ap.add_argument("--embed", type=int, default=0, help="send an embeddings body of this many inputs")
     ap.add_argument("--embed-tokens", type=int, default=64, help="words per embeddings input")
+    ap.add_argument("--responses", action="store_true", help="send a Responses body (input) to /v1/responses")
     ap.add_argument("-c", "--concurrency", type=int, default=1)
     ap.add_argument("-d", "--duration", type=float, default=10.0)
     ap.add_argument("-w", "--warmup", type=float, default=2.0)

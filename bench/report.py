@@ -77,32 +77,45 @@ def _pairs(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
     return {(r["target"], r["scenario"]): r for r in rows}
 
 
-def chat_vs_completions(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each chat cell against the completions cell of the same target in the same run.
-
-    ``x_rps`` is chat/completions throughput (>= 0.9 is the target: chat costs no more per
-    request); ``x_cpu`` is chat/completions proxy CPU per request (lower is better).
-    """
+def _versus(rows: list[dict[str, Any]], prefix: str, base_prefix: str) -> list[dict[str, Any]]:
+    """Each ``prefix`` cell against the ``base_prefix`` cell of the same target and scenario, same run."""
     by = _pairs(rows)
     out = []
     for r in rows:
-        base = by.get((r["target"], r["scenario"].removeprefix("chat_")))
-        if not r["scenario"].startswith("chat_") or base is None or not base["rps"]:
+        base = by.get((r["target"], base_prefix + r["scenario"].removeprefix(prefix)))
+        if not r["scenario"].startswith(prefix) or base is None or not base["rps"]:
             continue
         cpu, cpu0 = r.get("cpu_us_per_req"), base.get("cpu_us_per_req")
         out.append(
             {
                 "target": r["target"],
                 "scenario": r["scenario"],
-                "chat_rps": r["rps"],
+                "this_rps": r["rps"],
                 "rps": base["rps"],
                 "x_rps": round(r["rps"] / base["rps"], 3),
-                "chat_cpu_us": cpu,
+                "this_cpu_us": cpu,
                 "cpu_us": cpu0,
                 "x_cpu": round(cpu / cpu0, 3) if cpu and cpu0 else None,
             }
         )
     return out
+
+
+def chat_vs_completions(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each chat cell against the completions cell of the same target in the same run.
+
+    ``x_rps`` is chat/completions throughput (>= 0.9 is the target: chat costs no more per
+    request); ``x_cpu`` is chat/completions proxy CPU per request (lower is better).
+    """
+    return _versus(rows, "chat_", "")
+
+
+def responses_vs_chat(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each Responses cell against the chat cell of the same target in the same run.
+
+    ``x_cpu`` is Responses/chat proxy CPU per request (the target: at most 1.15); ``x_rps`` throughput.
+    """
+    return _versus(rows, "resp_", "chat_")
 
 
 def workers_vs_one(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -145,10 +158,24 @@ def comparisons(rows: list[dict[str, Any]]) -> str:
             "|---|---|---|---|---|---|---|---|",
         ]
         out += [
-            f"| {c['scenario']} | {c['target']} | {fmt(c['chat_rps'])} | {fmt(c['rps'])} | {ratio(c['x_rps'])} | "
-            f"{fmt(c['chat_cpu_us'], 0)} | {fmt(c['cpu_us'], 0)} | "
+            f"| {c['scenario']} | {c['target']} | {fmt(c['this_rps'])} | {fmt(c['rps'])} | {ratio(c['x_rps'])} | "
+            f"{fmt(c['this_cpu_us'], 0)} | {fmt(c['cpu_us'], 0)} | "
             f"{ratio(c['x_cpu']) if c['x_cpu'] is not None else '-'} |"
             for c in chat
+        ]
+    resp = responses_vs_chat(rows)
+    if resp:
+        out += [
+            "",
+            "| responses vs chat (same run) | target | responses req/s | chat req/s | x rps "
+            "| responses CPU us/req | chat CPU us/req | x CPU (<= 1.15) |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        out += [
+            f"| {c['scenario']} | {c['target']} | {fmt(c['this_rps'])} | {fmt(c['rps'])} | {ratio(c['x_rps'])} | "
+            f"{fmt(c['this_cpu_us'], 0)} | {fmt(c['cpu_us'], 0)} | "
+            f"{ratio(c['x_cpu']) if c['x_cpu'] is not None else '-'} |"
+            for c in resp
         ]
     workers = workers_vs_one(rows)
     if workers:

@@ -18,7 +18,9 @@ connections from this process:
   take turns within each round (A/B interleaved), so a load spike hits both.
 
 Scenarios: ``ns`` (completions, 16 tokens), ``st`` (completions stream, 64 tokens),
-``chat_ns``, ``chat_st`` (the same words as one user message). A checkout that does not
+``chat_ns``, ``chat_st`` (the same words as one user message), ``resp_ns``, ``resp_st`` (the same
+words as a Responses ``input``, the same limit as ``max_output_tokens``; the fake upstream answers
+on its own ``/v1/responses``, OpenAI's events: the ``openai`` backend relays them). A checkout that does not
 serve an endpoint (404) shows ``n/a`` for it.
 """
 
@@ -40,11 +42,13 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-SCENARIOS = {  # name: (path, chat, stream, max_tokens)
+SCENARIOS = {  # name: (path, chat (or "responses"), stream, max_tokens)
     "ns": ("/v1/completions", False, False, 16),
     "st": ("/v1/completions", False, True, 64),
     "chat_ns": ("/v1/chat/completions", True, False, 16),
     "chat_st": ("/v1/chat/completions", True, True, 64),
+    "resp_ns": ("/v1/responses", "responses", False, 16),
+    "resp_st": ("/v1/responses", "responses", True, 64),
 }
 PROMPT = "Say something about benchmarks please"
 
@@ -116,7 +120,9 @@ def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 60.0) -
 def request_bytes(scenario: str, port: int) -> bytes:
     path, chat, stream, tokens = SCENARIOS[scenario]
     body: dict[str, Any] = {"model": "bench", "max_tokens": tokens, "temperature": 0}
-    if chat:
+    if chat == "responses":
+        body = {"model": "bench", "input": PROMPT, "max_output_tokens": tokens, "temperature": 0}
+    elif chat:
         body["messages"] = [{"role": "user", "content": PROMPT}]
     else:
         body["prompt"] = PROMPT
@@ -161,7 +167,7 @@ async def drive(port: int, scenario: str, n: int, concurrency: int) -> tuple[int
             for _ in range(count):
                 writer.write(request)
                 status, body = await read_response(reader)
-                if status == 200 and (not stream or b"data: [DONE]" in body):
+                if status == 200 and (not stream or b"data: [DONE]" in body or b"event: response.completed" in body):
                     ok += 1
                 elif not bad:
                     bad = status
@@ -282,7 +288,7 @@ def main() -> None:
     ap.add_argument("-c", type=int, default=16, help="keep-alive connections")
     ap.add_argument("--repeats", type=int, default=5, help="CPU rounds (median); 0: calls only")
     ap.add_argument("--warmup", type=int, default=300, help="requests before measuring, per scenario")
-    ap.add_argument("--scenarios", default="ns,st,chat_ns,chat_st")
+    ap.add_argument("--scenarios", default="ns,st,chat_ns,chat_st,resp_ns,resp_st")
     ap.add_argument("--top", type=int, default=0, help="print the top N functions per cell")
     ap.add_argument("--dump", type=Path, help="keep each cell's cProfile stats in this folder")
     ap.add_argument("--serve-profiled", nargs=3, metavar=("CONFIG", "PORT", "OUT"), help=argparse.SUPPRESS)

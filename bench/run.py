@@ -11,10 +11,11 @@ The fake upstream (bench/fake_upstream.py) and the client (bench/loadgen.py) sha
 each proxy runs alone on core 0 (``taskset``; no pinning on a 1-core machine). Scenarios:
 ``ns_c1`` (non-stream, 16 tokens, 1 connection), ``ns_c64``, ``st_c64`` (stream, 64 tokens,
 64 connections), ``emb_c64`` (embeddings: one 64-word input, 1,024-dim float vectors, 64
-connections), ``emb_batch`` (256 such inputs, 8 connections); any ``[chat_]ns|st_c<N>[_t<tokens>]``
-works: ``chat_`` sends the same words
-and limit as one user message to /v1/chat/completions (``chat_ns_c64``, ``chat_st_c64``), and the
-table adds each chat cell's ratio to the completions cell of the same target and run. Each closed-loop run is --warmup +
+connections), ``emb_batch`` (256 such inputs, 8 connections); any ``[chat_|resp_]ns|st_c<N>[_t<tokens>]``
+works: ``chat_`` sends the same words and limit as one user message to /v1/chat/completions
+(``chat_ns_c64``, ``chat_st_c64``), ``resp_`` as a Responses ``input`` to /v1/responses (``resp_ns_c64``,
+``resp_st_c64``), and the tables add each chat cell's ratio to the completions cell, each Responses
+cell's to the chat cell, of the same target and run. Each closed-loop run is --warmup +
 --duration seconds; with --repeats the table shows medians. ``gateway`` runs
 ``<venv>/bin/gateway serve --config <generated yaml> --port P`` with a ``type: openai`` backend
 named ``upstream`` serving model ``bench`` (``gateway-vllm``: the same with ``type: vllm``);
@@ -77,7 +78,7 @@ def scenario(name: str) -> dict[str, Any]:
     if e:
         inputs = 256 if e.group(1) == "batch" else 1
         return {"id": name, "stream": False, "c": int(e.group(2) or 8), "tokens": 64, "chat": False, "embed": inputs}
-    m = re.fullmatch(r"(chat_)?(ns|st)_c(\d+)(?:_t(\d+))?", name)
+    m = re.fullmatch(r"(chat_|resp_)?(ns|st)_c(\d+)(?:_t(\d+))?", name)
     if not m:
         sys.exit(f"bad scenario {name!r}: want ns_c1, ns_c64, st_c64, st_c64_t128, chat_ns_c64 ...")
     stream = m.group(2) == "st"
@@ -86,7 +87,8 @@ def scenario(name: str) -> dict[str, Any]:
         "stream": stream,
         "c": int(m.group(3)),
         "tokens": int(m.group(4) or (64 if stream else 16)),
-        "chat": bool(m.group(1)),
+        "chat": m.group(1) == "chat_",
+        "responses": m.group(1) == "resp_",
     }
 
 
@@ -177,7 +179,12 @@ def loadgen(
     duration: float,
     warmup: float,
 ) -> list[str]:
-    path = "/v1/embeddings" if sc.get("embed") else "/v1/chat/completions" if sc.get("chat") else "/v1/completions"
+    if sc.get("embed"):
+        path = "/v1/embeddings"
+    else:
+        path = (
+            "/v1/chat/completions" if sc.get("chat") else "/v1/responses" if sc.get("responses") else "/v1/completions"
+        )
     argv = [
         PY,
         str(HERE / "loadgen.py"),
@@ -197,6 +204,7 @@ def loadgen(
     argv += ["--auth", AUTH[port]] if port in AUTH else []
     argv += ["--chat"] if sc.get("chat") else []
     argv += ["--embed", str(sc["embed"]), "--embed-tokens", str(sc["tokens"])] if sc.get("embed") else []
+    argv += ["--responses"] if sc.get("responses") else []
     return pin(args.client_cpus) + argv + (["--stream"] if sc["stream"] else [])
 
 
