@@ -12,6 +12,12 @@ decided, into either a finished OpenAI body or a stream of ready-to-send SSE eve
   with an :data:`EmbeddingCall`, :meth:`Backend.rerank` with a :data:`RerankCall`, non-streamed,
   on backends whose :attr:`Backend.endpoints` include them (their tables:
   :attr:`Backend.embedding_capabilities`, :attr:`Backend.rerank_capabilities`).
+- responses (``POST /v1/responses``): a family with a native endpoint (:attr:`Backend.responses_native`:
+  ``openai``, ``vllm``) implements :meth:`Backend.responses` / :meth:`Backend.responses_stream`
+  with a :data:`ResponsesCall` (a :class:`~schemas.responses.ResponsesRequest`); every other
+  family serving chat is served through its chat translator (``backends.responses.bridge``,
+  picked by the request path). A Responses stream yields Responses events (``event:``/``data:``,
+  ``sequence_number`` from 0), never ``[DONE]``.
 
 Each backend family has one translator per endpoint behind these methods. Adapters never
 see raw client JSON and raise only ``schemas.errors``/``backends.errors`` types.
@@ -34,10 +40,12 @@ from schemas.completions import CompletionRequest
 from schemas.embeddings import EmbeddingRequest
 from schemas.endpoints import POOLING_ENDPOINTS, Endpoint
 from schemas.rerank import RerankRequest
+from schemas.responses import ResponsesRequest
 
 if TYPE_CHECKING:
     from backends.chat_capabilities import ChatCapabilities
     from backends.pooling_capabilities import PoolingCapabilities
+    from schemas.errors import UnsupportedParameterError
 
 __all__ = [
     "Backend",
@@ -49,11 +57,14 @@ __all__ = [
     "Reconfigurable",
     "ReconfigureReport",
     "RerankCall",
+    "ResponsesCall",
+    "ResponsesTable",
     "TokenUsage",
     "UpstreamCall",
+    "usage_of",
 ]
 
-Req = TypeVar("Req", CompletionRequest, ChatCompletionRequest, EmbeddingRequest, RerankRequest)
+Req = TypeVar("Req", CompletionRequest, ChatCompletionRequest, EmbeddingRequest, RerankRequest, ResponsesRequest)
 
 
 @dataclass(slots=True, frozen=True)
@@ -93,6 +104,12 @@ class RerankCall(Call[RerankRequest]):
     __slots__ = ()
 
 
+class ResponsesCall(Call[ResponsesRequest]):
+    """A Responses attempt."""
+
+    __slots__ = ()
+
+
 @dataclass(slots=True)
 class TokenUsage:
     prompt_tokens: int
@@ -107,6 +124,31 @@ class TokenUsage:
         }
 
 
+_MAX_COUNT = 1 << 32  # a token count past this is an upstream's lie, not usage (native: common.count)
+
+
+def usage_of(
+    obj: Any, prompt_key: str = "prompt_tokens", completion_key: str = "completion_tokens"
+) -> TokenUsage | None:
+    """The token counts of an upstream ``usage`` object, when both are counts: integers in [0, 2^32).
+
+    Anything else (negative, a bool, a float, 2^62 or 2^64+1 from a hostile upstream) is no
+    usage: settling a key's token budget with it would lock the key out for ages. The keys are
+    chat's and completions'; a Response's usage says ``input_tokens`` and ``output_tokens``.
+    """
+    if type(obj) is dict:
+        prompt = obj.get(prompt_key)
+        completion = obj.get(completion_key)
+        if (
+            type(prompt) is int
+            and type(completion) is int
+            and 0 <= prompt < _MAX_COUNT
+            and 0 <= completion < _MAX_COUNT
+        ):
+            return TokenUsage(prompt, completion)
+    return None
+
+
 @dataclass(slots=True)
 class CompletionResult:
     """A finished non-streaming answer: the client's body (JSON unless ``content_type`` says
@@ -116,6 +158,9 @@ class CompletionResult:
     usage: TokenUsage | None
     content_type: str = "application/json"
     headers: dict[str, str] | None = None
+    # The answer as an object, where the translator has it anyway (a Response: what the
+    # conversation store keeps); None elsewhere.
+    answer: dict[str, Any] | None = None
 
 
 class CompletionStream(ABC):
@@ -151,6 +196,15 @@ class CompletionStream(ABC):
     async def aclose(self) -> None: ...
 
 
+class ResponsesTable(Protocol):
+    """A family's Responses capability table (``backends.responses.capabilities.ResponsesCapabilities``;
+    a Protocol here so this module does not import the Responses package, which builds on it)."""
+
+    def refusal(self, request: ResponsesRequest, backend: str, kind: str) -> UnsupportedParameterError | None: ...
+
+    def level(self, name: str, form: str | None = None) -> str: ...
+
+
 class Backend(ABC):
     """One configured backend entry."""
 
@@ -161,6 +215,11 @@ class Backend(ABC):
     chat_capabilities: ChatCapabilities | None = None
     embedding_capabilities: PoolingCapabilities | None = None
     rerank_capabilities: PoolingCapabilities | None = None
+    # The family's Responses table (its folder's); None: derived from the chat table, for a
+    # family that serves Responses through its chat translator.
+    responses_capabilities: ResponsesTable | None = None
+    # Whether :meth:`responses` is the family's own (else the chat bridge serves Responses).
+    responses_native: ClassVar[bool] = False
 
     def __init__(self, name: str, capabilities: Capabilities) -> None:
         self.name = name
@@ -202,6 +261,14 @@ class Backend(ABC):
     async def rerank(self, call: RerankCall) -> CompletionResult:
         """Relevance scores, sorted (only where :attr:`endpoints` has ``rerank``)."""
         raise NotImplementedError(f"{type(self).__name__} serves no rerank endpoint")
+
+    async def responses(self, call: ResponsesCall) -> CompletionResult:
+        """A non-streaming Response (only where :attr:`responses_native`)."""
+        raise NotImplementedError(f"{type(self).__name__} has no native responses endpoint")
+
+    async def responses_stream(self, call: ResponsesCall) -> CompletionStream:
+        """Start a streamed Response, Responses events (only where :attr:`responses_native`)."""
+        raise NotImplementedError(f"{type(self).__name__} has no native responses endpoint")
 
     async def health(self) -> bool:
         """Whether the upstream answers; used by probes (default: assume healthy)."""

@@ -29,6 +29,7 @@ from gateway.http.middleware import expect_handler, request_middleware
 from gateway.http.openapi import openapi_handler
 from gateway.http.probes import ready
 from gateway.metrics import GatewayMetrics
+from gateway.responses_state import MemoryResponsesState, ResponsesState
 from gateway.security.auth import protect
 from gateway.security.guard import RequestGuard
 from gateway.state import STATE, GatewayState, models_body
@@ -79,6 +80,7 @@ def build_state(
     started_at: float,
     request_guard: RequestGuard | None = None,
     admission: Admission | None = None,
+    responses_state: ResponsesState | None = None,
 ) -> GatewayState:
     """Everything a request reads, from ``config`` over ready-made backends and their guards.
 
@@ -99,6 +101,7 @@ def build_state(
         request_guard=request_guard,
         models_body=body,
         started_at=started_at,
+        responses_state=responses_state if responses_state is not None else MemoryResponsesState(),
     )
 
 

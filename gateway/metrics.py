@@ -24,6 +24,7 @@ from backends.base import Backend, TokenUsage
 from backends.capabilities import ALL_FIELDS
 from backends.chat_capabilities import CHAT_FIELDS
 from backends.registry import metric_collectors
+from backends.responses.capabilities import RESPONSES_PARAMS
 from gateway.metrics_families import MetricFamilies
 from schemas.endpoints import Endpoint
 
@@ -80,7 +81,8 @@ class GatewayMetrics(MetricFamilies):
         self._models = frozenset(models)
         self._backends = frozenset(backends)
         self._keys = frozenset(keys)
-        self._fields = frozenset(ALL_FIELDS) | frozenset(CHAT_FIELDS)
+        # A refusal's param: a field of any endpoint's schema (Responses' nested ones by name: text.format).
+        self._fields = frozenset(ALL_FIELDS) | frozenset(CHAT_FIELDS) | RESPONSES_PARAMS
         self._collectors: list[Collector] = []  # the backends' own (watch_backends), replaced on reload
         # Set by a worker of ``gateway serve --workers N``: the whole gateway's exposition, merged by
         # the control process (gateway.workers.merge); None: this process is the gateway.

@@ -277,6 +277,7 @@ class Reloader:
             started_at=state.started_at,
             request_guard=state.request_guard if guard_unchanged else None,
             admission=state.admission if old_config.server.admission == admission else None,
+            responses_state=state.responses_state,  # conversations outlive a reload
         )
         prober = _prober(config, backends, guards)
         retired = [b for name, b in state.backends.items() if backends.get(name) is not b]

@@ -14,6 +14,7 @@ from gateway.flow.admission import Admission
 from gateway.flow.router import Router
 from gateway.flow.service import CompletionService
 from gateway.metrics import GatewayMetrics
+from gateway.responses_state import MemoryResponsesState, ResponsesState
 from gateway.security.guard import RequestGuard
 from schemas.config import GatewayConfig, ModelConfig
 
@@ -108,6 +109,8 @@ class GatewayState:
     models_body: bytes
     started_at: float
     in_flight: InFlight = field(default_factory=InFlight)
+    # Conversation state for POST /v1/responses (previous_response_id, store); a reload keeps it.
+    responses_state: ResponsesState = field(default_factory=MemoryResponsesState)
     # The requests begun under this config; a reload swaps in the new state's.
     generation: Generation = field(default_factory=Generation)
     draining: bool = False

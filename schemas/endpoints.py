@@ -12,6 +12,7 @@ class Endpoint(StrEnum):
     CHAT = "chat"  # POST /v1/chat/completions
     EMBEDDINGS = "embeddings"  # POST /v1/embeddings
     RERANK = "rerank"  # POST /v1/rerank (Jina/Cohere shape; also /v2/rerank and /rerank)
+    RESPONSES = "responses"  # POST /v1/responses
 
 
 ENDPOINT_PATHS: dict[Endpoint, str] = {
@@ -19,6 +20,7 @@ ENDPOINT_PATHS: dict[Endpoint, str] = {
     Endpoint.CHAT: "/v1/chat/completions",
     Endpoint.EMBEDDINGS: "/v1/embeddings",
     Endpoint.RERANK: "/v1/rerank",
+    Endpoint.RESPONSES: "/v1/responses",
 }
 
 # More paths of the same endpoint (vLLM serves rerank on all three; Cohere's v2 SDK posts to /v2/rerank).

@@ -284,6 +284,7 @@ class FakeUpstream:
         app = web.Application(client_max_size=64 * 1024 * 1024)  # as large as any gateway request body
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._completions)  # chat shapes when the body has messages
+        app.router.add_post("/v1/responses", self._completions)  # OpenAI's Responses shapes (the path says)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
@@ -437,6 +438,10 @@ class FakeUpstream:
             return web.Response(body=b"<html>oops</html>", content_type="text/html")
         if behaviour.kind in ("raw", "endless"):
             return await self._raw(request, behaviour)
+        if request.path.endswith("/responses"):
+            if not body.get("stream"):
+                return web.Response(body=self._dumps(self.response(body)), content_type="application/json")
+            return await self._stream_responses(request, body, behaviour)
         if not body.get("stream"):
             return web.Response(body=self._dumps(self.completion(body)), content_type="application/json")
         return await self._stream(request, body, behaviour)
@@ -505,6 +510,89 @@ class FakeUpstream:
                 }
                 await resp.write(b"data: " + self._dumps(usage) + b"\n\n")
             await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except asyncio.CancelledError:
+            self.cancelled_streams += 1
+            raise
+        finally:
+            self.open_streams -= 1
+        return resp
+
+    # --- OpenAI's Responses API (POST /v1/responses) ---------------------------------------------
+    def response(self, body: dict[str, Any], *, status: str = "completed") -> dict[str, Any]:
+        """OpenAI's Response object for ``body``: one message item of ``max_output_tokens`` words
+        (16 by default), as the stream sends them."""
+        tokens = int(body.get("max_output_tokens") or 16)
+        text = "".join(f" t{i}" for i in range(tokens))
+        message = {
+            "id": "msg_fake",
+            "type": "message",
+            "role": "assistant",
+            "status": status,
+            "content": [{"type": "output_text", "text": text, "annotations": []}],
+        }
+        usage = {
+            "input_tokens": 3,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": 3 + tokens,
+        }
+        return {
+            "id": "resp_fake",
+            "object": "response",
+            "created_at": 1,
+            "status": status,
+            "model": body.get("model"),
+            "output": [message] if status != "in_progress" else [],
+            "tools": body.get("tools") or [],
+            "usage": usage if status != "in_progress" else None,
+        }
+
+    def response_event(self, seq: int, kind: str, **fields: Any) -> bytes:
+        event = {"type": kind, "sequence_number": seq, **fields}
+        return b"event: " + kind.encode() + b"\ndata: " + self._dumps(event) + b"\n\n"
+
+    async def _stream_responses(
+        self, request: web.Request, body: dict[str, Any], behaviour: Behaviour
+    ) -> web.StreamResponse:
+        """OpenAI's Responses events: created, in_progress, one message item of ``max_output_tokens``
+        deltas (16 by default), completed. ``cut``/``error_event`` after ``events`` deltas."""
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        self.open_streams += 1
+        tokens = int(body.get("max_output_tokens") or 16)
+        event = self.response_event
+        start = self.response(body, status="in_progress")
+        at = {"item_id": "msg_fake", "output_index": 0}
+        try:
+            head = event(0, "response.created", response=start) + event(1, "response.in_progress", response=start)
+            item = {"id": "msg_fake", "type": "message", "role": "assistant", "status": "in_progress", "content": []}
+            head += event(2, "response.output_item.added", output_index=0, item=item)
+            part = {"type": "output_text", "text": "", "annotations": []}
+            await resp.write(head + event(3, "response.content_part.added", **at, content_index=0, part=part))
+            seq = 4
+            for i in range(tokens):
+                if behaviour.kind == "cut" and i == behaviour.events:
+                    assert request.transport is not None
+                    request.transport.abort()
+                    return resp
+                if behaviour.kind == "error_event" and i == behaviour.events:
+                    await resp.write(event(seq, "error", code="server_error", message="engine died", param=None))
+                    await resp.write_eof()
+                    return resp
+                delta = event(seq, "response.output_text.delta", **at, content_index=0, delta=f" t{i}", logprobs=[])
+                await resp.write(delta)
+                seq += 1
+                if behaviour.delay and behaviour.kind == "ok":
+                    await asyncio.sleep(behaviour.delay)
+            text = "".join(f" t{i}" for i in range(tokens))
+            final = self.response(body)
+            tail = event(seq, "response.output_text.done", **at, content_index=0, text=text, logprobs=[])
+            tail += event(seq + 1, "response.content_part.done", **at, content_index=0, part={**part, "text": text})
+            tail += event(seq + 2, "response.output_item.done", output_index=0, item=final["output"][0])
+            tail += event(seq + 3, "response.completed", response=final)
+            await resp.write(tail)
             await resp.write_eof()
         except asyncio.CancelledError:
             self.cancelled_streams += 1

@@ -7,9 +7,11 @@ Each family's tables live in its own folder (``backends/<family>/capabilities.py
 replaces, in each file, every block whose markers it holds: the completions matrix
 (``<!-- capability-matrix -->``), the chat matrix (``<!-- chat-capability-matrix -->``, rows from
 :meth:`ChatCapabilities.rows`: fields, then value forms such as ``tool_choice=required``) and
-README's pointer to it (``<!-- chat-capability-link -->``; the chat table is too long for a
-five-minute README). ``tests/tools/test_capability_matrix.py`` checks that the files hold exactly
-what this renders, so the docs cannot drift from the tables the router enforces.
+README's pointer to both (``<!-- chat-capability-link -->``; the tables are too long for a
+five-minute README), and the Responses matrix (``<!-- responses-capability-matrix -->``, rows from
+:meth:`ResponsesCapabilities.rows`: fields, then forms such as ``tools=web_search``; the bridged
+families' rows are derived from their chat tables). ``tests/tools/test_capability_matrix.py`` checks
+that the files hold exactly what this renders, so the docs cannot drift from the tables the router enforces.
 
 A cell ``native ≤ 20`` means the backend honours the field up to that value (its own
 bound, e.g. vLLM's ``--max-logprobs`` default) and refuses more by name.
@@ -28,18 +30,19 @@ from pathlib import Path
 
 from backends.capabilities import ALL_FIELDS, Capabilities
 from backends.chat_capabilities import CHAT_FIELDS, ChatCapabilities
-from backends.mock.capabilities import MOCK_CAPABILITIES, MOCK_CHAT
+from backends.mock.capabilities import MOCK_CAPABILITIES, MOCK_CHAT, MOCK_RESPONSES
 from backends.mock.pooling import MOCK_EMBEDDINGS, MOCK_RERANK
-from backends.native.llamacpp_capabilities import LLAMACPP_CAPABILITIES, LLAMACPP_CHAT
+from backends.native.llamacpp_capabilities import LLAMACPP_CAPABILITIES, LLAMACPP_CHAT, LLAMACPP_RESPONSES
 from backends.native.llamacpp_embed import LLAMACPP_EMBEDDINGS
-from backends.native.ollama_capabilities import OLLAMA_CAPABILITIES, OLLAMA_CHAT
+from backends.native.ollama_capabilities import OLLAMA_CAPABILITIES, OLLAMA_CHAT, OLLAMA_RESPONSES
 from backends.native.ollama_embed import OLLAMA_EMBEDDINGS
 from backends.native.tei import TEI_EMBEDDINGS, TEI_RERANK
-from backends.native.tgi_capabilities import TGI_CAPABILITIES, TGI_CHAT
-from backends.openai.capabilities import OPENAI_CAPABILITIES, OPENAI_CHAT
+from backends.native.tgi_capabilities import TGI_CAPABILITIES, TGI_CHAT, TGI_RESPONSES
+from backends.openai.capabilities import OPENAI_CAPABILITIES, OPENAI_CHAT, OPENAI_RESPONSES
 from backends.openai.pooling import OPENAI_EMBEDDINGS, OPENAI_RERANK
 from backends.pooling_capabilities import PoolingCapabilities
-from backends.vllm.capabilities import capabilities_for, vllm_chat_capabilities
+from backends.responses.capabilities import GATEWAY_FIELDS, RESPONSES_FIELDS, ResponsesCapabilities
+from backends.vllm.capabilities import capabilities_for, vllm_chat_capabilities, vllm_responses_capabilities
 from backends.vllm.pooling import POOLING_BOUNDARIES, vllm_pooling_tables
 from backends.vllm.versions import BOUNDARIES, CHAT_BOUNDARIES, VLLMChatFeatures, VLLMFeatures
 
@@ -51,6 +54,8 @@ __all__ = [
     "CHAT_LINK_BEGIN",
     "CHAT_LINK_END",
     "END",
+    "RESPONSES_BEGIN",
+    "RESPONSES_END",
     "blocks",
     "chat_columns",
     "chat_keys",
@@ -58,7 +63,9 @@ __all__ = [
     "render",
     "render_chat",
     "render_chat_link",
+    "render_responses",
     "replace_block",
+    "responses_columns",
 ]
 
 BEGIN = "<!-- capability-matrix: rendered by `python -m tools.capability_matrix`; do not edit by hand -->"
@@ -68,6 +75,10 @@ CHAT_END = "<!-- /chat-capability-matrix -->"
 CHAT_LINK_BEGIN = "<!-- chat-capability-link: rendered by `python -m tools.capability_matrix` -->"
 CHAT_LINK_END = "<!-- /chat-capability-link -->"
 CHAT_DOC = "docs/capabilities.md"
+RESPONSES_BEGIN = (
+    "<!-- responses-capability-matrix: rendered by `python -m tools.capability_matrix`; do not edit by hand -->"
+)
+RESPONSES_END = "<!-- /responses-capability-matrix -->"
 
 
 def columns() -> list[tuple[str, str, Capabilities]]:
@@ -129,21 +140,22 @@ def _how_lines(how: dict[tuple[str, str], list[str]]) -> list[str]:
 _HOW_HEADING = "; † how the gateway honours a field"
 
 
-def chat_columns() -> list[tuple[str, str, ChatCapabilities]]:
-    """``(backend type, column title, chat table)``: the tables the chat translators refuse by.
-
-    vLLM's depend on the version and on whether the server runs a tool parser (``tool_parser:``):
-    an unknown version without one (the table that cannot fail open) and the newest boundary with one.
-    """
+def _vllm_chat_columns() -> list[tuple[str, VLLMChatFeatures]]:
+    """vLLM's chat and Responses columns: an unknown version without a tool parser (the table that
+    cannot fail open) and the newest version boundary with one (``tool_parser:``)."""
     newest = max(*BOUNDARIES.values(), *CHAT_BOUNDARIES.values())
     return [
+        ("`vllm` (version unknown, no `tool_parser`)", VLLMChatFeatures.of(None)),
+        (f"`vllm` ≥ {newest.major}.{newest.minor} with `tool_parser`", VLLMChatFeatures.of(newest, "hermes")),
+    ]
+
+
+def chat_columns() -> list[tuple[str, str, ChatCapabilities]]:
+    """``(backend type, column title, chat table)``: the tables the chat translators refuse by
+    (vLLM's per version and tool parser: :func:`_vllm_chat_columns`)."""
+    return [
         ("openai", "`openai`", OPENAI_CHAT),
-        ("vllm", "`vllm` (version unknown, no `tool_parser`)", vllm_chat_capabilities(VLLMChatFeatures.of(None))),
-        (
-            "vllm",
-            f"`vllm` ≥ {newest.major}.{newest.minor} with `tool_parser`",
-            vllm_chat_capabilities(VLLMChatFeatures.of(newest, "hermes")),
-        ),
+        *(("vllm", title, vllm_chat_capabilities(features)) for title, features in _vllm_chat_columns()),
         ("mock", "`mock`", MOCK_CHAT),
         ("tgi", "`tgi`", TGI_CHAT),
         ("ollama", "`ollama`", OLLAMA_CHAT),
@@ -187,8 +199,9 @@ def render_chat() -> str:
 
 def render_chat_link() -> str:
     return (
-        f"{CHAT_LINK_BEGIN}\n\nChat (`/v1/chat/completions`) has its own table, fields and value forms per backend "
-        f"type: [chat capability matrix]({CHAT_DOC}).\n\n{CHAT_LINK_END}\n"
+        f"{CHAT_LINK_BEGIN}\n\nChat (`/v1/chat/completions`) and Responses (`/v1/responses`) have their own "
+        f"tables, fields and value forms per backend type: [chat]({CHAT_DOC}), "
+        f"[responses]({CHAT_DOC}#responses-capability-matrix).\n\n{CHAT_LINK_END}\n"
     )
 
 
@@ -257,10 +270,40 @@ def render_pooling() -> str:
     return "\n".join(lines) + "\n"
 
 
+def responses_columns() -> list[tuple[str, str, ResponsesCapabilities]]:
+    """``(backend type, column title, Responses table)``: OpenAI's own endpoint, and every other
+    family through its chat translator (so the same vLLM columns as chat)."""
+    return [
+        ("openai", "`openai`", OPENAI_RESPONSES),
+        *(("vllm", title, vllm_responses_capabilities(features)) for title, features in _vllm_chat_columns()),
+        ("mock", "`mock`", MOCK_RESPONSES),
+        ("tgi", "`tgi`", TGI_RESPONSES),
+        ("ollama", "`ollama`", OLLAMA_RESPONSES),
+        ("llamacpp", "`llamacpp`", LLAMACPP_RESPONSES),
+    ]
+
+
+def render_responses() -> str:
+    cols = responses_columns()
+    lines = [RESPONSES_BEGIN, "", "| field or form | " + " | ".join(title for _, title, _ in cols) + " |"]
+    lines.append("|---" * (len(cols) + 1) + "|")
+    forms = sorted({key for _, _, table in cols for key, _ in table.rows() if key not in RESPONSES_FIELDS})
+    for key in [*RESPONSES_FIELDS, *forms]:
+        field, _, form = key.partition("=")
+        cells = [table.level(field, form or None).value for _, _, table in cols]
+        mark = "‡" if key in GATEWAY_FIELDS else ""
+        lines.append(f"| `{key}`{mark} | " + " | ".join(cells) + " |")
+    lines += ["", "‡ the gateway's own, on every backend:"]
+    lines += [f"- `{name}`: {how}." for name, how in GATEWAY_FIELDS.items()]
+    lines += ["", RESPONSES_END]
+    return "\n".join(lines) + "\n"
+
+
 def blocks() -> list[tuple[str, str, str]]:
     """``(begin marker, end marker, rendered block)`` of every block this tool keeps."""
     return [(BEGIN, END, render()), (CHAT_LINK_BEGIN, CHAT_LINK_END, render_chat_link()),
-            (CHAT_BEGIN, CHAT_END, render_chat()), (POOLING_BEGIN, POOLING_END, render_pooling())]  # fmt: skip
+            (CHAT_BEGIN, CHAT_END, render_chat()), (POOLING_BEGIN, POOLING_END, render_pooling()),
+            (RESPONSES_BEGIN, RESPONSES_END, render_responses())]  # fmt: skip
 
 
 def replace_block(text: str, block: str, begin: str = BEGIN, end: str = END) -> str:

@@ -18,9 +18,18 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from backends.base import Backend, ChatCall, CompletionResult, CompletionStream, EmbeddingCall, RerankCall, UpstreamCall
+from backends.base import (
+    Backend,
+    ChatCall,
+    CompletionResult,
+    CompletionStream,
+    EmbeddingCall,
+    RerankCall,
+    ResponsesTable,
+    UpstreamCall,
+)
 from backends.chat_capabilities import ChatCapabilities
-from backends.mock.capabilities import MOCK_CAPABILITIES, MOCK_CHAT
+from backends.mock.capabilities import MOCK_CAPABILITIES, MOCK_CHAT, MOCK_RESPONSES
 from backends.mock.chat import chat_result, chat_stream
 from backends.mock.completions import FINGERPRINT, MOCK_CONTEXT_LENGTH, MockStream, complete_text, stream_text
 from backends.mock.pooling import MOCK_EMBEDDINGS, MOCK_RERANK, mock_embed, mock_rerank
@@ -37,6 +46,7 @@ class MockBackend(Backend):
     chat_capabilities: ChatCapabilities | None = MOCK_CHAT
     embedding_capabilities: PoolingCapabilities | None = MOCK_EMBEDDINGS
     rerank_capabilities: PoolingCapabilities | None = MOCK_RERANK
+    responses_capabilities: ResponsesTable | None = MOCK_RESPONSES  # through the chat simulator
 
     def __init__(self, config: MockBackendConfig) -> None:
         super().__init__(config.name, MOCK_CAPABILITIES.with_overrides(config.capabilities))

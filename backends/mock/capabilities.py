@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from backends.capabilities import Capabilities, Level
 from backends.chat_capabilities import VLLM_CHAT_EXTRAS, ChatCapabilities
+from backends.responses.capabilities import ResponsesCapabilities
 from schemas.completions import VLLM_EXTRA_FIELDS
 
-__all__ = ["MOCK_CAPABILITIES", "MOCK_CHAT"]
+__all__ = ["MOCK_CAPABILITIES", "MOCK_CHAT", "MOCK_RESPONSES"]
 
 N, U = Level.NATIVE, Level.UNSUPPORTED
 
@@ -33,3 +34,7 @@ MOCK_CHAT = ChatCapabilities.build(
         "stream_options=include_obfuscation": U,
     },
 )  # fmt: skip
+
+# --- responses: through the chat translator (the chat simulator), so derived from the chat table ---------
+
+MOCK_RESPONSES = ResponsesCapabilities.bridged(MOCK_CHAT)

@@ -9,6 +9,10 @@ What a choice is, in order of precedence:
   Arguments are JSON generated from each function's ``parameters`` schema
   (:func:`backends.mock.json_schema.instance`); ``finish_reason`` is ``"tool_calls"``, or ``"stop"``
   for a named choice (as OpenAI and vLLM answer). Only function tools are called.
+  Scripted calls, for agents under test (the Codex CLI, agent SDKs): when the last user message
+  names candidate tools (whole words), those are the ones called, in the order named; and a
+  JSON object in that message is the first named tool's arguments (``run exec_command with
+  {"cmd": "echo hi"}``).
 - **JSON** for ``response_format`` ``json_schema`` (a value of the schema) or ``json_object``.
 - **text** otherwise: 5 to 24 words and a full stop, ``finish_reason`` ``"stop"``.
 
@@ -38,6 +42,7 @@ The mock backend's chat translator is :func:`chat_result` / :func:`chat_stream` 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import random
 import re
@@ -161,6 +166,29 @@ def _tool_plan(req: ChatCompletionRequest) -> tuple[list[FunctionTool], bool, bo
     return [], False, False  # "none", or only custom tools (the simulator does not call those)
 
 
+_WORD = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _script(req: ChatCompletionRequest, candidates: list[FunctionTool]) -> tuple[list[FunctionTool], Any]:
+    """The tools the last user message names (in order named) and the JSON object it carries, if any."""
+    last = next((m for m in reversed(req.messages) if m.role == "user"), None)
+    text = _text_of(last.content) if last is not None else ""
+    by_name = {t.function.name: t for t in candidates}
+    named: list[FunctionTool] = []
+    for word in _WORD.findall(text):
+        tool = by_name.pop(word, None)
+        if tool is not None:
+            named.append(tool)
+    arguments = None
+    start = text.find("{")
+    if named and start >= 0:
+        try:
+            arguments, _ = json.JSONDecoder().raw_decode(text, start)
+        except ValueError:
+            arguments = None
+    return named, arguments if isinstance(arguments, dict) else None
+
+
 def _reply_text(req: ChatCompletionRequest, rng: random.Random, at_least: int) -> str:
     fmt = req.response_format
     if isinstance(fmt, JSONSchemaResponseFormat):
@@ -207,6 +235,7 @@ def _simulate(req: ChatCompletionRequest) -> tuple[list[_Choice], int, int]:
     key = req.model_dump(mode="json", include={"messages", "tools", "tool_choice", "response_format"})
     stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     candidates, call_now, named = _tool_plan(req)
+    scripted, script_args = _script(req, candidates) if call_now and not named else ([], None)
     choices: list[_Choice] = []
     completion_tokens = 0
     for index in range(req.effective_n):
@@ -215,8 +244,12 @@ def _simulate(req: ChatCompletionRequest) -> tuple[list[_Choice], int, int]:
             count = 2 if req.parallel_tool_calls is not False and len(candidates) >= 2 and not named else 1
             choice = _Choice(index, None, [] if req.logprobs else None, finish_reason="stop" if named else "tool_calls")
             left = budget
-            for tool in rng.sample(candidates, count):
-                args = orjson.dumps(instance(tool.function.parameters or {"type": "object"}, rng)).decode()
+            picked = scripted[: max(count, 1)] if scripted else rng.sample(candidates, count)
+            for n_call, tool in enumerate(picked):
+                if n_call == 0 and script_args is not None:
+                    args = orjson.dumps(script_args).decode()
+                else:
+                    args = orjson.dumps(instance(tool.function.parameters or {"type": "object"}, rng)).decode()
                 fragments = _tokens(args)
                 if len(fragments) > left:
                     fragments, choice.finish_reason = fragments[:left], "length"

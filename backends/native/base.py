@@ -87,8 +87,8 @@ class NativeBackend(Backend):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         translator = cls.__dict__.get("chat_translator")
-        if translator is not None:  # a family with a chat translator serves both endpoints
-            cls.endpoints = cls.endpoints | {Endpoint.COMPLETIONS, Endpoint.CHAT}
+        if translator is not None:  # a family with a chat translator serves chat, and Responses through it
+            cls.endpoints = cls.endpoints | {Endpoint.COMPLETIONS, Endpoint.CHAT, Endpoint.RESPONSES}
             cls.chat_capabilities = translator.table
         if cls.__dict__.get("embedding_capabilities") is not None:  # and one with an embeddings table, those
             cls.endpoints = cls.endpoints | {Endpoint.EMBEDDINGS}

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from backends.base import TokenUsage, UpstreamCall
+from backends.base import ResponsesTable, TokenUsage, UpstreamCall
 from backends.errors import UpstreamProtocolError
 from backends.native.base import NativeBackend
 from backends.native.common import (
@@ -43,7 +43,7 @@ from backends.native.common import (
     upstream_failed,
     upstream_max_tokens,
 )
-from backends.native.llamacpp_capabilities import LLAMACPP_CAPABILITIES
+from backends.native.llamacpp_capabilities import LLAMACPP_CAPABILITIES, LLAMACPP_RESPONSES
 from backends.native.llamacpp_chat import LlamaCppChat
 from backends.native.llamacpp_embed import LLAMACPP_EMBEDDINGS, llamacpp_embed_answer, llamacpp_embed_payload
 from backends.native.pooling import PartVectors
@@ -74,6 +74,7 @@ class LlamaCppBackend(NativeBackend):
     chat_translator = LlamaCppChat
     embedding_capabilities: PoolingCapabilities | None = LLAMACPP_EMBEDDINGS
     embed_path = "/v1/embeddings"
+    responses_capabilities: ResponsesTable | None = LLAMACPP_RESPONSES  # through its chat translator
     complete_path = "/completion"
     stream_path = "/completion"
     health_path = "/health"

@@ -6,8 +6,9 @@ from backends.capabilities import AUDIT_USER_NOTE, Level
 from backends.chat_capabilities import ChatCapabilities, Exclusive
 from backends.emulation.fanout_plan import FANOUT_RULES
 from backends.native.common import ECHO_LOGPROBS_RULE, NativeCapabilities
+from backends.responses.capabilities import ResponsesCapabilities
 
-__all__ = ["LLAMACPP_CAPABILITIES", "LLAMACPP_CHAT"]
+__all__ = ["LLAMACPP_CAPABILITIES", "LLAMACPP_CHAT", "LLAMACPP_RESPONSES"]
 
 N, T, E, U = Level.NATIVE, Level.TRANSLATED, Level.EMULATED, Level.UNSUPPORTED
 
@@ -58,3 +59,7 @@ LLAMACPP_CHAT = ChatCapabilities.build(
         ),
     },
 )  # fmt: skip
+
+# --- responses: through the chat translator (llama.cpp's chat endpoint), so derived from the chat table ---------
+
+LLAMACPP_RESPONSES = ResponsesCapabilities.bridged(LLAMACPP_CHAT)

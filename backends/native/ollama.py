@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from backends.base import TokenUsage
+from backends.base import ResponsesTable, TokenUsage
 from backends.errors import UpstreamProtocolError
 from backends.native.base import NativeBackend
 from backends.native.common import (
@@ -40,7 +40,7 @@ from backends.native.common import (
     upstream_failed,
     upstream_max_tokens,
 )
-from backends.native.ollama_capabilities import OLLAMA_CAPABILITIES
+from backends.native.ollama_capabilities import OLLAMA_CAPABILITIES, OLLAMA_RESPONSES
 from backends.native.ollama_chat import OllamaChat
 from backends.native.ollama_embed import OLLAMA_EMBEDDINGS, ollama_embed_answer, ollama_embed_payload
 from backends.native.pooling import PartVectors
@@ -58,6 +58,7 @@ class OllamaBackend(NativeBackend):
     chat_translator = OllamaChat
     embedding_capabilities: PoolingCapabilities | None = OLLAMA_EMBEDDINGS
     embed_path = "/api/embed"
+    responses_capabilities: ResponsesTable | None = OLLAMA_RESPONSES  # through its chat translator
     complete_path = "/api/generate"
     stream_path = "/api/generate"
     health_path = "/api/version"

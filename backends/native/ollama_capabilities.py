@@ -6,8 +6,9 @@ from backends.capabilities import AUDIT_USER_NOTE, Level
 from backends.chat_capabilities import ChatCapabilities
 from backends.emulation.fanout_plan import FANOUT_RULES
 from backends.native.common import ECHO_LOGPROBS_RULE, TOKEN_PROMPT_RULE, NativeCapabilities, empty_prompt_rule
+from backends.responses.capabilities import ResponsesCapabilities
 
-__all__ = ["OLLAMA_CAPABILITIES", "OLLAMA_CHAT"]
+__all__ = ["OLLAMA_CAPABILITIES", "OLLAMA_CHAT", "OLLAMA_RESPONSES"]
 
 N, T, E, U = Level.NATIVE, Level.TRANSLATED, Level.EMULATED, Level.UNSUPPORTED
 
@@ -56,3 +57,7 @@ OLLAMA_CHAT = ChatCapabilities.build(
     },
     notes={"user": AUDIT_USER_NOTE},
 )  # fmt: skip
+
+# --- responses: through the chat translator (Ollama's /api/chat), so derived from the chat table ---------
+
+OLLAMA_RESPONSES = ResponsesCapabilities.bridged(OLLAMA_CHAT)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from backends.base import TokenUsage
+from backends.base import ResponsesTable, TokenUsage
 from backends.emulation.best_of import is_greedy
 from backends.errors import UpstreamProtocolError, UpstreamStatusError, error_from_upstream_body
 from backends.native.base import NativeBackend
@@ -43,7 +43,7 @@ from backends.native.common import (
     upstream_failed,
     upstream_max_tokens,
 )
-from backends.native.tgi_capabilities import TGI_CAPABILITIES
+from backends.native.tgi_capabilities import TGI_CAPABILITIES, TGI_RESPONSES
 from backends.native.tgi_chat import TGIChat
 from schemas.completions import CompletionRequest
 from schemas.config import TGIBackendConfig
@@ -82,6 +82,7 @@ class TGIBackend(NativeBackend):
     kind: ClassVar[str] = "tgi"
     default_capabilities = TGI_CAPABILITIES
     chat_translator = TGIChat
+    responses_capabilities: ResponsesTable | None = TGI_RESPONSES  # through its chat translator
     complete_path = "/generate"
     stream_path = "/generate_stream"
     health_path = "/health"

@@ -6,8 +6,9 @@ from backends.capabilities import AUDIT_USER_NOTE, Level
 from backends.chat_capabilities import ChatCapabilities, Exclusive
 from backends.emulation.fanout_plan import FANOUT_RULES
 from backends.native.common import ECHO_LOGPROBS_RULE, TOKEN_PROMPT_RULE, NativeCapabilities, empty_prompt_rule
+from backends.responses.capabilities import ResponsesCapabilities
 
-__all__ = ["TGI_CAPABILITIES", "TGI_CHAT"]
+__all__ = ["TGI_CAPABILITIES", "TGI_CHAT", "TGI_RESPONSES"]
 
 N, T, E, U = Level.NATIVE, Level.TRANSLATED, Level.EMULATED, Level.UNSUPPORTED
 
@@ -58,3 +59,7 @@ TGI_CHAT = ChatCapabilities.build(
     },
     notes={"user": AUDIT_USER_NOTE, "tools=strict": TGI_STRICT_NOTE},
 )  # fmt: skip
+
+# --- responses: through the chat translator (TGI's Messages API), so derived from the chat table ---------
+
+TGI_RESPONSES = ResponsesCapabilities.bridged(TGI_CHAT)

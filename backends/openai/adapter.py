@@ -6,7 +6,8 @@ sampling fields are unsupported here unless the backend entry overrides its
 capabilities; a field set to its neutral value is simply not forwarded.
 Chat (``POST {base_url}/chat/completions``) is translated by ``backends.openai.chat``
 against the chat table :data:`~backends.openai.capabilities.OPENAI_CHAT`; embeddings and rerank
-by ``backends.openai.pooling``.
+by ``backends.openai.pooling``; Responses (``POST {base_url}/responses``, built-in tools included)
+is relayed by ``backends.responses.native``.
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ from backends.base import (
     CompletionStream,
     EmbeddingCall,
     RerankCall,
+    ResponsesCall,
+    ResponsesTable,
     UpstreamCall,
 )
 from backends.capabilities import Capabilities
 from backends.chat_capabilities import ChatCapabilities
 from backends.errors import UpstreamError, error_from_upstream_body
-from backends.openai.capabilities import OPENAI_CAPABILITIES, OPENAI_CHAT
+from backends.openai.capabilities import OPENAI_CAPABILITIES, OPENAI_CHAT, OPENAI_RESPONSES
 from backends.openai.chat import ChatStreamRelay, MaxTokensField, ask_stream_usage, chat_payload, relay_chat_body
 from backends.openai.pooling import (
     OPENAI_EMBEDDINGS,
@@ -40,6 +43,7 @@ from backends.openai.pooling import (
 )
 from backends.openai.relay import OpenAIStreamRelay, relay_completion_body
 from backends.pooling_capabilities import PoolingCapabilities
+from backends.responses.native import NativeResponseEvents, native_payload, relay_response_body
 from backends.transport import HTTPTransport, get_ok, make_transport
 from backends.transport.base import UpstreamResponse, refuse_status
 from schemas.config import OpenAIBackendConfig, VLLMBackendConfig
@@ -65,11 +69,14 @@ class OpenAIBackend(Backend):
     default_capabilities: ClassVar[Capabilities] = OPENAI_CAPABILITIES
     health_path: ClassVar[str] = "/models"  # relative to base_url
     endpoints: frozenset[Endpoint] = frozenset(
-        {Endpoint.COMPLETIONS, Endpoint.CHAT, Endpoint.EMBEDDINGS, Endpoint.RERANK}
+        {Endpoint.COMPLETIONS, Endpoint.CHAT, Endpoint.EMBEDDINGS, Endpoint.RERANK, Endpoint.RESPONSES}
     )
     chat_capabilities: ChatCapabilities | None = OPENAI_CHAT
     embedding_capabilities: PoolingCapabilities | None = OPENAI_EMBEDDINGS
     rerank_capabilities: PoolingCapabilities | None = OPENAI_RERANK
+    # Responses: OpenAI's own endpoint, relayed (backends.responses.native).
+    responses_capabilities: ResponsesTable | None = OPENAI_RESPONSES
+    responses_native: ClassVar[bool] = True
 
     def __init__(self, config: OpenAIBackendConfig | VLLMBackendConfig, transport: HTTPTransport | None = None) -> None:
         super().__init__(config.name, self.default_capabilities.with_overrides(config.capabilities))
@@ -79,6 +86,7 @@ class OpenAIBackend(Backend):
         self._chat_url = self.base_url + "/chat/completions"
         self._embeddings_url = self.base_url + "/embeddings"
         self._rerank_url = self.base_url + "/rerank"
+        self._responses_url = self.base_url + "/responses"
         # vLLM keeps the client's name (its dialect renames per version: backends.vllm.chat).
         self._chat_max_tokens: MaxTokensField | None = (
             config.chat_max_tokens_field if isinstance(config, OpenAIBackendConfig) else None
@@ -170,6 +178,14 @@ class OpenAIBackend(Backend):
         assert self.rerank_capabilities is not None
         fields = rerank_payload(call, self.rerank_capabilities)
         return rerank_result(await self._post_read(self._rerank_url, fields, call), call, self.name)
+
+    async def responses(self, call: ResponsesCall) -> CompletionResult:
+        data = await self._post_read(self._responses_url, native_payload(call), call)
+        return relay_response_body(data, call, self.name)
+
+    async def responses_stream(self, call: ResponsesCall) -> CompletionStream:
+        resp = await self._post(self._responses_url, native_payload(call), call, stream=True)
+        return NativeResponseEvents(resp, call, self.name, max_event=self._max_event)
 
     def _relay(self, relay: type[OpenAIStreamRelay], resp: UpstreamResponse, call: Call[Any]) -> OpenAIStreamRelay:
         wants_usage, wants_continuous = client_usage(call)

@@ -38,7 +38,7 @@ from typing import Any
 
 import orjson
 
-from backends.base import Call, CompletionResult, CompletionStream, TokenUsage
+from backends.base import Call, CompletionResult, CompletionStream, TokenUsage, usage_of
 from backends.errors import UpstreamProtocolError, error_fields
 from backends.exact_json import dumps_exact, loads_exact, loads_keeping_integers, may_hold_long_int
 from backends.transport.base import UpstreamResponse
@@ -48,28 +48,6 @@ from backends.transport.upstream_events import UpstreamEvents
 __all__ = ["OpenAIStreamRelay", "relay_completion_body", "usage_of", "with_usage_null"]
 
 _MAX_EVENT = 8 * 1024 * 1024  # limits.max_event_bytes' default
-
-
-_MAX_COUNT = 1 << 32  # a token count past this is an upstream's lie, not usage (native: common.count)
-
-
-def usage_of(obj: Any) -> TokenUsage | None:
-    """The token counts of an upstream ``usage`` object, when both are counts: integers in [0, 2^32).
-
-    Anything else (negative, a bool, a float, 2^62 or 2^64+1 from a hostile upstream) is no
-    usage: settling a key's token budget with it would lock the key out for ages.
-    """
-    if type(obj) is dict:
-        prompt = obj.get("prompt_tokens")
-        completion = obj.get("completion_tokens")
-        if (
-            type(prompt) is int
-            and type(completion) is int
-            and 0 <= prompt < _MAX_COUNT
-            and 0 <= completion < _MAX_COUNT
-        ):
-            return TokenUsage(prompt, completion)
-    return None
 
 
 def relay_completion_body(

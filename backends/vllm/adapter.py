@@ -40,7 +40,7 @@ from backends.openai.chat import chat_refusal
 from backends.openai.pooling import embedding_payload, relay_embeddings, rerank_payload, rerank_result
 from backends.openai.relay import usage_of
 from backends.transport.base import HTTPTransport, send_ok
-from backends.vllm.capabilities import VLLM_CAPABILITIES, vllm_chat_capabilities
+from backends.vllm.capabilities import VLLM_CAPABILITIES, vllm_chat_capabilities, vllm_responses_capabilities
 from backends.vllm.chat import normalise_chat_body, replication, translate_chat
 from backends.vllm.dialect import (
     GUIDED_TO_STRUCTURED,
@@ -76,6 +76,8 @@ _GUIDES = (*GUIDED_TO_STRUCTURED, "structured_outputs")
 class VLLMBackend(OpenAIBackend):
     kind: ClassVar[str] = "vllm"
     default_capabilities: ClassVar[Capabilities] = VLLM_CAPABILITIES
+    # Responses through the chat dialect (the table derives from the version's chat table: _use).
+    responses_native: ClassVar[bool] = False
 
     def __init__(self, config: VLLMBackendConfig, transport: HTTPTransport | None = None) -> None:
         super().__init__(config, transport)
@@ -105,6 +107,7 @@ class VLLMBackend(OpenAIBackend):
         self.chat_features = VLLMChatFeatures.of(version, self._tool_parser)
         self.chat_capabilities: ChatCapabilities | None = vllm_chat_capabilities(self.chat_features)
         self.embedding_capabilities, self.rerank_capabilities = vllm_pooling_tables(version)
+        self.responses_capabilities = vllm_responses_capabilities(self.chat_features)
 
     async def start(self) -> None:
         await super().start()

@@ -15,9 +15,10 @@ from functools import lru_cache
 
 from backends.capabilities import EMPTY_PROMPT, Capabilities, Level, Rule, empty_prompt
 from backends.chat_capabilities import CHAT_FIELDS, OPENAI_ONLY_FIELDS, ChatCapabilities
+from backends.responses.capabilities import ResponsesCapabilities
 from backends.vllm.versions import CHAT_BOUNDARIES, VLLM_MAX_LOGPROBS, VLLMChatFeatures, VLLMFeatures
 
-__all__ = ["VLLM_CAPABILITIES", "capabilities_for", "vllm_chat_capabilities"]
+__all__ = ["VLLM_CAPABILITIES", "capabilities_for", "vllm_chat_capabilities", "vllm_responses_capabilities"]
 
 N, T, E, U = Level.NATIVE, Level.TRANSLATED, Level.EMULATED, Level.UNSUPPORTED
 
@@ -208,3 +209,9 @@ def vllm_chat_capabilities(features: VLLMChatFeatures) -> ChatCapabilities:
                 reasons[f"tool_choice={form}"] = no_parser if needs else f"{no_parser}; {unknown}"
     limits = {"prompt_logprobs": VLLM_MAX_LOGPROBS}  # the server's --max-logprobs default; -1 ("all") over it
     return ChatCapabilities.build(N, levels, forms, limits=limits, reasons=reasons)
+
+
+@lru_cache(maxsize=64)
+def vllm_responses_capabilities(features: VLLMChatFeatures) -> ResponsesCapabilities:
+    """The Responses table of one vLLM server: through its chat dialect, so derived from its chat table."""
+    return ResponsesCapabilities.bridged(vllm_chat_capabilities(features))

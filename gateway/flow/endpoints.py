@@ -4,8 +4,10 @@ The request path (handler, guard, caps, rate limits, router, service, accounting
 request only through :class:`~gateway.served.ServedRequest`, which both
 :class:`~schemas.completions.CompletionRequest` and :class:`~schemas.chat.ChatCompletionRequest`
 implement. Where the endpoints really differ (which capability table a backend checks the
-request against, which backend method an attempt calls) the path asks the request's
-:class:`EndpointOps`, picked once per request by endpoint, never by the request's type.
+request against, which backend method an attempt calls, how a stream ends, and for Responses
+the conversation state before and after the call: :class:`~gateway.flow.responses_turns.ResponsesTurns`)
+the path asks the request's :class:`EndpointOps`, picked once per request by endpoint, never by
+the request's type.
 """
 
 from __future__ import annotations
@@ -23,12 +25,16 @@ from backends.base import (
     CompletionStream,
     EmbeddingCall,
     RerankCall,
+    ResponsesCall,
     UpstreamCall,
 )
+from backends.responses.bridge import bridged_responses, bridged_responses_stream, responses_table
+from backends.responses.events import ResponseEventStream, event_bytes, failure_of
 from backends.tool_call_order import MAX_HELD_BYTES, SequentialToolCalls
+from gateway.flow.responses_turns import ResponsesTurns
 from gateway.served import ServedRequest
 from schemas.endpoints import ENDPOINT_PATHS, Endpoint
-from schemas.errors import UnsupportedParameterError
+from schemas.errors import GatewayError, UnsupportedParameterError
 
 __all__ = ["OPS", "EndpointOps", "ServedRequest"]
 
@@ -41,6 +47,17 @@ def _chat_refusal(backend: Backend, request: Any) -> UnsupportedParameterError |
     table = backend.chat_capabilities
     # A backend serving chat without a table checks at send time (its translator refuses by name).
     return None if table is None else table.refusal(request, backend.name, backend.kind)
+
+
+def _responses_refusal(backend: Backend, request: Any) -> UnsupportedParameterError | None:
+    table = responses_table(backend)
+    if table is None:
+        return UnsupportedParameterError(
+            f"backend '{backend.name}' (type {backend.kind}) serves no responses endpoint",
+            param="model",
+            backend=backend.name,
+        )
+    return table.refusal(request, backend.name, backend.kind)
 
 
 def _complete(backend: Backend, call: UpstreamCall) -> Awaitable[CompletionResult]:
@@ -93,6 +110,25 @@ async def _sequential(backend: Backend, call: ChatCall) -> CompletionStream:
     return SequentialToolCalls(inner, max_held=max_held, backend=backend.name)
 
 
+def _responses(backend: Backend, call: ResponsesCall) -> Awaitable[CompletionResult]:
+    return backend.responses(call) if backend.responses_native else bridged_responses(backend, call)
+
+
+def _responses_stream(backend: Backend, call: ResponsesCall) -> Awaitable[CompletionStream]:
+    return backend.responses_stream(call) if backend.responses_native else bridged_responses_stream(backend, call)
+
+
+def _responses_failure(stream: CompletionStream, error: GatewayError) -> bytes:
+    """A Responses stream ends in ``response.failed`` (an ``error`` event from a stream that cannot say more)."""
+    if isinstance(stream, ResponseEventStream):
+        return stream.failed_event(error)
+    event = {"type": "error", "sequence_number": 0, **failure_of(error), "param": error.param}
+    return event_bytes(event, "gateway")
+
+
+DONE = b"data: [DONE]\n\n"
+
+
 @dataclass(frozen=True, slots=True)
 class EndpointOps:
     """One endpoint's part of the request path: its capability check and its backend calls."""
@@ -103,6 +139,12 @@ class EndpointOps:
     call: Callable[[Any, str, str, str], Call[Any]]
     complete: Callable[[Backend, Any], Awaitable[CompletionResult]]
     stream: Callable[[Backend, Any], Awaitable[CompletionStream]]
+    # How a stream ends: after its last event (chat, completions: ``[DONE]``; Responses: nothing),
+    # and after a failure midway (None: the error envelope as a ``data:`` event, then ``done``).
+    done: bytes = DONE
+    failure: Callable[[CompletionStream, GatewayError], bytes] | None = None
+    # Responses only: the conversation state and built-in-tools policy around the call.
+    turns: ResponsesTurns | None = None
 
     @property
     def path(self) -> str:
@@ -115,5 +157,15 @@ OPS: Mapping[Endpoint, EndpointOps] = MappingProxyType(
         Endpoint.CHAT: EndpointOps(Endpoint.CHAT, _chat_refusal, ChatCall, _chat, _chat_stream),
         Endpoint.EMBEDDINGS: EndpointOps(Endpoint.EMBEDDINGS, _embeddings_refusal, EmbeddingCall, _embed, _no_stream),
         Endpoint.RERANK: EndpointOps(Endpoint.RERANK, _rerank_refusal, RerankCall, _rerank, _no_stream),
+        Endpoint.RESPONSES: EndpointOps(
+            Endpoint.RESPONSES,
+            _responses_refusal,
+            ResponsesCall,
+            _responses,
+            _responses_stream,
+            done=b"",
+            failure=_responses_failure,
+            turns=ResponsesTurns(),
+        ),
     }
 )

@@ -176,6 +176,8 @@ class ModelEntry:
     # The routes that serve each endpoint the model is served on (configuration order);
     # an endpoint absent here is not served (404 naming the ones that are).
     served: Mapping[Endpoint, tuple[Route, ...]] = field(default_factory=dict)
+    # ``models[].responses.builtin_tools: omit``: built-in tools a backend cannot run are left out.
+    omit_builtin_tools: bool = False
 
     def routes_for(self, ops: EndpointOps) -> tuple[Route, ...]:
         """The routes serving ``ops``'s endpoint; 404 naming the endpoints served when there are none."""
@@ -248,7 +250,8 @@ class Router:
             allowed = listed if listed is not None else {endpoint}
             if endpoint in allowed and able:
                 served[endpoint] = able
-        return ModelEntry(model.name, routes, make_strategy(model.strategy), MappingProxyType(served))
+        omit = model.responses.builtin_tools == "omit"
+        return ModelEntry(model.name, routes, make_strategy(model.strategy), MappingProxyType(served), omit)
 
     def lookup(self, name: str) -> ModelEntry:
         entry = self.models.get(name)

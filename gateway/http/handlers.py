@@ -1,10 +1,11 @@
 """HTTP handlers: parse, call the service, write JSON or SSE. Nothing else lives here.
 
-``POST /v1/completions`` and ``POST /v1/chat/completions`` are one path, :func:`serve`, bound
-to an endpoint (:func:`endpoint_handler`): only the parse differs
+``POST /v1/completions``, ``POST /v1/chat/completions`` and ``POST /v1/responses`` are one path,
+:func:`serve`, bound to an endpoint (:func:`endpoint_handler`): only the parse differs
 (:data:`PARSERS`); everything after it sees the request through
 :class:`~gateway.flow.endpoints.ServedRequest` and the endpoint's
-:class:`~gateway.flow.endpoints.EndpointOps`.
+:class:`~gateway.flow.endpoints.EndpointOps` (for Responses also its ``turns``: the
+conversation state before and after the call, the built-in-tools header).
 
 Errors are raised as ``GatewayError`` and rendered once by ``gateway.http.middleware``;
 what each request was and cost goes into its :class:`gateway.accounting.RequestRecord`,
@@ -24,9 +25,10 @@ from typing import Any, NoReturn
 import orjson
 from aiohttp import web
 
+from backends.base import CompletionStream
 from backends.errors import UpstreamError
 from gateway.accounting import RequestRecord
-from gateway.flow.endpoints import OPS
+from gateway.flow.endpoints import OPS, EndpointOps
 from gateway.flow.service import OpenedStream
 from gateway.http.hardening import read_body, redact
 from gateway.http.request_id import request_id_of
@@ -35,6 +37,7 @@ from gateway.http.validation import (
     parse_completion_request,
     parse_embedding_request,
     parse_rerank_request,
+    parse_responses_request,
 )
 from gateway.served import ServedRequest
 from gateway.state import STATE, GatewayState
@@ -52,6 +55,7 @@ __all__ = [
     "list_models",
     "metrics",
     "rerank",
+    "responses",
     "serve",
 ]
 
@@ -62,13 +66,13 @@ PARSERS: Mapping[Endpoint, Callable[[bytes], Any]] = MappingProxyType(
         Endpoint.CHAT: parse_chat_request,
         Endpoint.EMBEDDINGS: parse_embedding_request,
         Endpoint.RERANK: parse_rerank_request,
+        Endpoint.RESPONSES: parse_responses_request,
     }
 )
 
 log = logging.getLogger("gateway")
 
 _JSON = "application/json"
-_DONE = b"data: [DONE]\n\n"
 _EVENT = b"data: "  # an SSE event's start: each carries at least one generated token of one choice
 _SSE_HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
@@ -109,6 +113,9 @@ async def serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
             record.user = req.user
             entry = state.router.lookup(req.model)
             record.model = entry.name
+            turns = ops.turns
+            if turns is not None:  # Responses: the stored turns, the model's built-in tools policy
+                req = await turns.begin(req, entry.omit_builtin_tools, state.responses_state, record.key)
             if record.key is None:
                 guard.caps.check(req)  # no key: the deployment's caps alone
             else:
@@ -143,13 +150,21 @@ async def serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
                 except asyncio.CancelledError:
                     _cancelled(state)  # before an answer: a cancel while relaying one is _stream's to end
                 if req.stream:
-                    response = await _stream(request, state, endpoint, entry.name, opened, record)
+                    headers = turns.headers(req, opened.route.backend) if turns is not None else None
+                    try:
+                        response = await _stream(request, state, ops, entry.name, opened, record, headers)
+                    finally:
+                        if turns is not None:
+                            await turns.end_stream(req, opened.stream, state.responses_state, record.key)
                 else:
                     record.backend = route.backend.name
                     record.usage = result.usage
                     headers = {"x-request-id": record.request_id}
                     if result.headers:  # vLLM's binary embeddings carry their metadata in a header
                         headers.update(result.headers)
+                    if turns is not None:
+                        headers.update(turns.headers(req, route.backend))
+                        await turns.end(req, result.answer, state.responses_state, record.key)
                     response = web.Response(body=result.body, content_type=result.content_type, headers=headers)
             finally:
                 limiter.release()
@@ -180,9 +195,10 @@ completions = endpoint_handler(Endpoint.COMPLETIONS)  # POST /v1/completions
 chat_completions = endpoint_handler(Endpoint.CHAT)  # POST /v1/chat/completions
 embeddings = endpoint_handler(Endpoint.EMBEDDINGS)  # POST /v1/embeddings
 rerank = endpoint_handler(Endpoint.RERANK)  # POST /v1/rerank, /v2/rerank, /rerank
+responses = endpoint_handler(Endpoint.RESPONSES)  # POST /v1/responses
 HANDLERS: Mapping[Endpoint, Callable[[web.Request], Awaitable[web.StreamResponse]]] = MappingProxyType(
     {Endpoint.COMPLETIONS: completions, Endpoint.CHAT: chat_completions, Endpoint.EMBEDDINGS: embeddings,
-     Endpoint.RERANK: rerank}
+     Endpoint.RERANK: rerank, Endpoint.RESPONSES: responses}
 )  # fmt: skip
 
 
@@ -206,16 +222,19 @@ def _shutting_down() -> ServiceUnavailableError:
 async def _stream(
     request: web.Request,
     state: GatewayState,
-    endpoint: Endpoint,
+    ops: EndpointOps,
     model: str,
     opened: OpenedStream,
     record: RequestRecord,
+    headers: Mapping[str, str] | None = None,
 ) -> web.StreamResponse:
     metrics = state.metrics
+    endpoint = ops.endpoint
+    done = ops.done  # after the last event: chat's and completions' [DONE]; nothing for Responses
     backend = record.backend = opened.route.backend.name
     stream = opened.stream
     record.relayed = 0
-    response = web.StreamResponse(headers={**_SSE_HEADERS, "x-request-id": record.request_id})
+    response = web.StreamResponse(headers={**_SSE_HEADERS, **(headers or {}), "x-request-id": record.request_id})
     # A stream that counts its events as it cuts them (the OpenAI-shaped relays) is read after
     # each write; another one's chunks are counted here. Either way what a write that never
     # happened (a client that left meanwhile) carried is not counted. Written out at each write,
@@ -226,7 +245,7 @@ async def _stream(
         # When the upstream has already finished, the chunk, [DONE] and the end of the
         # body leave in one write (one syscall instead of three for short streams).
         if stream.finished:
-            await response.write_eof(opened.first + _DONE)
+            await response.write_eof(opened.first + done)
             record.answered()  # finished: what the client does next is no disconnect
             record.relayed = (stream.relayed_events or 0) if counts else opened.first.count(_EVENT)
             metrics.first_token(model, backend, asyncio.get_running_loop().time() - record.started, endpoint=endpoint)
@@ -235,11 +254,11 @@ async def _stream(
             await response.write(opened.first)
             record.relayed = (stream.relayed_events or 0) if counts else opened.first.count(_EVENT)
         metrics.first_token(model, backend, asyncio.get_running_loop().time() - record.started, endpoint=endpoint)
-        tail = _DONE
+        tail = done
         try:
             async for chunk in opened:  # an upstream failure reaches the breaker through ``opened``
                 if stream.finished:
-                    tail = chunk + _DONE
+                    tail = chunk + done
                     record.relayed = (stream.relayed_events or 0) if counts else record.relayed + chunk.count(_EVENT)
                     break
                 await response.write(chunk)
@@ -248,7 +267,7 @@ async def _stream(
             # After the first byte nothing is retried: say what happened, then end cleanly.
             record.status = exc.status
             metrics.stream_failed(model, backend, exc.reason, endpoint=endpoint)
-            tail = _error_event(exc)
+            tail = _error_event(exc, stream, ops)
         except ConnectionResetError:
             raise
         except Exception as exc:
@@ -263,7 +282,7 @@ async def _stream(
             )
             record.status = error.status
             metrics.stream_failed(model, backend, "internal", endpoint=endpoint)
-            tail = _error_event(error)
+            tail = _error_event(error, stream, ops)
         await response.write_eof(tail)
         record.answered()  # finished: a cancel while the upstream is released below is no disconnect
     except asyncio.CancelledError:
@@ -274,7 +293,7 @@ async def _stream(
         if response.prepared:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(1.0):
-                    await response.write_eof(_error_event(_shutting_down()))
+                    await response.write_eof(_error_event(_shutting_down(), stream, ops))
         raise
     finally:
         record.usage = stream.usage  # before the await: a cancel there must not drop the tokens
@@ -282,8 +301,12 @@ async def _stream(
     return response
 
 
-def _error_event(error: GatewayError) -> bytes:
-    return b"data: " + redact(orjson.dumps(error.envelope())) + b"\n\n" + _DONE
+def _error_event(error: GatewayError, stream: CompletionStream, ops: EndpointOps) -> bytes:
+    """The end of a stream that failed midway: the endpoint's own (Responses: ``response.failed``),
+    else the error envelope as a ``data:`` event and ``[DONE]``; secrets redacted either way."""
+    if ops.failure is not None:
+        return redact(ops.failure(stream, error))
+    return b"data: " + redact(orjson.dumps(error.envelope())) + b"\n\n" + ops.done
 
 
 async def list_models(request: web.Request) -> web.Response:

@@ -32,6 +32,8 @@ from schemas.completions import CompletionRequest, CompletionResponse
 from schemas.config import GatewayConfig
 from schemas.endpoints import ENDPOINT_PATHS, Endpoint
 from schemas.errors import ErrorEnvelope
+from schemas.responses import ResponsesRequest
+from schemas.responses_objects import ResponseObject, ResponseStreamEvent
 
 __all__ = ["build_openapi", "openapi_handler"]
 
@@ -133,6 +135,13 @@ _GENERATIONS = {
         "ChatCompletionResponse",
         {"messages": [{"role": "user", "content": "Say this is a test"}], "max_completion_tokens": 8},
     ),
+    ENDPOINT_PATHS[Endpoint.RESPONSES]: _Generation(
+        "createResponse",
+        "OpenAI Responses: a Response, or a stream of Responses events (sequence_number from 0, no [DONE])",
+        "ResponsesRequest",
+        "ResponseObject",
+        {"input": "Say this is a test", "max_output_tokens": 16},
+    ),
 }
 
 
@@ -169,6 +178,9 @@ def build_openapi(config: GatewayConfig, visible: list[str] | None = None) -> di
             (ChatCompletionRequest, "validation"),
             (ChatCompletionResponse, "validation"),
             (ChatCompletionChunk, "validation"),
+            (ResponsesRequest, "validation"),
+            (ResponseObject, "validation"),
+            (ResponseStreamEvent, "validation"),
             (ErrorEnvelope, "validation"),
             (ModelList, "validation"),
             (Health, "validation"),

@@ -32,7 +32,7 @@ from schemas.config.common import (
     UpstreamLimitsConfig,
 )
 from schemas.config.gateway import GatewayConfig
-from schemas.config.models import ModelConfig, RouteConfig
+from schemas.config.models import ModelConfig, ResponsesModelConfig, RouteConfig
 from schemas.config.pool import (
     DNSDiscoveryConfig,
     PoolProbeConfig,
@@ -66,6 +66,7 @@ __all__ = [
     "PoolProbeConfig",
     "PoolRestartConfig",
     "PoolRoutingConfig",
+    "ResponsesModelConfig",
     "RetryConfig",
     "RouteConfig",
     "ServerConfig",

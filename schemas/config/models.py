@@ -17,13 +17,24 @@ class RouteConfig(_Strict):
     weight: Annotated[float, Field(gt=0)] = 1.0
 
 
+class ResponsesModelConfig(_Strict):
+    """How ``POST /v1/responses`` treats this model's requests."""
+
+    # OpenAI's built-in tools (web_search, file_search, ...) offered to a backend that cannot run
+    # them: ``refuse`` (400 naming the tool, the default) or ``omit`` (left out; the answer's
+    # ``x-gateway-omitted-tools`` header and the log say so). Clients such as the Codex CLI offer
+    # web_search on every turn: ``omit`` is what lets them work against a self-hosted model.
+    builtin_tools: Literal["refuse", "omit"] = "refuse"
+
+
 class ModelConfig(_Strict):
     name: Annotated[str, Field(min_length=1, max_length=256)]
     routes: Annotated[list[RouteConfig], Field(min_length=1)]
     strategy: Literal["failover", "round_robin", "weighted", "least_outstanding"] = "failover"
-    # The APIs this model is served on (``completions``, ``chat``); absent: every endpoint its
+    # The APIs this model is served on (``completions``, ``chat``, ``responses``); absent: every endpoint its
     # routes' backends can serve. A request to another endpoint gets 404 naming the ones it serves.
     endpoints: Annotated[list[Endpoint], Field(min_length=1)] | None = None
+    responses: ResponsesModelConfig = ResponsesModelConfig()
 
     @field_validator("endpoints")
     @classmethod

@@ -20,6 +20,8 @@ from tools.capability_matrix import (
     END,
     POOLING_BEGIN,
     POOLING_END,
+    RESPONSES_BEGIN,
+    RESPONSES_END,
     blocks,
     chat_columns,
     chat_keys,
@@ -30,7 +32,9 @@ from tools.capability_matrix import (
     render_chat,
     render_chat_link,
     render_pooling,
+    render_responses,
     replace_block,
+    responses_columns,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -135,4 +139,28 @@ def test_write_renders_every_block_each_file_holds(tmp_path: Path) -> None:
     assert main(["--write", str(readme), "--write", str(doc)]) == 0
     assert readme.read_text(encoding="utf-8") == f"a\n{render()}\n{render_chat_link()}b\n"
     assert doc.read_text(encoding="utf-8") == "# t\n" + render_chat() + "\n" + render_pooling()
-    assert len(blocks()) == 4
+    assert len(blocks()) == 5
+
+
+def test_docs_show_the_rendered_responses_matrix() -> None:
+    text = (ROOT / CHAT_DOC).read_text(encoding="utf-8")
+    assert block_of(text, RESPONSES_BEGIN, RESPONSES_END) == render_responses(), CHAT_DOC + " is " + STALE
+
+
+def test_every_backend_type_with_chat_has_a_responses_column() -> None:
+    """Responses goes through chat (or OpenAI's own endpoint): the types that serve chat serve it too."""
+    assert [kind for kind, _, _ in responses_columns()] == [kind for kind, _, _ in chat_columns()]
+
+
+def test_bridged_responses_columns_follow_their_chat_columns() -> None:
+    """A bridged family's Responses levels are its chat levels: change chat, and Responses follows."""
+    chat = {title: table for _, title, table in chat_columns()}
+    for kind, title, table in responses_columns():
+        if kind == "openai":
+            continue
+        chat_table = chat[title]
+        assert table.level("temperature") == chat_table.level("temperature")
+        assert table.level("tool_choice", "required") == chat_table.level("tool_choice", "required")
+        assert table.level("reasoning", "effort") == chat_table.level("reasoning_effort")
+        assert table.level("text", "json_schema") == chat_table.level("response_format", "json_schema")
+        assert table.level("tools", "web_search") is Level.UNSUPPORTED

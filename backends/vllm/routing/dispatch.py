@@ -235,7 +235,13 @@ class DispatchedBackend(Backend):
 
     dispatcher: Dispatcher
     endpoints: frozenset[EndpointKind] = frozenset(
-        {EndpointKind.COMPLETIONS, EndpointKind.CHAT, EndpointKind.EMBEDDINGS, EndpointKind.RERANK}
+        {
+            EndpointKind.COMPLETIONS,
+            EndpointKind.CHAT,
+            EndpointKind.EMBEDDINGS,
+            EndpointKind.RERANK,
+            EndpointKind.RESPONSES,
+        }
     )
 
     def take_tables(self, adapter: Backend) -> None:

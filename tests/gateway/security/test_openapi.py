@@ -25,10 +25,18 @@ async def test_document_describes_the_endpoints(secure_gateway: MakeSecureGatewa
     assert set(doc["paths"]) == {
         "/v1/completions",
         "/v1/chat/completions",
+        "/v1/responses",
         "/v1/models",
         "/health",
         "/metrics",
         "/openapi.json",
+    }
+    responses = doc["paths"]["/v1/responses"]["post"]
+    assert responses["requestBody"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/ResponsesRequest"
+    }
+    assert responses["responses"]["200"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/ResponseObject"
     }
     chat = doc["paths"]["/v1/chat/completions"]["post"]
     assert chat["requestBody"]["content"]["application/json"]["schema"] == {

@@ -162,6 +162,7 @@ def test_merge_sums_counters_and_histograms_and_keeps_gone_workers() -> None:
     assert _lines(text, "gateway_requests_in_flight") == [
         'gateway_requests_in_flight{endpoint="completions",model="m"} 2.0',
         'gateway_requests_in_flight{endpoint="chat",model="m"} 0.0',
+        'gateway_requests_in_flight{endpoint="responses",model="m"} 0.0',
     ]
     assert _lines(text, "gateway_circuit_state") == ['gateway_circuit_state{backend="x"} 2.0']  # the worst
     assert text.count(b"# TYPE gateway_requests_total counter") == 1
@@ -174,6 +175,7 @@ def test_merge_sums_counters_and_histograms_and_keeps_gone_workers() -> None:
     assert _lines(text, "gateway_requests_in_flight") == [
         'gateway_requests_in_flight{endpoint="completions",model="m"} 1.0',
         'gateway_requests_in_flight{endpoint="chat",model="m"} 0.0',
+        'gateway_requests_in_flight{endpoint="responses",model="m"} 0.0',
     ]
 
 

@@ -1,0 +1,236 @@
+"""OpenAI's Response object, built from a chat answer: the bridge's answer half (non-streamed), and the
+envelope both halves share.
+
+:class:`ResponseFrame` holds what every Response object of one request repeats (its id, time,
+model name, and the request's settings echoed as OpenAI echoes them); :func:`response_from_chat`
+turns a ``chat.completion`` body into the Response:
+
+- the assistant's reasoning (``reasoning_content``/``reasoning``) -> a ``reasoning`` item whose
+  ``content`` is the backend's reasoning text (``reasoning_text``), and whose ``summary`` repeats
+  it when the client asked for one (no summariser runs here: the summary is the whole text);
+- its text -> a ``message`` item with one ``output_text`` part (logprobs when asked for), a
+  refusal -> a ``refusal`` part;
+- each tool call -> a ``function_call`` item (``call_id`` the chat call's id, a namespace
+  function's name split back into ``name`` and ``namespace``) or a ``custom_tool_call``;
+- ``finish_reason`` ``length`` -> status ``incomplete`` with ``incomplete_details.reason``
+  ``max_output_tokens`` (``content_filter`` likewise); usage in Responses' names.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from backends.base import CompletionResult, TokenUsage, usage_of
+from backends.errors import UpstreamProtocolError
+from backends.exact_json import dumps_exact, loads_keeping_integers
+from backends.responses.to_chat import ToolNames
+from schemas.responses import ResponsesRequest
+
+__all__ = ["ResponseFrame", "new_id", "output_items", "response_from_chat", "responses_usage"]
+
+_INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
+
+
+def new_id(prefix: str) -> str:
+    """An id in OpenAI's style (``resp_``, ``msg_``, ``fc_``, ``rs_`` + 48 hex digits)."""
+    return f"{prefix}_{os.urandom(24).hex()}"
+
+
+class ResponseFrame:
+    """What every Response object of one request carries; ``envelope`` makes one with a status."""
+
+    __slots__ = ("_echo", "created_at", "id", "names", "request", "summarises")
+
+    def __init__(self, request: ResponsesRequest, public_model: str, names: ToolNames) -> None:
+        self.request = request
+        self.names = names
+        self.id = new_id("resp")
+        self.created_at = int(time.time())
+        self.summarises = _summary_level(request) is not None  # the reasoning text is given as summary too
+        reasoning = request.reasoning
+        text = request.text
+        self._echo: dict[str, Any] = {
+            "background": False,
+            "error": None,
+            "incomplete_details": None,
+            "instructions": request.instructions,
+            "max_output_tokens": request.max_output_tokens,
+            "max_tool_calls": request.max_tool_calls,
+            "model": public_model,
+            "parallel_tool_calls": request.parallel_tool_calls is not False,
+            "previous_response_id": request.previous_response_id,
+            "prompt_cache_key": request.prompt_cache_key,
+            "reasoning": {
+                "effort": reasoning.effort if reasoning is not None else None,
+                "summary": _summary_level(request),
+            },
+            "safety_identifier": request.safety_identifier,
+            "service_tier": request.service_tier or "default",
+            "store": request.stores,
+            "temperature": request.temperature,
+            "text": {
+                "format": (
+                    text.format.model_dump(by_alias=True, exclude_none=True)
+                    if text is not None and text.format is not None
+                    else {"type": "text"}
+                ),
+                "verbosity": (text.verbosity if text is not None else None) or "medium",
+            },
+            "tool_choice": _dump(request.tool_choice) if request.tool_choice is not None else "auto",
+            "tools": [_dump(tool) for tool in request.tools or ()],
+            "top_logprobs": request.top_logprobs,
+            "top_p": request.top_p,
+            "truncation": request.truncation or "disabled",
+            "user": request.user,
+            "metadata": request.metadata or {},
+        }
+
+    def envelope(
+        self,
+        status: str,
+        output: list[dict[str, Any]],
+        usage: dict[str, Any] | None = None,
+        *,
+        incomplete: str | None = None,
+        error: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """The Response object now: ``status``, its ``output`` items and ``usage`` (None until known)."""
+        out = {"id": self.id, "object": "response", "created_at": self.created_at, "status": status, **self._echo}
+        out["output"] = output
+        out["usage"] = usage
+        if incomplete is not None:
+            out["incomplete_details"] = {"reason": incomplete}
+        if error is not None:
+            out["error"] = error
+        return out
+
+
+def _summary_level(request: ResponsesRequest) -> str | None:
+    reasoning = request.reasoning
+    if reasoning is None:
+        return None
+    return reasoning.summary or reasoning.generate_summary
+
+
+def _dump(value: Any) -> Any:
+    return value if isinstance(value, str) else value.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def responses_usage(usage: Any) -> dict[str, Any] | None:
+    """A chat ``usage`` object in Responses' names (``input_tokens``, ``output_tokens``, their details)."""
+    counts = usage_of(usage)
+    if counts is None:
+        return None
+    prompt_details = usage.get("prompt_tokens_details") or {}
+    completion_details = usage.get("completion_tokens_details") or {}
+    return _usage(
+        counts,
+        cached=prompt_details.get("cached_tokens") if isinstance(prompt_details, dict) else None,
+        reasoning=completion_details.get("reasoning_tokens") if isinstance(completion_details, dict) else None,
+    )
+
+
+def _usage(counts: TokenUsage, *, cached: Any = None, reasoning: Any = None) -> dict[str, Any]:
+    return {
+        "input_tokens": counts.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": cached if type(cached) is int else 0},
+        "output_tokens": counts.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": reasoning if type(reasoning) is int else 0},
+        "total_tokens": counts.prompt_tokens + counts.completion_tokens,
+    }
+
+
+def reasoning_text(message: dict[str, Any]) -> str | None:
+    """The chat message's reasoning, under either of its names (``reasoning_content``, ``reasoning``)."""
+    text = message.get("reasoning_content")
+    if text is None:
+        text = message.get("reasoning")
+    return text if isinstance(text, str) and text else None
+
+
+def reasoning_item(frame: ResponseFrame, text: str, item_id: str, status: str = "completed") -> dict[str, Any]:
+    item: dict[str, Any] = {
+        "id": item_id,
+        "type": "reasoning",
+        "summary": [{"type": "summary_text", "text": text}] if frame.summarises else [],
+        "content": [{"type": "reasoning_text", "text": text}],
+        "status": status,
+    }
+    return item
+
+
+def output_items(frame: ResponseFrame, message: dict[str, Any], logprobs: Any, status: str) -> list[dict[str, Any]]:
+    """The Response ``output`` for one chat ``message`` (module docstring)."""
+    items: list[dict[str, Any]] = []
+    thought = reasoning_text(message)
+    if thought is not None:
+        items.append(reasoning_item(frame, thought, new_id("rs")))
+    content = message.get("content")
+    refusal = message.get("refusal")
+    if (isinstance(content, str) and (content or not message.get("tool_calls"))) or refusal:
+        parts: list[dict[str, Any]] = []
+        if isinstance(content, str) and (content or not refusal):
+            part: dict[str, Any] = {"type": "output_text", "text": content, "annotations": []}
+            if frame.request.wants_logprobs:
+                part["logprobs"] = _logprobs(logprobs)
+            parts.append(part)
+        if isinstance(refusal, str) and refusal:
+            parts.append({"type": "refusal", "refusal": refusal})
+        items.append({"id": new_id("msg"), "type": "message", "role": "assistant", "status": status, "content": parts})
+    for call in message.get("tool_calls") or ():
+        items.append(call_item(frame, call))
+    return items
+
+
+def call_item(frame: ResponseFrame, call: dict[str, Any], status: str = "completed") -> dict[str, Any]:
+    """One chat tool call as a Response item (a function's namespace split back out of its name)."""
+    if call.get("type") == "custom":
+        custom = call.get("custom") or {}
+        return {
+            "id": new_id("ctc"),
+            "type": "custom_tool_call",
+            "call_id": call.get("id"),
+            "name": custom.get("name"),
+            "input": custom.get("input") or "",
+            "status": status,
+        }
+    function = call.get("function") or {}
+    name, namespace = frame.names.split(str(function.get("name")))
+    item: dict[str, Any] = {
+        "id": new_id("fc"),
+        "type": "function_call",
+        "call_id": call.get("id"),
+        "name": name,
+        "arguments": function.get("arguments") or "",
+        "status": status,
+    }
+    if namespace is not None:
+        item["namespace"] = namespace
+    return item
+
+
+def _logprobs(logprobs: Any) -> list[Any]:
+    """Chat's token logprobs (``{"content": [...]}``) as Responses' (the same entries)."""
+    if isinstance(logprobs, dict) and isinstance(logprobs.get("content"), list):
+        return list(logprobs["content"])
+    return []
+
+
+def response_from_chat(data: bytes, frame: ResponseFrame, backend: str) -> tuple[CompletionResult, dict[str, Any]]:
+    """A ``chat.completion`` body as the Response the client gets (and the object, for the store)."""
+    obj = loads_keeping_integers(data, backend)
+    choices = obj.get("choices") if isinstance(obj, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise UpstreamProtocolError("the chat translation gave no choice to answer with", backend=backend)
+    choice = choices[0]
+    finish = choice.get("finish_reason")
+    incomplete = _INCOMPLETE.get(finish) if isinstance(finish, str) else None
+    message = choice.get("message")
+    if not isinstance(message, dict):
+        message = {}
+    output = output_items(frame, message, choice.get("logprobs"), "incomplete" if incomplete else "completed")
+    usage = responses_usage(obj.get("usage"))
+    response = frame.envelope("incomplete" if incomplete else "completed", output, usage, incomplete=incomplete)
+    return CompletionResult(dumps_exact(response, backend), usage_of(obj.get("usage")), answer=response), response

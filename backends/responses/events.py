@@ -1,0 +1,378 @@
+"""A chat stream as OpenAI's Responses events: the bridge's stream half.
+
+:class:`ChatResponseEvents` reads the family's chat stream (OpenAI chunk shape, tool calls one
+after another: ``backends.tool_call_order``) and writes OpenAI's semantic events, each
+``event: <type>`` / ``data: {...}`` with ``sequence_number`` counting from 0:
+
+``response.created``, ``response.in_progress``, then per output item ``response.output_item.added``
+... ``response.output_item.done`` with, inside, ``response.content_part.added`` /
+``response.output_text.delta`` / ``.done`` / ``response.content_part.done`` (text; ``refusal``
+likewise), ``response.function_call_arguments.delta`` / ``.done`` (calls), reasoning as
+``response.reasoning_text.delta`` / ``.done`` (or, when a summary was asked for,
+``response.reasoning_summary_part.added`` / ``response.reasoning_summary_text.delta`` / ``.done`` /
+``response.reasoning_summary_part.done``); and last ``response.completed``, or
+``response.incomplete`` when the output limit (or a content filter) cut the answer.
+
+The first events leave with the chat stream's first chunk, never before: until then an
+upstream failure can still fail over. A failure after that is raised to the handler, which ends
+the stream with :meth:`ResponseEventStream.failed_event` (``response.failed`` carrying the error
+and what was produced): never an invented completion. :meth:`ResponseEventStream.snapshot` is the
+Response as it stands, for the conversation store (``cancelled`` when the client left).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from backends.base import CompletionStream, usage_of
+from backends.errors import UpstreamProtocolError
+from backends.exact_json import dumps_exact, loads_keeping_integers
+from backends.responses.answer import (
+    ResponseFrame,
+    call_item,
+    new_id,
+    reasoning_item,
+    responses_usage,
+)
+from schemas.errors import GatewayError
+
+__all__ = ["ChatResponseEvents", "ResponseEventStream", "event_bytes", "failure_of"]
+
+_INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
+
+
+def event_bytes(event: dict[str, Any], backend: str) -> bytes:
+    """One SSE event as OpenAI writes it: ``event: <type>`` then the JSON ``data`` line."""
+    kind: str = event["type"]
+    return b"event: " + kind.encode() + b"\ndata: " + dumps_exact(event, backend, "a stream event") + b"\n\n"
+
+
+def failure_of(error: GatewayError) -> dict[str, Any]:
+    """A Response's ``error`` object for ``error`` (the envelope's code and message)."""
+    body = error.envelope()["error"]
+    return {"code": body.get("code") or "server_error", "message": body.get("message") or "upstream failure"}
+
+
+class ResponseEventStream(CompletionStream):
+    """A stream of Responses events: it can end itself with ``response.failed``, and say where it stands."""
+
+    def failed_event(self, error: GatewayError) -> bytes:
+        """The last event after a failure midway: ``response.failed`` with ``error``."""
+        raise NotImplementedError
+
+    def snapshot(self, status: str) -> dict[str, Any] | None:
+        """The Response now (its final form once finished; else with ``status``), for the store."""
+        raise NotImplementedError
+
+
+class ChatResponseEvents(ResponseEventStream):
+    """The Responses events of one chat stream (module docstring). Not thread-safe; one consumer."""
+
+    relayed_events: int  # chat events translated: what the handler settles a stream cut midway with
+
+    def __init__(self, inner: CompletionStream, frame: ResponseFrame, backend: str) -> None:
+        self._inner = inner
+        self._frame = frame
+        self._backend = backend
+        self._seq = 0
+        self._started = False
+        self._done = False
+        self._items: list[dict[str, Any]] = []  # output items, in order (the open one last)
+        self._open: str | None = None  # "reasoning" | "message" | "call"
+        self._part: str | None = None  # the open message part: "output_text" | "refusal"
+        self._texts: list[str] = []  # the open part's (or reasoning's, or arguments') pieces
+        self._logprobs: list[Any] = []
+        self._finish: str | None = None
+        self._chat_usage: Any = None
+        self._summary = frame.summarises
+        self._call_index: Any = None
+        self._logprobs_wanted = frame.request.wants_logprobs
+        self.final: dict[str, Any] | None = None
+        self.relayed_events = 0
+
+    # --- CompletionStream -----------------------------------------------------------------------
+    async def __anext__(self) -> bytes:
+        if self._done:
+            raise StopAsyncIteration
+        out: list[bytes] = []
+        inner = self._inner
+        while True:
+            try:
+                chunk = await inner.__anext__()
+            except StopAsyncIteration:
+                self._end(out)
+                return b"".join(out)
+            if not self._started:
+                self._started = True
+                response = self._frame.envelope("in_progress", [])
+                self._emit(out, {"type": "response.created", "response": response})
+                self._emit(out, {"type": "response.in_progress", "response": response})
+            self._chunk(chunk, out)
+            if inner.finished:
+                self._end(out)
+                return b"".join(out)
+            if out:
+                return b"".join(out)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    # --- the ResponseEventStream part -------------------------------------------------------------
+    def failed_event(self, error: GatewayError) -> bytes:
+        response = self.snapshot("failed")
+        assert response is not None
+        response["error"] = failure_of(error)
+        self.final = response
+        out: list[bytes] = []
+        self._emit(out, {"type": "response.failed", "response": response})
+        self._done = True
+        return b"".join(out)
+
+    def snapshot(self, status: str) -> dict[str, Any] | None:
+        if self.final is not None:
+            return self.final
+        items = [dict(item) for item in self._items]
+        if self._open is not None and items:
+            items[-1] = self._closed_item(status="incomplete")
+        return self._frame.envelope(status, items, responses_usage(self._chat_usage))
+
+    # --- translation --------------------------------------------------------------------------
+    def _emit(self, out: list[bytes], event: dict[str, Any]) -> None:
+        event = {"type": event["type"], "sequence_number": self._seq, **event}
+        self._seq += 1
+        out.append(event_bytes(event, self._backend))
+
+    def _chunk(self, chunk: bytes, out: list[bytes]) -> None:
+        for raw in chunk.split(b"\n\n"):
+            if not raw.startswith(b"data:"):
+                continue
+            try:
+                obj = loads_keeping_integers(raw[5:].strip(), self._backend)
+            except orjson.JSONDecodeError:
+                raise UpstreamProtocolError(
+                    "the chat stream sent an event that is not JSON", backend=self._backend, reason="stream_garbage"
+                ) from None
+            if not isinstance(obj, dict):
+                continue
+            self.relayed_events += 1
+            usage = obj.get("usage")
+            if isinstance(usage, dict):
+                self._chat_usage = usage
+            for choice in obj.get("choices") or ():
+                if isinstance(choice, dict) and choice.get("index", 0) == 0:
+                    self._choice(choice, out)
+
+    def _choice(self, choice: dict[str, Any], out: list[bytes]) -> None:
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            thought = delta.get("reasoning_content")
+            if thought is None:
+                thought = delta.get("reasoning")
+            if isinstance(thought, str) and thought:
+                self._reasoning(thought, out)
+            content = delta.get("content")
+            if isinstance(content, str) and content:
+                self._text("output_text", content, choice.get("logprobs"), out)
+            refusal = delta.get("refusal")
+            if isinstance(refusal, str) and refusal:
+                self._text("refusal", refusal, None, out)
+            for call in delta.get("tool_calls") or ():
+                if isinstance(call, dict):
+                    self._call(call, out)
+        finish = choice.get("finish_reason")
+        if isinstance(finish, str):
+            self._finish = finish
+
+    def _reasoning(self, text: str, out: list[bytes]) -> None:
+        if self._open != "reasoning":
+            self._close(out)
+            item = reasoning_item(self._frame, "", new_id("rs"), "in_progress")
+            item["summary"], item["content"] = [], []
+            self._items.append(item)
+            self._open, self._texts = "reasoning", []
+            self._emit(out, {"type": "response.output_item.added", "output_index": self._index, "item": item})
+            if self._summary:
+                part = {"type": "summary_text", "text": ""}
+                self._emit(
+                    out,
+                    {"type": "response.reasoning_summary_part.added", **self._at(), "summary_index": 0, "part": part},
+                )
+        self._texts.append(text)
+        if self._summary:
+            self._emit(
+                out, {"type": "response.reasoning_summary_text.delta", **self._at(), "summary_index": 0, "delta": text}
+            )
+        else:
+            self._emit(out, {"type": "response.reasoning_text.delta", **self._at(), "content_index": 0, "delta": text})
+
+    def _text(self, part: str, text: str, logprobs: Any, out: list[bytes]) -> None:
+        if self._open != "message":
+            self._close(out)
+            item = {"id": new_id("msg"), "type": "message", "role": "assistant", "status": "in_progress", "content": []}
+            self._items.append(item)
+            self._open, self._part = "message", None
+            self._emit(out, {"type": "response.output_item.added", "output_index": self._index, "item": item})
+        if self._part != part:
+            self._close_part(out)
+            self._part, self._texts, self._logprobs = part, [], []
+            empty: dict[str, Any] = (
+                {"type": "output_text", "text": "", "annotations": []}
+                if part == "output_text"
+                else {"type": "refusal", "refusal": ""}
+            )
+            if part == "output_text" and self._logprobs_wanted:
+                empty["logprobs"] = []
+            self._emit(
+                out,
+                {
+                    "type": "response.content_part.added",
+                    **self._at(),
+                    "content_index": self._content_index,
+                    "part": empty,
+                },
+            )
+        self._texts.append(text)
+        if part == "output_text":
+            entries = logprobs.get("content") if isinstance(logprobs, dict) else None
+            entries = entries if isinstance(entries, list) else []
+            if self._logprobs_wanted:
+                self._logprobs.extend(entries)
+            event = {
+                "type": "response.output_text.delta",
+                **self._at(),
+                "content_index": self._content_index,
+                "delta": text,
+            }
+            event["logprobs"] = entries if self._logprobs_wanted else []
+            self._emit(out, event)
+        else:
+            self._emit(
+                out,
+                {"type": "response.refusal.delta", **self._at(), "content_index": self._content_index, "delta": text},
+            )
+
+    def _call(self, call: dict[str, Any], out: list[bytes]) -> None:
+        function = call.get("function") if isinstance(call.get("function"), dict) else None
+        custom = call.get("custom") if isinstance(call.get("custom"), dict) else None
+        index = call.get("index")
+        if self._open != "call" or index != self._call_index:  # calls come one after another
+            self._close(out)
+            self._call_index = index
+            item = call_item(self._frame, {**call, "function": {**(function or {}), "arguments": ""}}, "in_progress")
+            if custom is not None:
+                item["input"] = ""
+            self._items.append(item)
+            self._open, self._texts = "call", []
+            self._emit(out, {"type": "response.output_item.added", "output_index": self._index, "item": item})
+        piece = (function or {}).get("arguments") if custom is None else (custom or {}).get("input")
+        if isinstance(piece, str) and piece:
+            self._texts.append(piece)
+            kind = (
+                "custom_tool_call_input" if self._items[-1]["type"] == "custom_tool_call" else "function_call_arguments"
+            )
+            self._emit(out, {"type": f"response.{kind}.delta", **self._at(), "delta": piece})
+
+    # --- closing ------------------------------------------------------------------------------------
+    @property
+    def _index(self) -> int:
+        return len(self._items) - 1
+
+    @property
+    def _content_index(self) -> int:
+        return len(self._items[-1]["content"])
+
+    def _at(self) -> dict[str, Any]:
+        return {"item_id": self._items[-1]["id"], "output_index": self._index}
+
+    def _close_part(self, out: list[bytes]) -> None:
+        if self._part is None:
+            return
+        text = "".join(self._texts)
+        at = {**self._at(), "content_index": self._content_index}
+        if self._part == "output_text":
+            part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": []}
+            done: dict[str, Any] = {"type": "response.output_text.done", **at, "text": text}
+            if self._logprobs_wanted:
+                part["logprobs"] = done["logprobs"] = self._logprobs
+            else:
+                done["logprobs"] = []
+        else:
+            part = {"type": "refusal", "refusal": text}
+            done = {"type": "response.refusal.done", **at, "refusal": text}
+        self._emit(out, done)
+        self._emit(out, {"type": "response.content_part.done", **at, "part": part})
+        self._items[-1]["content"].append(part)
+        self._part, self._texts = None, []
+
+    def _closed_item(self, status: str) -> dict[str, Any]:
+        """The open item as it stands, closed with ``status`` (its text joined), without events."""
+        item = dict(self._items[-1])
+        text = "".join(self._texts)
+        if self._open == "reasoning":
+            item["content"] = [{"type": "reasoning_text", "text": text}]
+            item["summary"] = [{"type": "summary_text", "text": text}] if self._summary else []
+        elif self._open == "call":
+            item["input" if item["type"] == "custom_tool_call" else "arguments"] = text
+        elif self._open == "message" and self._part is not None:
+            part = (
+                {"type": "output_text", "text": text, "annotations": []}
+                if self._part == "output_text"
+                else {"type": "refusal", "refusal": text}
+            )
+            item["content"] = [*item["content"], part]
+        item["status"] = status
+        return item
+
+    def _close(self, out: list[bytes], status: str = "completed") -> None:
+        """Close the open item, with its ``.done`` events."""
+        if self._open is None:
+            return
+        item = self._items[-1]
+        at = self._at()
+        text = "".join(self._texts)
+        if self._open == "reasoning":
+            if self._summary:
+                self._emit(
+                    out, {"type": "response.reasoning_summary_text.done", **at, "summary_index": 0, "text": text}
+                )
+                part = {"type": "summary_text", "text": text}
+                self._emit(
+                    out, {"type": "response.reasoning_summary_part.done", **at, "summary_index": 0, "part": part}
+                )
+            else:
+                self._emit(out, {"type": "response.reasoning_text.done", **at, "content_index": 0, "text": text})
+            item.update(self._closed_item(status))
+        elif self._open == "call":
+            if item["type"] == "custom_tool_call":
+                self._emit(out, {"type": "response.custom_tool_call_input.done", **at, "input": text})
+            else:
+                done = {"type": "response.function_call_arguments.done", **at, "arguments": text, "name": item["name"]}
+                self._emit(out, done)
+            item.update(self._closed_item(status))
+        else:
+            self._close_part(out)
+            item["status"] = status
+        self._emit(out, {"type": "response.output_item.done", "output_index": self._index, "item": item})
+        self._open, self._part, self._texts = None, None, []
+
+    def _end(self, out: list[bytes]) -> None:
+        """The chat stream ended cleanly: close the open item, then ``response.completed`` (or incomplete)."""
+        if not self._started:  # an upstream that ended without a single chunk
+            self._started = True
+            response = self._frame.envelope("in_progress", [])
+            self._emit(out, {"type": "response.created", "response": response})
+            self._emit(out, {"type": "response.in_progress", "response": response})
+        incomplete = _INCOMPLETE.get(self._finish or "")
+        self._close(out, "incomplete" if incomplete else "completed")
+        counts = usage_of(self._chat_usage) or self._inner.usage
+        usage = responses_usage(self._chat_usage)
+        if usage is None and counts is not None:
+            usage = responses_usage(counts.as_json())
+        status = "incomplete" if incomplete else "completed"
+        self.final = self._frame.envelope(status, self._items, usage, incomplete=incomplete)
+        self._emit(out, {"type": f"response.{status}", "response": self.final})
+        self.usage = counts
+        self.finished = True
+        self._done = True

@@ -1,0 +1,305 @@
+"""A Responses request as the Chat Completions request that means the same: the bridge's request half.
+
+Every family without a native ``/v1/responses`` (``mock``, ``tgi``, ``ollama``, ``llamacpp``,
+``vllm-pool``, and ``vllm`` where its own endpoint is not faithful) serves Responses through its
+chat translator, so tools, ``json_schema``, reasoning and logprobs mean what they mean on chat.
+:func:`to_chat` builds that :class:`~schemas.chat.ChatCompletionRequest`:
+
+- ``instructions`` -> a leading ``system`` message; a string ``input`` -> one ``user`` message;
+  message items -> messages (``input_text``/``output_text`` -> text parts, ``input_image`` ->
+  ``image_url``, ``input_file`` -> ``file``, ``refusal`` -> refusal parts);
+- ``function_call`` items -> the ``tool_calls`` of one assistant message (with the assistant text
+  before them), ``function_call_output`` -> ``tool`` messages; custom tool calls likewise;
+- ``reasoning`` items are not sent: chat has no place for an earlier turn's reasoning, and chat
+  templates drop it from earlier turns anyway (documented in docs/capabilities.md);
+- function tools as they are; ``namespace`` tools flattened to ``<namespace>__<name>`` functions
+  (as vLLM does), calls mapped back by :class:`ToolNames`; custom tools as chat custom tools;
+  OpenAI's built-in tools are never translated: the capability check refused them, or the
+  operator's ``builtin_tools: omit`` leaves them out here;
+- ``tool_choice`` forms one to one (a named function resolved to its flattened name);
+  ``max_output_tokens`` -> ``max_completion_tokens``; ``text.format`` -> ``response_format``;
+  ``text.verbosity`` -> ``verbosity``; ``reasoning.effort`` -> ``reasoning_effort``;
+  ``include: ["message.output_text.logprobs"]`` -> ``logprobs`` with ``top_logprobs``;
+  a stream asks for its usage chunk (the final response carries usage);
+- ``temperature``, ``top_p``, ``user``, ``safety_identifier``, ``service_tier``, ``parallel_tool_calls``
+  and vLLM's shared extras keep their names: the family's chat table decides on them.
+
+``store``, ``previous_response_id``, ``metadata``, ``truncation``, ``prompt_cache_key``,
+``client_metadata`` and the other ``include`` values are the gateway's (never in the chat request).
+Which Responses field a chat field came from (for a refusal's ``param``) is :data:`CHAT_TO_RESPONSES`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from schemas.chat import ChatCompletionRequest
+from schemas.responses import NAMESPACE_SEPARATOR, ResponsesRequest
+from schemas.responses_items import (
+    CustomToolCallItem,
+    CustomToolCallOutputItem,
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    InputFile,
+    InputImage,
+    InputText,
+    MessageItem,
+    OutputText,
+    RefusalPart,
+)
+from schemas.responses_tools import (
+    AllowedToolsChoice,
+    CustomChoice,
+    CustomTool,
+    FunctionChoice,
+    FunctionTool,
+    JSONObjectFormat,
+    JSONSchemaFormat,
+    NamespaceTool,
+)
+
+__all__ = ["CHAT_TO_RESPONSES", "ToolNames", "Untranslatable", "to_chat"]
+
+# A chat field's Responses origin, for the param of a refusal the chat table makes.
+CHAT_TO_RESPONSES: dict[str, str] = {
+    "messages": "input",
+    "max_completion_tokens": "max_output_tokens",
+    "response_format": "text.format",
+    "verbosity": "text.verbosity",
+    "reasoning_effort": "reasoning.effort",
+    "logprobs": "include",
+    "stream_options": "stream",
+}
+
+
+class Untranslatable(ValueError):
+    """A part of the request the chat translation cannot carry (an image in a system message, say)."""
+
+    def __init__(self, param: str, why: str) -> None:
+        super().__init__(why)
+        self.param = param
+        self.why = why
+
+
+class ToolNames:
+    """Flattened namespace function names and back: ``ns__name`` <-> (``name``, ``ns``)."""
+
+    __slots__ = ("_back", "_local")
+
+    def __init__(self, request: ResponsesRequest) -> None:
+        self._back: dict[str, tuple[str, str]] = {}
+        self._local: dict[str, list[str]] = {}
+        for tool in request.tools or ():
+            if isinstance(tool, NamespaceTool):
+                for inner in tool.tools:
+                    flat = f"{tool.name}{NAMESPACE_SEPARATOR}{inner.name}"
+                    self._back[flat] = (inner.name, tool.name)
+                    self._local.setdefault(inner.name, []).append(flat)
+
+    def flat(self, name: str, namespace: str | None) -> str:
+        return f"{namespace}{NAMESPACE_SEPARATOR}{name}" if namespace else name
+
+    def resolve(self, name: str) -> str:
+        """A tool_choice's name: exact, or a namespace function's own name when only one namespace has it."""
+        candidates = self._local.get(name)
+        return candidates[0] if candidates and len(candidates) == 1 and name not in self._back else name
+
+    def split(self, name: str) -> tuple[str, str | None]:
+        """A called name as the client knows it: ``(name, namespace)``."""
+        back = self._back.get(name)
+        return back if back is not None else (name, None)
+
+    def __bool__(self) -> bool:
+        return bool(self._back)
+
+
+def _text(content: str | list[Any]) -> str | list[dict[str, Any]]:
+    if isinstance(content, str):
+        return content
+    return [{"type": "text", "text": part.text} for part in content]
+
+
+def _part(part: Any) -> dict[str, Any]:
+    if isinstance(part, InputText | OutputText):
+        return {"type": "text", "text": part.text}
+    if isinstance(part, RefusalPart):
+        return {"type": "refusal", "refusal": part.refusal}
+    if isinstance(part, InputImage):
+        image: dict[str, Any] = {"url": part.image_url}
+        if part.detail is not None:
+            image["detail"] = part.detail
+        return {"type": "image_url", "image_url": image}
+    assert isinstance(part, InputFile)
+    file = {k: v for k, v in (("file_data", part.file_data), ("file_id", part.file_id), ("filename", part.filename))}
+    return {"type": "file", "file": {k: v for k, v in file.items() if v is not None}}
+
+
+def _messages(request: ResponsesRequest, names: ToolNames) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    if request.instructions is not None:
+        messages.append({"role": "system", "content": request.instructions})
+    items = request.input
+    if isinstance(items, str):
+        messages.append({"role": "user", "content": items})
+        return messages
+    assistant: dict[str, Any] | None = None  # the assistant turn being built (text, then its calls)
+    for item in items or ():
+        if isinstance(item, MessageItem):
+            content = item.content
+            parts: str | list[dict[str, Any]] = content if isinstance(content, str) else [_part(p) for p in content]
+            if item.role == "assistant":
+                assistant = {"role": "assistant", "content": parts}  # its calls, if any, follow it
+                messages.append(assistant)
+                continue
+            assistant = None
+            messages.append({"role": item.role, "content": parts})
+        elif isinstance(item, FunctionCallItem | CustomToolCallItem):
+            if assistant is None:
+                assistant = {"role": "assistant", "content": None}
+                messages.append(assistant)
+            if isinstance(item, FunctionCallItem):
+                call = {
+                    "id": item.call_id,
+                    "type": "function",
+                    "function": {"name": names.flat(item.name, item.namespace), "arguments": item.arguments},
+                }
+            else:
+                call = {"id": item.call_id, "type": "custom", "custom": {"name": item.name, "input": item.input}}
+            assistant.setdefault("tool_calls", []).append(call)
+        elif isinstance(item, FunctionCallOutputItem | CustomToolCallOutputItem):
+            assistant = None
+            output = item.output
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": item.call_id,
+                    "content": output if isinstance(output, str) else _text(output),
+                }
+            )
+        # reasoning items: not sent (module docstring); other types were refused before translation
+    return messages
+
+
+def _tools(request: ResponsesRequest) -> list[dict[str, Any]]:
+    tools: list[dict[str, Any]] = []
+    for tool in request.tools or ():
+        if isinstance(tool, FunctionTool):
+            tools.append({"type": "function", "function": _function(tool, tool.name)})
+        elif isinstance(tool, NamespaceTool):
+            for inner in tool.tools:
+                flat = f"{tool.name}{NAMESPACE_SEPARATOR}{inner.name}"
+                if isinstance(inner, FunctionTool):
+                    tools.append({"type": "function", "function": _function(inner, flat)})
+                else:
+                    tools.append({"type": "custom", "custom": _custom(inner, flat)})
+        elif isinstance(tool, CustomTool):
+            tools.append({"type": "custom", "custom": _custom(tool, tool.name)})
+        # built-in tools: never translated (refused before, or omitted by the operator's choice)
+    return tools
+
+
+def _function(tool: FunctionTool, name: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": name}
+    if tool.description is not None:
+        out["description"] = tool.description
+    if tool.parameters is not None:
+        out["parameters"] = tool.parameters
+    if tool.strict is not None:
+        out["strict"] = tool.strict
+    return out
+
+
+def _custom(tool: CustomTool, name: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": name}
+    if tool.description is not None:
+        out["description"] = tool.description
+    if tool.format is not None:
+        if tool.format.type == "text":
+            out["format"] = {"type": "text"}
+        else:
+            out["format"] = {
+                "type": "grammar",
+                "grammar": {"syntax": tool.format.syntax, "definition": tool.format.definition},
+            }
+    return out
+
+
+def _tool_choice(request: ResponsesRequest, names: ToolNames, has_tools: bool) -> Any:
+    choice = request.tool_choice
+    if choice is None or (isinstance(choice, str) and choice != "none" and not has_tools):
+        return None  # auto without tools: chat's default, and chat refuses it without tools
+    if isinstance(choice, str):
+        return choice
+    if isinstance(choice, FunctionChoice):
+        return {"type": "function", "function": {"name": names.resolve(choice.name)}}
+    if isinstance(choice, CustomChoice):
+        return {"type": "custom", "custom": {"name": choice.name}}
+    assert isinstance(choice, AllowedToolsChoice)  # other forms were refused before translation
+    refs = []
+    for ref in choice.tools:
+        if ref.type == "function" and ref.name is not None:
+            refs.append({"type": "function", "function": {"name": names.resolve(ref.name)}})
+        elif ref.type == "custom" and ref.name is not None:
+            refs.append({"type": "custom", "custom": {"name": ref.name}})
+    return {"type": "allowed_tools", "allowed_tools": {"mode": choice.mode, "tools": refs}}
+
+
+_SAME_NAME = (
+    "temperature", "top_p", "user", "safety_identifier", "service_tier", "frequency_penalty", "presence_penalty",
+    "logit_bias", "seed", "stop", "top_k", "min_p", "repetition_penalty", "stop_token_ids", "ignore_eos",
+    "skip_special_tokens", "include_stop_str_in_output", "chat_template_kwargs", "priority", "request_id",
+)  # fmt: skip
+
+
+def to_chat(request: ResponsesRequest, names: ToolNames, *, stream: bool) -> ChatCompletionRequest:
+    """The chat request that means what ``request`` means (module docstring); raises
+    :class:`Untranslatable` for a part chat cannot carry (an image in a system message, say)."""
+    fields: dict[str, Any] = {"model": request.model, "messages": _messages(request, names)}
+    values = request.__dict__
+    for name in _SAME_NAME:
+        value = values[name]
+        if value is not None:
+            fields[name] = value
+    if request.max_output_tokens is not None:
+        fields["max_completion_tokens"] = request.max_output_tokens
+    tools = _tools(request) if request.tools else []
+    if tools:
+        fields["tools"] = tools
+        if request.parallel_tool_calls is not None:
+            fields["parallel_tool_calls"] = request.parallel_tool_calls
+    choice = _tool_choice(request, names, bool(tools))
+    if choice is not None:
+        fields["tool_choice"] = choice
+    text = request.text
+    if text is not None:
+        if isinstance(text.format, JSONSchemaFormat):
+            spec: dict[str, Any] = {"name": text.format.name, "schema": text.format.schema_}
+            if text.format.description is not None:
+                spec["description"] = text.format.description
+            if text.format.strict is not None:
+                spec["strict"] = text.format.strict
+            fields["response_format"] = {"type": "json_schema", "json_schema": spec}
+        elif isinstance(text.format, JSONObjectFormat):
+            fields["response_format"] = {"type": "json_object"}
+        if text.verbosity is not None:
+            fields["verbosity"] = text.verbosity
+    if request.reasoning is not None and request.reasoning.effort is not None:
+        fields["reasoning_effort"] = request.reasoning.effort
+    if request.wants_logprobs:
+        fields["logprobs"] = True
+        fields["top_logprobs"] = request.top_logprobs or 0
+    if stream:
+        fields["stream"] = True
+        fields["stream_options"] = {"include_usage": True}
+    try:
+        return ChatCompletionRequest.model_validate(fields)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        loc = error["loc"]
+        where = ".".join(str(part) for part in loc if not (isinstance(part, str) and "[" in part))
+        head = str(loc[0]) if loc else "messages"
+        raise Untranslatable(
+            CHAT_TO_RESPONSES.get(head, head), f"chat cannot carry it ({where}: {error['msg']})"
+        ) from None

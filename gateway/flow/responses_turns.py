@@ -1,0 +1,140 @@
+"""Where ``POST /v1/responses`` differs from the other endpoints on the request path, and nothing else.
+
+:class:`ResponsesTurns` is the Responses endpoint's hooks (``EndpointOps.turns``), called by
+the handler at three points:
+
+- :meth:`ResponsesTurns.begin`, after the model lookup and before the guard's check (so caps and
+  rate limits count the whole conversation): the model's built-in-tools choice
+  (``models[].responses.builtin_tools``) goes onto the request, and ``previous_response_id`` is
+  expanded: the stored turns (:class:`~gateway.responses_state.ResponsesState`) go upstream ahead
+  of the request's own ``input``, whichever backend served them;
+- :meth:`ResponsesTurns.headers`: the answer's extra headers (``x-gateway-omitted-tools`` when the
+  operator's ``omit`` left built-in tools out on this backend; the log says it too);
+- :meth:`ResponsesTurns.end` / :meth:`ResponsesTurns.end_stream`, once the Response reached a terminal
+  status (a client that left mid-stream: ``cancelled``): the turn is saved when ``store`` allows.
+
+The tenant is the caller's key name (one tenant without auth: ``NO_AUTH_TENANT``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING, Any, cast
+
+from pydantic import TypeAdapter, ValidationError
+
+from backends.base import Backend, CompletionStream, ResponsesTable
+from backends.responses.bridge import responses_table
+from backends.responses.events import ResponseEventStream
+from gateway.responses_state import NO_AUTH_TENANT, FinishedTurn, ResponsesState
+from gateway.served import ServedRequest
+from schemas.errors import InvalidRequestError
+from schemas.responses import ResponsesRequest
+from schemas.responses_items import InputItem, MessageItem
+from schemas.responses_tools import BUILTIN_TOOL_TYPES
+
+if TYPE_CHECKING:
+    from gateway.security.auth import ApiKey
+
+__all__ = ["OMITTED_HEADER", "ResponsesTurns", "own_items", "tenant_of"]
+
+log = logging.getLogger("gateway")
+
+OMITTED_HEADER = "x-gateway-omitted-tools"
+_ITEMS: TypeAdapter[list[Any]] = TypeAdapter(list[InputItem])
+_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+
+
+def tenant_of(key: ApiKey | None) -> str:
+    return NO_AUTH_TENANT if key is None else key.name
+
+
+def own_items(request: ResponsesRequest) -> list[dict[str, Any]]:
+    """The request's own ``input`` as items with ids, as the store keeps them (never the history)."""
+    items = request.input
+    if items is None:
+        return []
+    if isinstance(items, str):
+        text = {"type": "input_text", "text": items}
+        return [{"id": _new_id("msg"), "type": "message", "role": "user", "content": [text]}]
+    out = []
+    for item in items:
+        data = item.model_dump(mode="json", by_alias=True, exclude_none=True)
+        if "id" not in data:
+            data["id"] = _new_id(_ID_PREFIX.get(item.type, "item"))
+        out.append(data)
+    return out
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}_{os.urandom(24).hex()}"
+
+
+def omitted_tools(request: ResponsesRequest, table: ResponsesTable | None) -> list[str]:
+    """The built-in tools this attempt leaves out (the operator's ``omit``, on a backend that cannot run them)."""
+    if not request.omits_builtin_tools or table is None:
+        return []
+    return [
+        kind
+        for kind in request.builtin_tools
+        if kind in BUILTIN_TOOL_TYPES and table.level("tools", kind) == "unsupported"
+    ]
+
+
+class ResponsesTurns:
+    """The Responses endpoint's hooks on the request path (module docstring). Stateless: the store is passed in."""
+
+    async def begin(
+        self, served: ServedRequest, omit_builtin_tools: bool, store: ResponsesState, key: ApiKey | None
+    ) -> ResponsesRequest:
+        """``omit_builtin_tools``: the model's ``responses.builtin_tools`` is ``omit``."""
+        request = cast(ResponsesRequest, served)  # the Responses parse made it
+        if omit_builtin_tools and request.tools:
+            request.omit_builtin_tools()
+        previous = request.previous_response_id
+        if previous is None:
+            return request
+        history = await store.history(tenant_of(key), previous)
+        try:
+            earlier = _ITEMS.validate_python(history)
+        except ValidationError:
+            raise InvalidRequestError(
+                f"The stored conversation of '{previous}' holds an item this gateway cannot send again.",
+                param="previous_response_id",
+            ) from None
+        own = request.input
+        current = [MessageItem(role="user", content=own)] if isinstance(own, str) else list(own or ())
+        expanded = request.model_copy(update={"input": [*earlier, *current]})
+        expanded.keep_stored_input(own_items(request))
+        return expanded
+
+    def headers(self, served: ServedRequest, backend: Backend) -> dict[str, str]:
+        request = cast(ResponsesRequest, served)
+        omitted = omitted_tools(request, responses_table(backend))
+        if not omitted:
+            return {}
+        log.info(
+            "model %s on backend %s: built-in tools %s omitted (models[].responses.builtin_tools: omit)",
+            request.model,
+            backend.name,
+            ", ".join(omitted),
+        )
+        return {OMITTED_HEADER: ", ".join(omitted)}
+
+    async def end(
+        self, served: ServedRequest, answer: dict[str, Any] | None, store: ResponsesState, key: ApiKey | None
+    ) -> None:
+        request = cast(ResponsesRequest, served)
+        if not request.stores or answer is None or "id" not in answer:
+            return
+        turn = FinishedTurn(answer, request.stored_input or own_items(request), request.previous_response_id)
+        await store.save(tenant_of(key), turn)
+
+    async def end_stream(
+        self, served: ServedRequest, stream: CompletionStream, store: ResponsesState, key: ApiKey | None
+    ) -> None:
+        """A stream's turn: its final Response, or where it stood when the client left (``cancelled``)."""
+        request = cast(ResponsesRequest, served)
+        if request.stores and isinstance(stream, ResponseEventStream):
+            await self.end(request, stream.snapshot("cancelled"), store, key)

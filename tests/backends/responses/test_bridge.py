@@ -1,0 +1,294 @@
+"""The chat bridge: a Responses request as the chat request that means the same, and chat answers and
+streams as Responses (backends/responses: to_chat, capabilities, answer, events)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from backends.base import CompletionStream, TokenUsage
+from backends.errors import UpstreamProtocolError
+from backends.mock.capabilities import MOCK_RESPONSES
+from backends.native.ollama_capabilities import OLLAMA_RESPONSES
+from backends.native.tgi_capabilities import TGI_RESPONSES
+from backends.openai.capabilities import OPENAI_RESPONSES
+from backends.responses.answer import ResponseFrame, response_from_chat
+from backends.responses.capabilities import chat_request_of
+from backends.responses.events import ChatResponseEvents
+from backends.vllm.capabilities import vllm_responses_capabilities
+from backends.vllm.versions import VLLMChatFeatures
+from schemas.responses import ResponsesRequest
+
+NS = {
+    "type": "namespace",
+    "name": "agents",
+    "description": "sub-agents",
+    "tools": [{"type": "function", "name": "spawn", "parameters": {"type": "object"}}],
+}
+FN = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}, "strict": True}
+
+
+def req(**fields: Any) -> ResponsesRequest:
+    return ResponsesRequest.model_validate({"model": "m", **fields})
+
+
+def chat_of(request: ResponsesRequest) -> dict[str, Any]:
+    chat, _ = chat_request_of(request)
+    return chat.upstream_fields()
+
+
+def test_instructions_lead_and_a_string_input_is_the_user_message() -> None:
+    chat = chat_of(req(instructions="Be brief", input="hi", max_output_tokens=9, temperature=0.2))
+    assert chat["messages"] == [{"role": "system", "content": "Be brief"}, {"role": "user", "content": "hi"}]
+    assert chat["max_completion_tokens"] == 9 and chat["temperature"] == 0.2
+    assert "stream" not in chat
+
+
+def test_calls_join_the_assistant_message_they_follow_and_outputs_become_tool_messages() -> None:
+    items = [
+        {"role": "user", "content": "weather?"},
+        {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "think"}]},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call", "call_id": "c2", "name": "spawn", "namespace": "agents", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "21C"},
+        {"type": "function_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "ok"}]},
+    ]
+    messages = chat_of(req(input=items, tools=[FN, NS]))["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "tool"]  # the reasoning item is not sent
+    assistant = messages[1]
+    assert assistant["content"] == [{"type": "text", "text": "Checking."}]
+    assert [c["function"]["name"] for c in assistant["tool_calls"]] == ["get_weather", "agents__spawn"]
+    assert messages[3] == {"role": "tool", "tool_call_id": "c2", "content": [{"type": "text", "text": "ok"}]}
+
+
+def test_tools_and_choices_one_to_one() -> None:
+    request = req(
+        input="x",
+        tools=[FN, NS, {"type": "web_search"}],
+        tool_choice={"type": "function", "name": "spawn"},
+        parallel_tool_calls=False,
+        text={"format": {"type": "json_schema", "name": "w", "schema": {"type": "object"}, "strict": True}},
+        reasoning={"effort": "low", "summary": "auto"},
+        include=["message.output_text.logprobs"],
+        top_logprobs=3,
+        stream=True,
+    )
+    request.omit_builtin_tools()
+    chat = chat_of(request)
+    assert [t["function"]["name"] for t in chat["tools"]] == ["get_weather", "agents__spawn"]  # web_search omitted
+    assert chat["tools"][0]["function"]["strict"] is True
+    assert chat["tool_choice"] == {"type": "function", "function": {"name": "agents__spawn"}}
+    assert chat["parallel_tool_calls"] is False
+    assert chat["response_format"]["json_schema"] == {"name": "w", "schema": {"type": "object"}, "strict": True}
+    assert chat["reasoning_effort"] == "low"
+    assert chat["logprobs"] is True and chat["top_logprobs"] == 3
+    assert chat["stream"] is True and chat["stream_options"] == {"include_usage": True}
+
+
+def test_auto_without_tools_is_chats_default() -> None:
+    assert "tool_choice" not in chat_of(req(input="x", tool_choice="auto"))
+
+
+@pytest.mark.parametrize(
+    ("table", "fields", "param", "says"),
+    [
+        (MOCK_RESPONSES, {"tools": [{"type": "web_search"}]}, "tools", "web_search"),
+        (MOCK_RESPONSES, {"background": True}, "background", "background"),
+        (MOCK_RESPONSES, {"input": [{"type": "item_reference", "id": "x"}]}, "input", "item_reference"),
+        (OLLAMA_RESPONSES, {"tools": [FN], "tool_choice": "required"}, "tool_choice", "required"),
+        (TGI_RESPONSES, {"include": ["message.output_text.logprobs"], "top_logprobs": 9}, "top_logprobs", "above 5"),
+        (
+            vllm_responses_capabilities(VLLMChatFeatures.of(None)),
+            {"reasoning": {"effort": "low"}},
+            "reasoning.effort",
+            "",
+        ),
+        (
+            MOCK_RESPONSES,
+            {"input": [{"role": "system", "content": [{"type": "input_image", "image_url": "data:x"}]}]},
+            "input",
+            "chat",
+        ),
+        (OPENAI_RESPONSES, {"top_k": 5}, "top_k", "vLLM extra"),
+    ],
+)
+def test_refusals_name_the_responses_field(table: Any, fields: dict[str, Any], param: str, says: str) -> None:
+    error = table.refusal(req(input=fields.pop("input", "x"), **fields), "b", "kind")
+    assert error is not None and error.param == param and says in error.message
+
+
+def test_omit_is_not_a_refusal_but_forcing_an_omitted_tool_is() -> None:
+    request = req(input="x", tools=[{"type": "web_search"}])
+    request.omit_builtin_tools()
+    assert MOCK_RESPONSES.refusal(request, "b", "mock") is None
+    forced = req(input="x", tools=[{"type": "file_search"}], tool_choice={"type": "file_search"})
+    forced.omit_builtin_tools()
+    error = MOCK_RESPONSES.refusal(forced, "b", "mock")
+    assert error is not None and error.param == "tool_choice"
+
+
+def test_openai_takes_builtin_tools() -> None:
+    request = req(input="x", tools=[{"type": "web_search"}, {"type": "mcp", "server_label": "s"}], background=True)
+    assert OPENAI_RESPONSES.refusal(request, "b", "openai") is None
+
+
+# --- answers ---------------------------------------------------------------------------------------
+
+
+def _chat_body(message: dict[str, Any], finish: str = "stop") -> bytes:
+    body = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "m",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", **message}, "logprobs": None, "finish_reason": finish}
+        ],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12},
+    }
+    return orjson.dumps(body)
+
+
+def test_a_chat_answer_as_a_response() -> None:
+    request = req(input="x", tools=[NS], reasoning={"summary": "auto"})
+    _, names = chat_request_of(request)
+    frame = ResponseFrame(request, "public", names)
+    calls = [{"id": "call_1", "type": "function", "function": {"name": "agents__spawn", "arguments": "{}"}}]
+    result, response = response_from_chat(
+        _chat_body({"content": None, "reasoning_content": "hmm", "tool_calls": calls}, "tool_calls"), frame, "b"
+    )
+    assert result.usage == TokenUsage(5, 7) and response["status"] == "completed" and response["model"] == "public"
+    reasoning, call = response["output"]
+    assert reasoning["content"] == [{"type": "reasoning_text", "text": "hmm"}]
+    assert reasoning["summary"] == [{"type": "summary_text", "text": "hmm"}]  # asked for: the whole text
+    assert call == {**call, "type": "function_call", "call_id": "call_1", "name": "spawn", "namespace": "agents"}
+    assert response["usage"]["input_tokens"] == 5 and response["usage"]["total_tokens"] == 12
+
+
+def test_a_cut_answer_is_incomplete() -> None:
+    request = req(input="x", max_output_tokens=7)
+    frame = ResponseFrame(request, "public", chat_request_of(request)[1])
+    _, response = response_from_chat(_chat_body({"content": "abc"}, "length"), frame, "b")
+    assert response["status"] == "incomplete"
+    assert response["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert response["output"][0]["status"] == "incomplete"
+
+
+# --- streams ----------------------------------------------------------------------------------------
+
+
+class ChatChunks(CompletionStream):
+    """A chat stream of the given chunks (each one read), optionally failing after them."""
+
+    def __init__(self, chunks: list[dict[str, Any]], fail: bool = False) -> None:
+        self._reads = [b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks]
+        self._fail = fail
+        self.closed = False
+
+    async def __anext__(self) -> bytes:
+        if self._reads:
+            return self._reads.pop(0)
+        if self._fail:
+            raise UpstreamProtocolError(
+                "the upstream failed mid-stream: engine died", backend="b", reason="stream_error"
+            )
+        self.finished = True
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+def _delta(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    return {
+        "id": "c",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "m",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+
+
+async def _events(stream: ChatResponseEvents) -> list[dict[str, Any]]:
+    out = b""
+    async for chunk in stream:
+        out += chunk
+    events = []
+    for raw in out.split(b"\n\n"):
+        if raw:
+            kind, data = raw.split(b"\n", 1)
+            event = orjson.loads(data.removeprefix(b"data: "))
+            assert kind == b"event: " + event["type"].encode()
+            events.append(event)
+    return events
+
+
+async def test_a_chat_stream_as_responses_events() -> None:
+    request = req(input="x", tools=[FN], stream=True)
+    frame = ResponseFrame(request, "public", chat_request_of(request)[1])
+    calls = [{"index": 0, "id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": ""}}]
+    chunks = [
+        _delta({"role": "assistant", "reasoning_content": "let me "}),
+        _delta({"reasoning_content": "see"}),
+        _delta({"content": "Checking"}),
+        _delta({"tool_calls": calls}),
+        _delta({"tool_calls": [{"index": 0, "function": {"arguments": '{"city":'}}]}),
+        _delta({"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]}, "tool_calls"),
+        {
+            "id": "c",
+            "object": "chat.completion.chunk",
+            "created": 1,
+            "model": "m",
+            "choices": [],
+            "usage": {"prompt_tokens": 4, "completion_tokens": 6},
+        },
+    ]
+    stream = ChatResponseEvents(ChatChunks(chunks), frame, "b")
+    events = await _events(stream)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    kinds = [e["type"] for e in events]
+    assert kinds[:3] == ["response.created", "response.in_progress", "response.output_item.added"]
+    assert kinds.count("response.output_item.added") == kinds.count("response.output_item.done") == 3
+    assert "response.reasoning_text.delta" in kinds and "response.output_text.delta" in kinds
+    assert kinds[-1] == "response.completed"
+    final = events[-1]["response"]
+    assert [item["type"] for item in final["output"]] == ["reasoning", "message", "function_call"]
+    assert final["output"][2]["arguments"] == '{"city":"Paris"}'
+    assert final["usage"]["output_tokens"] == 6 and stream.usage == TokenUsage(4, 6)
+    done = [e for e in events if e["type"] == "response.output_item.done"]
+    assert [d["item"] for d in done] == final["output"]  # what was streamed is what completed
+    assert stream.finished
+
+
+async def test_a_failure_midway_ends_in_response_failed_with_what_was_produced() -> None:
+    request = req(input="x", stream=True)
+    frame = ResponseFrame(request, "public", chat_request_of(request)[1])
+    stream = ChatResponseEvents(
+        ChatChunks([_delta({"content": "Hel"}), _delta({"content": "lo"})], fail=True), frame, "b"
+    )
+    got = b""
+    with pytest.raises(UpstreamProtocolError) as err:
+        async for chunk in stream:
+            got += chunk
+    tail = stream.failed_event(err.value)
+    event = orjson.loads(tail.split(b"data: ", 1)[1])
+    assert event["type"] == "response.failed"
+    assert event["sequence_number"] == got.count(b"event: ")  # numbered after the last event sent
+    response = event["response"]
+    assert response["status"] == "failed" and "engine died" in response["error"]["message"]
+    assert response["output"][0]["content"][0]["text"] == "Hello" and response["output"][0]["status"] == "incomplete"
+    assert stream.snapshot("cancelled") == response  # the store keeps the failed response
+
+
+async def test_a_client_that_left_is_stored_cancelled() -> None:
+    request = req(input="x", stream=True)
+    frame = ResponseFrame(request, "public", chat_request_of(request)[1])
+    stream = ChatResponseEvents(ChatChunks([_delta({"content": "Hel"}), _delta({"content": "lo"})]), frame, "b")
+    await stream.__anext__()
+    await stream.aclose()
+    snapshot = stream.snapshot("cancelled")
+    assert snapshot is not None and snapshot["status"] == "cancelled"
+    assert snapshot["output"][0]["content"][0]["text"] == "Hel"
