@@ -5,7 +5,8 @@
     .venv/bin/python bench/request_cost.py --scenarios ns,chat_ns --top 30 --dump /tmp/prof
 
 Starts the fast fake upstream (bench/fake_upstream.py) and one ``gateway serve`` per
-checkout (each with that checkout's ``.venv/bin/python``, a ``type: openai`` backend, the
+checkout (each with that checkout's ``.venv/bin/python``, a ``type: openai`` backend (``--backend-type vllm``:
+the vLLM adapter, whose Responses go through the chat bridge), the
 config bench/run.py uses), then per scenario drives ``-n`` requests over ``-c`` keep-alive
 connections from this process:
 
@@ -190,14 +191,14 @@ def run_ns(pid: int) -> int:
 
 
 class Target:
-    def __init__(self, name: str, checkout: Path, upstream: int, work: Path) -> None:
+    def __init__(self, name: str, checkout: Path, upstream: int, work: Path, kind: str = "openai") -> None:
         self.name, self.checkout = name, checkout
         self.port = free_port()
         self.prof = str(work / f"{name}.prof")
         config = work / f"{name}.yaml"
         config.write_text(f"""server: {{host: 127.0.0.1, port: {self.port}, drain_timeout: 1}}
 backends:
-  - {{name: upstream, type: openai, base_url: "http://127.0.0.1:{upstream}/v1", api_key: sk-bench}}
+  - {{name: upstream, type: {kind}, base_url: "http://127.0.0.1:{upstream}/v1", api_key: sk-bench}}
 models:
   - name: bench
     routes:
@@ -290,6 +291,12 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=300, help="requests before measuring, per scenario")
     ap.add_argument("--scenarios", default="ns,st,chat_ns,chat_st,resp_ns,resp_st")
     ap.add_argument("--top", type=int, default=0, help="print the top N functions per cell")
+    ap.add_argument(
+        "--backend-type",
+        default="openai",
+        choices=("openai", "vllm"),
+        help="the backend's type: openai relays Responses natively, vllm serves it through its chat dialect",
+    )
     ap.add_argument("--dump", type=Path, help="keep each cell's cProfile stats in this folder")
     ap.add_argument("--serve-profiled", nargs=3, metavar=("CONFIG", "PORT", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -315,7 +322,7 @@ def main() -> None:
             checkouts = [("this", ROOT)] + [
                 (f"ref{i}" if len(args.ref) > 1 else "ref", p.resolve()) for i, p in enumerate(args.ref)
             ]
-            targets = [Target(name, path, upstream_port, work) for name, path in checkouts]
+            targets = [Target(name, path, upstream_port, work, args.backend_type) for name, path in checkouts]
             results: dict[tuple[str, str], dict[str, Any]] = {}
             for s in scenarios:
                 for t in targets:

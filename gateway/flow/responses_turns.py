@@ -111,6 +111,8 @@ class ResponsesTurns:
 
     def headers(self, served: ServedRequest, backend: Backend) -> dict[str, str]:
         request = cast(ResponsesRequest, served)
+        if not request.omits_builtin_tools:  # the common case: nothing to say
+            return {}
         omitted = omitted_tools(request, responses_table(backend))
         if not omitted:
             return {}

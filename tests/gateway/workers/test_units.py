@@ -14,6 +14,7 @@ from gateway.workers.caps import overshoots, split_caps
 from gateway.workers.cpus import available_cpus, cgroup_cpu_limit
 from gateway.workers.merge import MetricsMerger, snapshot
 from schemas.config import GatewayConfig, worker_problems
+from schemas.endpoints import Endpoint
 
 
 def _config(**extra: object) -> GatewayConfig:
@@ -160,9 +161,8 @@ def test_merge_sums_counters_and_histograms_and_keeps_gone_workers() -> None:
         'gateway_request_duration_seconds_count{backend="x",endpoint="completions",model="m"} 3.0'
     ]
     assert _lines(text, "gateway_requests_in_flight") == [
-        'gateway_requests_in_flight{endpoint="completions",model="m"} 2.0',
-        'gateway_requests_in_flight{endpoint="chat",model="m"} 0.0',
-        'gateway_requests_in_flight{endpoint="responses",model="m"} 0.0',
+        f'gateway_requests_in_flight{{endpoint="{e.value}",model="m"}} {2.0 if e is Endpoint.COMPLETIONS else 0.0}'
+        for e in Endpoint  # every endpoint's series exists from the start
     ]
     assert _lines(text, "gateway_circuit_state") == ['gateway_circuit_state{backend="x"} 2.0']  # the worst
     assert text.count(b"# TYPE gateway_requests_total counter") == 1
@@ -173,9 +173,8 @@ def test_merge_sums_counters_and_histograms_and_keeps_gone_workers() -> None:
     assert 'gateway_requests_total{backend="x",endpoint="completions",model="m",status="500"} 1.0' in text.decode()
     assert 'gateway_requests_total{backend="x",endpoint="completions",model="m",status="200"} 2.0' in text.decode()
     assert _lines(text, "gateway_requests_in_flight") == [
-        'gateway_requests_in_flight{endpoint="completions",model="m"} 1.0',
-        'gateway_requests_in_flight{endpoint="chat",model="m"} 0.0',
-        'gateway_requests_in_flight{endpoint="responses",model="m"} 0.0',
+        f'gateway_requests_in_flight{{endpoint="{e.value}",model="m"}} {1.0 if e is Endpoint.COMPLETIONS else 0.0}'
+        for e in Endpoint
     ]
 
 
