@@ -168,7 +168,12 @@ async def drive(port: int, scenario: str, n: int, concurrency: int) -> tuple[int
             for _ in range(count):
                 writer.write(request)
                 status, body = await read_response(reader)
-                if status == 200 and (not stream or b"data: [DONE]" in body or b"event: response.completed" in body):
+                if status == 200 and (
+                    not stream
+                    or b"data: [DONE]" in body
+                    or b"event: response.completed" in body
+                    or b"event: response.incomplete" in body
+                ):
                     ok += 1
                 elif not bad:
                     bad = status

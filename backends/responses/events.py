@@ -28,7 +28,7 @@ import orjson
 
 from backends.base import CompletionStream, usage_of
 from backends.errors import UpstreamProtocolError
-from backends.exact_json import dumps_exact, loads_keeping_integers
+from backends.exact_json import dumps_exact
 from backends.responses.answer import (
     ResponseFrame,
     call_item,
@@ -41,6 +41,8 @@ from schemas.errors import GatewayError
 __all__ = ["ChatResponseEvents", "ResponseEventStream", "event_bytes", "failure_of"]
 
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
+_TEXT_DELTA = b"response.output_text.delta"
+_NO_LOGPROBS = b',"logprobs":[]}\n\n'
 
 
 def event_bytes(event: dict[str, Any], backend: str) -> bytes:
@@ -84,6 +86,10 @@ class ChatResponseEvents(ResponseEventStream):
         self._part: str | None = None  # the open message part: "output_text" | "refusal"
         self._texts: list[str] = []  # the open part's (or reasoning's, or arguments') pieces
         self._logprobs: list[Any] = []
+        self._part_where: bytes | None = None  # the open part's delta fields, made once
+        # While an output_text part is open without logprobs: a text delta's bytes around its
+        # sequence number, so the common event is one concatenation (_chunk).
+        self._fast: tuple[bytes, bytes] | None = None
         self._finish: str | None = None
         self._chat_usage: Any = None
         self._summary = frame.summarises
@@ -144,25 +150,69 @@ class ChatResponseEvents(ResponseEventStream):
         self._seq += 1
         out.append(event_bytes(event, self._backend))
 
+    def _delta(self, out: list[bytes], kind: bytes, where: bytes, text: str, tail: bytes = b"}") -> None:
+        """A delta event from bytes (every token of a stream is one: no dict, no general serialiser).
+
+        ``kind``: the event type; ``where``: its fixed fields after ``sequence_number`` (item id and
+        indexes, ending in ``"delta":``); ``tail``: what follows the delta's JSON string.
+        """
+        seq = self._seq
+        self._seq = seq + 1
+        out.append(
+            b"event: " + kind + b'\ndata: {"type":"' + kind + b'","sequence_number":' + str(seq).encode()
+            + where + orjson.dumps(text) + tail + b"\n\n"
+        )  # fmt: skip
+
+    def _where(self, index_key: bytes = b"", index: int = 0) -> bytes:
+        """The fixed fields of a delta of the open item: ``item_id``, ``output_index`` (and an index)."""
+        item = self._items[-1]
+        out = b',"item_id":' + orjson.dumps(item["id"]) + b',"output_index":' + str(len(self._items) - 1).encode()
+        if index_key:
+            out += b',"' + index_key + b'":' + str(index).encode()
+        return out + b',"delta":'
+
     def _chunk(self, chunk: bytes, out: list[bytes]) -> None:
+        # orjson reads an integer beyond 64 bits as a float: nothing read here is relayed (ids,
+        # created) or taken as a number unchecked (usage_of, call indexes), so the exact reader's
+        # extra scan per event is not needed. Locals: this loop runs once per token.
+        loads, dumps, fast, seq = orjson.loads, orjson.dumps, self._fast, self._seq
+        events = 0
         for raw in chunk.split(b"\n\n"):
-            if not raw.startswith(b"data:"):
+            if raw[:5] != b"data:":
                 continue
             try:
-                obj = loads_keeping_integers(raw[5:].strip(), self._backend)
+                obj = loads(raw[5:])
             except orjson.JSONDecodeError:
                 raise UpstreamProtocolError(
                     "the chat stream sent an event that is not JSON", backend=self._backend, reason="stream_garbage"
                 ) from None
-            if not isinstance(obj, dict):
+            if type(obj) is not dict:
                 continue
-            self.relayed_events += 1
+            events += 1
+            # The common event: one choice whose delta is a piece of text and nothing else, while a
+            # text part is open (every token of a stream but its first): written at once.
+            if fast is not None and obj.get("usage") is None:
+                choices = obj.get("choices")
+                if type(choices) is list and len(choices) == 1:
+                    choice = choices[0]
+                    delta = choice.get("delta") if type(choice) is dict else None
+                    if type(delta) is dict and len(delta) == 1 and choice.get("finish_reason") is None:
+                        text = delta.get("content")
+                        if type(text) is str and choice.get("logprobs") is None:
+                            self._texts.append(text)
+                            out.append(fast[0] + str(seq).encode() + fast[1] + dumps(text) + _NO_LOGPROBS)
+                            seq += 1
+                            continue
+            self._seq = seq
             usage = obj.get("usage")
             if isinstance(usage, dict):
                 self._chat_usage = usage
             for choice in obj.get("choices") or ():
                 if isinstance(choice, dict) and choice.get("index", 0) == 0:
                     self._choice(choice, out)
+            fast, seq = self._fast, self._seq
+        self._seq = seq
+        self.relayed_events += events
 
     def _choice(self, choice: dict[str, Any], out: list[bytes]) -> None:
         delta = choice.get("delta")
@@ -201,11 +251,9 @@ class ChatResponseEvents(ResponseEventStream):
                 )
         self._texts.append(text)
         if self._summary:
-            self._emit(
-                out, {"type": "response.reasoning_summary_text.delta", **self._at(), "summary_index": 0, "delta": text}
-            )
+            self._delta(out, b"response.reasoning_summary_text.delta", self._where(b"summary_index"), text)
         else:
-            self._emit(out, {"type": "response.reasoning_text.delta", **self._at(), "content_index": 0, "delta": text})
+            self._delta(out, b"response.reasoning_text.delta", self._where(b"content_index"), text)
 
     def _text(self, part: str, text: str, logprobs: Any, out: list[bytes]) -> None:
         if self._open != "message":
@@ -216,7 +264,7 @@ class ChatResponseEvents(ResponseEventStream):
             self._emit(out, {"type": "response.output_item.added", "output_index": self._index, "item": item})
         if self._part != part:
             self._close_part(out)
-            self._part, self._texts, self._logprobs = part, [], []
+            self._part, self._texts, self._logprobs, self._part_where = part, [], [], None
             empty: dict[str, Any] = (
                 {"type": "output_text", "text": "", "annotations": []}
                 if part == "output_text"
@@ -234,24 +282,23 @@ class ChatResponseEvents(ResponseEventStream):
                 },
             )
         self._texts.append(text)
-        if part == "output_text":
+        where = self._part_where
+        if where is None:
+            where = self._part_where = self._where(b"content_index", self._content_index)
+            if part == "output_text" and not self._logprobs_wanted:
+                self._fast = (
+                    b"event: " + _TEXT_DELTA + b'\ndata: {"type":"' + _TEXT_DELTA + b'","sequence_number":',
+                    where,
+                )
+        if part != "output_text":
+            self._delta(out, b"response.refusal.delta", where, text)
+        elif self._logprobs_wanted:
             entries = logprobs.get("content") if isinstance(logprobs, dict) else None
             entries = entries if isinstance(entries, list) else []
-            if self._logprobs_wanted:
-                self._logprobs.extend(entries)
-            event = {
-                "type": "response.output_text.delta",
-                **self._at(),
-                "content_index": self._content_index,
-                "delta": text,
-            }
-            event["logprobs"] = entries if self._logprobs_wanted else []
-            self._emit(out, event)
+            self._logprobs.extend(entries)
+            self._delta(out, b"response.output_text.delta", where, text, b',"logprobs":' + orjson.dumps(entries) + b"}")
         else:
-            self._emit(
-                out,
-                {"type": "response.refusal.delta", **self._at(), "content_index": self._content_index, "delta": text},
-            )
+            self._delta(out, b"response.output_text.delta", where, text, b',"logprobs":[]}')
 
     def _call(self, call: dict[str, Any], out: list[bytes]) -> None:
         function = call.get("function") if isinstance(call.get("function"), dict) else None
@@ -272,7 +319,7 @@ class ChatResponseEvents(ResponseEventStream):
             kind = (
                 "custom_tool_call_input" if self._items[-1]["type"] == "custom_tool_call" else "function_call_arguments"
             )
-            self._emit(out, {"type": f"response.{kind}.delta", **self._at(), "delta": piece})
+            self._delta(out, b"response." + kind.encode() + b".delta", self._where(), piece)
 
     # --- closing ------------------------------------------------------------------------------------
     @property
@@ -287,6 +334,7 @@ class ChatResponseEvents(ResponseEventStream):
         return {"item_id": self._items[-1]["id"], "output_index": self._index}
 
     def _close_part(self, out: list[bytes]) -> None:
+        self._fast = None
         if self._part is None:
             return
         text = "".join(self._texts)
