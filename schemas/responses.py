@@ -171,6 +171,8 @@ class ResponsesRequest(_Strict):
             return
         if isinstance(self.input, str):
             return
+        if not self.input and self.previous_response_id is None and self.prompt is None:
+            raise FieldRuleError("input", "input is an empty array: give at least one item (or previous_response_id)")
         for i, item in enumerate(self.input):
             if isinstance(item, MessageItem) and item.role != "assistant" and not isinstance(item.content, str):
                 for j, part in enumerate(item.content):

@@ -125,6 +125,7 @@ def test_bad_input_is_refused_by_its_full_path(body: dict[str, Any], param: str,
             "input[0].content[0]",
         ),
         ({"input": "x", "logit_bias": {"x": 1}}, "logit_bias"),
+        ({"input": []}, "input"),
     ],
 )
 def test_cross_field_rules_name_the_field(body: dict[str, Any], param: str) -> None:
