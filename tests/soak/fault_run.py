@@ -33,6 +33,7 @@ It fails (exit status 1, or the test ``tests/gateway/test_fault_run.py``) on any
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import shutil
@@ -194,6 +195,7 @@ class Run:
         self.rng = random.Random(seed)
         self.report = FaultReport()
         self.stop = asyncio.Event()
+        self.listener_closed = asyncio.Event()  # a worker saw the listener closed (refused)
         self.signalled: float | None = None
         self.in_flight: dict[int, str] = {}  # worker -> what it waits for (to name a hang)
 
@@ -238,14 +240,18 @@ class Run:
                             continue
                         raw = await resp.read()
                 except aiohttp.ClientConnectorError as exc:
-                    if self.after_listener_closed(sent):
+                    # When the failure is seen, not when the request was started: a refusal only
+                    # happens after the gateway's delay, so a slow machine sees it later, never sooner.
+                    if self.after_listener_closed(time.monotonic()):
                         self.report.refused += 1
+                        self.listener_closed.set()
                         return
                     self.report.failures.append(f"connect failed before the listener closed: {exc!r}")
                     return
                 except (TimeoutError, aiohttp.ClientError) as exc:
-                    if fresh and self.after_listener_closed(sent):
+                    if fresh and self.after_listener_closed(time.monotonic()):
                         self.report.refused += 1  # in the listen backlog when the listener closed
+                        self.listener_closed.set()
                         return
                     self.report.failures.append(f"lost request ({model_tag}/{mode}, stream={stream}): {exc!r}")
                     return
@@ -359,7 +365,10 @@ async def run_fault(
         report.rss_peak_mb = max(report.rss_peak_mb, _status_mb(proc.pid, "VmHWM"))
         run.signalled = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        await asyncio.sleep(DRAIN_DELAY + 1.5)  # the load goes on through the drain and past the listener's close
+        # The load goes on through the drain and past the listener's close: until a worker has seen
+        # it closed (an event, not a sleep a slow machine could outlast), bounded.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(run.listener_closed.wait(), timeout=DRAIN_DELAY + 60)
         run.stop.set()
         _, pending = await asyncio.wait([*tasks, watcher], timeout=30)
         for task in pending:
