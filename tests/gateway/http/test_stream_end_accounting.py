@@ -34,6 +34,8 @@ UP = "up-model"
 CHAT_KINDS = ("openai", "vllm", "tgi", "llamacpp", "mock")
 COMPLETION_KINDS = ("openai", "vllm", "mock")
 PROMPT, COMPLETION = 5, 3  # what the upstream's usage says
+KEY = "sk-stream-end-0123456789abcdef"
+AUTH = f"Authorization: Bearer {KEY}\r\n".encode()
 
 
 def _sse(obj: dict[str, Any]) -> bytes:
@@ -71,6 +73,8 @@ class Upstream:
 
 
 async def _gateway(linger: tuple[float, float]) -> AsyncIterator[str]:
+    """A gateway with one model per backend type on one lingering upstream; the key ``KEY`` has a
+    token budget (tokens per minute), settled at each request's end."""
     upstream = Upstream(linger)
     app = web.Application()
     for path in ("/v1/chat/completions", "/v1/completions"):
@@ -85,7 +89,8 @@ async def _gateway(linger: tuple[float, float]) -> AsyncIterator[str]:
         "  - {name: b-mock, type: mock}",
     ]
     models = [f"  - {{name: m-{k}, routes: [{{backend: b-{k}, model: {UP}}}]}}" for k in CHAT_KINDS]
-    text = "server: {host: 127.0.0.1, port: 0}\nbackends:\n" + "\n".join([*backends, "models:", *models]) + "\n"
+    auth = f"auth:\n  keys:\n    - {{name: k, key: {KEY}, tpm: 100000000}}\n"
+    text = "server: {host: 127.0.0.1, port: 0}\nbackends:\n" + "\n".join([*backends, "models:", *models]) + "\n" + auth
     runner, url = await serve_app(create_app(parse_config(text, "<stream end>", env={})))
     try:
         yield url
@@ -103,7 +108,7 @@ def _request(port: int, kind: str, chat: bool) -> bytes:
         path = "/v1/completions"
     raw = orjson.dumps(body)
     head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-    return head.encode() + b"Content-Length: %d\r\n\r\n" % len(raw) + raw
+    return head.encode() + AUTH + b"Content-Length: %d\r\n\r\n" % len(raw) + raw
 
 
 async def _read_to_done_and_close(port: int, kind: str, chat: bool) -> None:
@@ -121,7 +126,7 @@ async def _read_to_done_and_close(port: int, kind: str, chat: bool) -> None:
 
 async def _sdk(url: str, kind: str) -> None:
     """The openai SDK with a new client per call, the stream read to its end, the client closed at once."""
-    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0) as client:
+    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0) as client:
         stream = await client.chat.completions.create(
             model=f"m-{kind}", messages=[{"role": "user", "content": "hi"}], stream=True
         )
@@ -129,7 +134,8 @@ async def _sdk(url: str, kind: str) -> None:
 
 
 async def _totals(url: str) -> dict[str, float]:
-    async with aiohttp.ClientSession() as session, session.get(f"{url}/metrics") as resp:
+    headers = {"Authorization": f"Bearer {KEY}"}
+    async with aiohttp.ClientSession(headers=headers) as session, session.get(f"{url}/metrics") as resp:
         text = await resp.text()
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
@@ -138,6 +144,10 @@ async def _totals(url: str) -> dict[str, float]:
                 key = f"status_{sample.labels['status']}"
             elif sample.name in ("gateway_client_disconnects_total", "gateway_prompt_tokens_total"):
                 key = sample.name
+            elif sample.name == "gateway_key_tokens_total":
+                key = f"key_{sample.labels['kind']}"
+            elif sample.name == "gateway_key_requests_total":
+                key = f"key_status_{sample.labels['status']}"
             else:
                 continue
             out[key] = out.get(key, 0.0) + sample.value
@@ -195,9 +205,11 @@ async def test_a_client_that_closes_right_after_done_is_no_disconnect(lingering:
     assert totals.get("status_499", 0) == 0, totals
     assert totals.get("gateway_client_disconnects_total", 0) == 0, totals
     assert totals.get("status_200") == len(jobs), totals
-    # The mock reports its own counts; every HTTP stream reported the upstream's usage.
+    assert totals.get("key_status_200") == len(jobs), totals  # the key's own count
+    # The mock reports its own counts; every HTTP stream's usage is the upstream's, on the key too.
     http_streams = sum(1 for kind, _, _ in jobs if kind != "mock")
     assert totals["gateway_prompt_tokens_total"] >= http_streams * PROMPT
+    assert totals["key_completion"] >= http_streams * COMPLETION, totals
 
 
 async def test_a_thousand_streams_read_to_the_end_are_all_successes(quick: str) -> None:
