@@ -233,7 +233,7 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
         one JSON object (``data: {`` ... ``}``), so every LF is one of a ``}\n\ndata: {``
         between events or of the final ``}\n\n`` (no ``id:``/``event:``/``retry:`` field,
         comment, bare or multi-line ``data`` line); each event holds the upstream's own bytes
-        from a null ``finish_reason`` to the end of ``choices`` (:meth:`_vouched`); as many
+        from a null ``finish_reason`` to the end of ``choices`` (:func:`_choice_end_of`); as many
         ``"model":<upstream id>`` keys as events, all spelled one way. An event without one
         (a ``[DONE]``, an error event, a choice that finishes, garbage, a cut one) or with
         another model is parsed. The replace itself counts the renamed keys (its length
@@ -250,19 +250,31 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
         if block.count(b"\n") != 2 * events or not block.endswith(b"}\n\n") or not self._one_choice:
             return self._process_slow(block)
         end = self._choice_end
-        if end is None or block.count(end) != events:
+        if end is None:
+            end = self._choice_end = _choice_end_of(block)  # the upstream's spelling, from the first sight
+            if end is None:
+                return self._process_slow(block)
+        held = block.count(end)
+        if held == events:
+            return self._swap(block, events)
+        if held == events - 1 and events > 1:
             # Usually the read's last event finishes the choice: the rest stays on the byte path.
-            last = block.rfind(b"\n\ndata:", 0, len(block) - 2) + 2
-            if end is not None and last >= 2 and block.count(end, 0, last) == events - 1:
-                head = self._rename(block[:last])
+            # (Inside JSON strings newlines are escaped: the framed block's last "\n\ndata:" is
+            # the start of its last event.)
+            last = block.rfind(b"\n\ndata:") + 2
+            if block.find(end, last) < 0:
+                head = self._swap(block[:last], events - 1)
                 if self._pending is not None or self._done_early:
                     return head
                 return head + self._process_slow(block[last:])
-            learned = _choice_end_of(block)
-            if learned is None or learned == end:
-                return self._process_slow(block)
-            self._choice_end = learned  # first sight of the upstream's spelling, or a new one
-            return self._rename(block)
+        learned = _choice_end_of(block)
+        if learned is None or learned == end:
+            return self._process_slow(block)
+        self._choice_end = learned  # the upstream spells its chunks another way from now on
+        return self._rename(block)
+
+    def _swap(self, block: bytes, events: int) -> bytes:
+        """``events`` framed, vouched events: the upstream's model key swapped, when each has it once."""
         for old in (self._old, self._old_spaced):
             grow = len(self._new) - len(old)
             if grow:
