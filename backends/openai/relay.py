@@ -156,6 +156,8 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
         request = call.request
         self._one_choice = request.effective_n * request.prompt_count == 1
         self._choice_end: bytes | None = None  # the upstream's bytes from a null finish_reason to "]"
+        self._finish_key = b'"finish_reason":"'  # and of a finish reason, and the bytes after it (:meth:`_learn`)
+        self._finish_tail = b"}]"
         self._open: set[Any] = set()  # choices seen in parsed events without their finish_reason yet
         self._ended: set[Any] = set()  # choices whose finish_reason came
         self._usage_event: bytes | None = None  # the client's usage chunk, held until the end
@@ -166,7 +168,6 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
         # The usual last event is cut here, looking at the tail only: a [DONE] earlier in the
         # block is an event without a "model" key, so it fails _rename's self-check and the
         # event-by-event parse honours it (the first [DONE] wins).
-        out: list[bytes] = []
         if block.endswith(_DONE_TAIL):
             self.finished = True
             block = block[: len(block) - len(_DONE_ALONE)]
@@ -178,23 +179,31 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
         # a usage object (ordinary chunks carry "usage":null). Error events need no scan of
         # their own: they carry no "model" key ({"error": ...}, vLLM's {"object": "error"}),
         # so the self-check sends them to the parse.
-        while block:
-            at = block.find(b'"prompt_tokens"')
-            if at < 0:
-                out.append(self._rename(block))
-                break
-            start = block.rfind(b"\n\n", 0, at)
-            start = 0 if start < 0 else start + 2
-            end = block.find(b"\n\n", at)
-            end = len(block) if end < 0 else end + 2
-            if start:
-                out.append(self._rename(block[:start]))
+        at = block.find(b'"prompt_tokens"')
+        if at < 0 and not self.finished:  # the usual read: ordinary events, nothing to settle
+            one = self._rename(block)
+            if self._pending is None and not self._done_early:
+                return one
+            out = [one]
+        else:
+            out = []
+            while block:
+                if at < 0:
+                    out.append(self._rename(block))
+                    break
+                start = block.rfind(b"\n\n", 0, at)
+                start = 0 if start < 0 else start + 2
+                end = block.find(b"\n\n", at)
+                end = len(block) if end < 0 else end + 2
+                if start:
+                    out.append(self._rename(block[:start]))
+                    if self._pending is not None or self._done_early:
+                        break
+                out.append(self._process_slow(block[start:end]))
                 if self._pending is not None or self._done_early:
                     break
-            out.append(self._process_slow(block[start:end]))
-            if self._pending is not None or self._done_early:
-                break
-            block = block[end:]
+                block = block[end:]
+                at = block.find(b'"prompt_tokens"')
         if self._done_early:
             self.finished = True  # an earlier [DONE] than the tail's: what follows it is not relayed
         if self._pending is not None:
@@ -250,31 +259,9 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
         if block.count(b"\n") != 2 * events or not block.endswith(b"}\n\n") or not self._one_choice:
             return self._process_slow(block)
         end = self._choice_end
-        if end is None:
-            end = self._choice_end = _choice_end_of(block)  # the upstream's spelling, from the first sight
-            if end is None:
-                return self._process_slow(block)
-        held = block.count(end)
-        if held == events:
-            return self._swap(block, events)
-        if held == events - 1 and events > 1:
-            # Usually the read's last event finishes the choice: the rest stays on the byte path.
-            # (Inside JSON strings newlines are escaped: the framed block's last "\n\ndata:" is
-            # the start of its last event.)
-            last = block.rfind(b"\n\ndata:") + 2
-            if block.find(end, last) < 0:
-                head = self._swap(block[:last], events - 1)
-                if self._pending is not None or self._done_early:
-                    return head
-                return head + self._process_slow(block[last:])
-        learned = _choice_end_of(block)
-        if learned is None or learned == end:
-            return self._process_slow(block)
-        self._choice_end = learned  # the upstream spells its chunks another way from now on
-        return self._rename(block)
-
-    def _swap(self, block: bytes, events: int) -> bytes:
-        """``events`` framed, vouched events: the upstream's model key swapped, when each has it once."""
+        if end is None or block.count(end) != events:
+            if not self._finishes_here(block, events):
+                return self._split(block, events)
         for old in (self._old, self._old_spaced):
             grow = len(self._new) - len(old)
             if grow:
@@ -288,6 +275,57 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
                 self.relayed_events += events
                 return block if old == self._new else block.replace(old, self._new)
         return self._process_slow(block)
+
+    def _finishes_here(self, block: bytes, events: int) -> bool:
+        """Whether the read's last event is the one that finishes the choice, in the upstream's own
+        spelling, and every event before it is vouched (the usual last read of a stream).
+
+        The finishing event holds ``"finish_reason":"<reason>"`` followed by the same bytes as
+        the choice end after its ``null`` (``}]`` for OpenAI; vLLM's ``,"stop_reason":null...``):
+        cut anywhere before they end, it fails; after, the framing catches it. The choice has
+        ended (one choice: :meth:`_end` needs no index).
+        """
+        end = self._choice_end
+        if end is None or block.count(end) != events - 1:
+            return False
+        last = block.rfind(b"\n\ndata:") + 2  # 1 when the read is one event; then the whole read
+        if last == 1:
+            last = 0
+        key = self._finish_key
+        at = block.find(key, last)
+        if at < 0 or block.find(end, last) >= 0:
+            return False
+        close = block.find(b'"', at + len(key))
+        if close < 0 or b"\\" in block[at:close] or not block.startswith(self._finish_tail, close + 1):
+            return False
+        self._open.clear()
+        self._ended.add(0)
+        return True
+
+    def _split(self, block: bytes, events: int) -> bytes:
+        """A read whose events the learned choice end does not all vouch for: the last event parsed
+        when only it lacks it (a finish in another spelling), else the choice end learned again from
+        this read's first event (the first read, or an upstream that changed its spelling), else parsed."""
+        end = self._choice_end
+        if end is not None and events > 1 and block.count(end) == events - 1:
+            last = block.rfind(b"\n\ndata:") + 2
+            if block.find(end, last) < 0:
+                head = self._rename(block[:last])
+                if self._pending is not None or self._done_early:
+                    return head
+                return head + self._process_slow(block[last:])
+        learned = _choice_end_of(block)
+        if learned is None or learned == end:
+            return self._process_slow(block)
+        self._learn(learned)
+        return self._rename(block)
+
+    def _learn(self, end: bytes) -> None:
+        """The upstream's spelling of an ordinary choice's end, and of a finishing one's key and tail."""
+        self._choice_end = end
+        null = end.index(b"null") + 4
+        self._finish_key = end[: null - 4] + b'"'
+        self._finish_tail = end[null:]
 
     def _process_slow(self, block: bytes) -> bytes:
         out: list[bytes] = []

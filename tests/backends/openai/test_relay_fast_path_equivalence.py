@@ -17,6 +17,7 @@ import json
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -127,3 +128,29 @@ async def test_the_fast_path_relays_what_the_parse_would(
         used = [i for i, e in enumerate(events) if e.get("usage") and not e.get("choices")]
         assert used in ([], [len(events) - 1]), events  # the usage chunk is the last event
     assert UP  # the upstream id the fast path renames (tests.backends.openai.test_openai_relay)
+
+
+def _openai_like(text: str, finish: str | None) -> dict[str, Any]:
+    return chunk(text, finish=finish)
+
+
+def _vllm_like(text: str, finish: str | None) -> dict[str, Any]:
+    """vLLM's chunk: keys after the finish reason (OpenAI's ends the choice there)."""
+    obj = chunk(text, finish=finish)
+    obj["choices"][0].update(stop_reason=None, token_ids=None)
+    return obj
+
+
+@pytest.mark.parametrize("shape", [_openai_like, _vllm_like])
+@pytest.mark.parametrize("which", ["ordinary", "finishing"])
+async def test_an_event_cut_at_any_byte_never_reaches_the_client(shape: Any, which: str) -> None:
+    """Every cut of an event after its exact model key, in a read the byte path would take whole:
+    the client gets valid events, then an error, never the cut event."""
+    before = [_event(shape(t, None), False) for t in ("a", "b")]
+    whole = orjson.dumps(shape("c", "stop" if which == "finishing" else None))
+    tail = [] if which == "finishing" else [_event(shape("d", "stop"), False)]
+    for at in range(whole.index(b'"model"') + 8, len(whole)):
+        reads = [b"".join(before), b"".join([b"data: " + whole[:at] + b"\n\n", *tail]) + b"data: [DONE]\n\n"]
+        events, end, _, _ = await _run(make_relay(reads)[0])
+        assert end.startswith("error"), (at, whole[:at])
+        assert [e["choices"][0]["text"] for e in events] == ["a", "b"]
