@@ -259,9 +259,9 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
         if block.count(b"\n") != 2 * events or not block.endswith(b"}\n\n") or not self._one_choice:
             return self._process_slow(block)
         end = self._choice_end
-        if end is None or block.count(end) != events:
-            if not self._finishes_here(block, events):
-                return self._split(block, events)
+        held = -1 if end is None else block.count(end)
+        if held != events and not self._finishes_here(block, events, held):
+            return self._split(block, events, held)
         for old in (self._old, self._old_spaced):
             grow = len(self._new) - len(old)
             if grow:
@@ -276,7 +276,7 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
                 return block if old == self._new else block.replace(old, self._new)
         return self._process_slow(block)
 
-    def _finishes_here(self, block: bytes, events: int) -> bool:
+    def _finishes_here(self, block: bytes, events: int, held: int) -> bool:
         """Whether the read's last event is the one that finishes the choice, in the upstream's own
         spelling, and every event before it is vouched (the usual last read of a stream).
 
@@ -286,7 +286,7 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
         ended (one choice: :meth:`_end` needs no index).
         """
         end = self._choice_end
-        if end is None or block.count(end) != events - 1:
+        if end is None or held != events - 1:
             return False
         last = block.rfind(b"\n\ndata:") + 2  # 1 when the read is one event; then the whole read
         if last == 1:
@@ -302,12 +302,12 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
         self._ended.add(0)
         return True
 
-    def _split(self, block: bytes, events: int) -> bytes:
+    def _split(self, block: bytes, events: int, held: int) -> bytes:
         """A read whose events the learned choice end does not all vouch for: the last event parsed
         when only it lacks it (a finish in another spelling), else the choice end learned again from
         this read's first event (the first read, or an upstream that changed its spelling), else parsed."""
         end = self._choice_end
-        if end is not None and events > 1 and block.count(end) == events - 1:
+        if end is not None and events > 1 and held == events - 1:
             last = block.rfind(b"\n\ndata:") + 2
             if block.find(end, last) < 0:
                 head = self._rename(block[:last])
