@@ -259,6 +259,10 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
         if block.count(b"\n") != 2 * events or not block.endswith(b"}\n\n") or not self._one_choice:
             return self._process_slow(block)
         end = self._choice_end
+        if end is None:  # the first read: the upstream's spelling, from its first event (no scan more)
+            end = _choice_end_of(block)
+            if end is not None:
+                self._learn(end)
         held = -1 if end is None else block.count(end)
         if held != events and not self._finishes_here(block, events, held):
             return self._split(block, events, held)
@@ -305,7 +309,7 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
     def _split(self, block: bytes, events: int, held: int) -> bytes:
         """A read whose events the learned choice end does not all vouch for: the last event parsed
         when only it lacks it (a finish in another spelling), else the choice end learned again from
-        this read's first event (the first read, or an upstream that changed its spelling), else parsed."""
+        this read's first event (an upstream that changed its spelling), else parsed."""
         end = self._choice_end
         if end is not None and events > 1 and held == events - 1:
             last = block.rfind(b"\n\ndata:") + 2
