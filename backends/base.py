@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from schemas.errors import UnsupportedParameterError
 
 __all__ = [
+    "ROUTING_SESSION",
     "Backend",
     "Call",
     "ChatCall",
@@ -65,6 +67,12 @@ __all__ = [
 ]
 
 Req = TypeVar("Req", CompletionRequest, ChatCompletionRequest, EmbeddingRequest, RerankRequest, ResponsesRequest)
+
+
+# The client's conversation for routing (the ``x-session-id`` header; None without it): set by the
+# front door for each request, read by backends that keep a session on one server
+# (``backends.vllm.routing.score``). A context variable, so no signature on the request path grows.
+ROUTING_SESSION: ContextVar[str | None] = ContextVar("routing_session", default=None)
 
 
 @dataclass(slots=True, frozen=True)

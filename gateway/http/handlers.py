@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 import orjson
 from aiohttp import web
 
-from backends.base import CompletionStream
+from backends.base import ROUTING_SESSION, CompletionStream
 from backends.errors import UpstreamError
 from gateway.accounting import RequestRecord
 from gateway.flow.endpoints import OPS, EndpointOps
@@ -122,6 +122,7 @@ async def serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
                 guard.check(record.key, req, entry.name)
             routes = state.router.candidates(entry, req, ops)
             priority = state.admission.priority_of(request.headers)
+            ROUTING_SESSION.set(request.headers.get("x-session-id"))  # a routing hint (backends.base)
         except UnsupportedParameterError as exc:
             state.metrics.unsupported_parameter(exc.backend, exc.param or "", endpoint=endpoint)
             raise

@@ -41,6 +41,10 @@ MAX_GAUGES = frozenset(
         "gateway_pool_worker_restarts",
         "gateway_pool_worker_queue",
         "gateway_pool_worker_kv_cache_usage",
+        "gateway_pool_worker_running",
+        "gateway_pool_worker_metrics_stale",
+        "gateway_pool_worker_score_queue",
+        "gateway_pool_worker_prefix_blocks",
     }
 )
 _KEPT = frozenset({"counter", "histogram", "summary", "gaugehistogram"})

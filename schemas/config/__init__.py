@@ -35,9 +35,11 @@ from schemas.config.gateway import GatewayConfig
 from schemas.config.models import ModelConfig, ResponsesModelConfig, RouteConfig
 from schemas.config.pool import (
     DNSDiscoveryConfig,
+    KVEventsConfig,
     PoolProbeConfig,
     PoolRestartConfig,
     PoolRoutingConfig,
+    ScoreWeights,
     VLLMPoolBackendConfig,
 )
 from schemas.config.server import PRIORITIES, AdmissionConfig, ServerConfig
@@ -58,6 +60,7 @@ __all__ = [
     "GatewayConfig",
     "HTTPUpstreamConfig",
     "HealthCheckConfig",
+    "KVEventsConfig",
     "LlamaCppBackendConfig",
     "MockBackendConfig",
     "ModelConfig",
@@ -69,6 +72,7 @@ __all__ = [
     "ResponsesModelConfig",
     "RetryConfig",
     "RouteConfig",
+    "ScoreWeights",
     "ServerConfig",
     "TEIBackendConfig",
     "TGIBackendConfig",

@@ -10,22 +10,52 @@ from pydantic import Field, field_validator, model_validator
 from schemas.config.common import TimeoutConfig, UpstreamLimitsConfig, _BackendBase, _Strict
 
 
+class ScoreWeights(_Strict):
+    """``strategy: score``: the weight of each term in a server's score (the highest sum wins).
+
+    The defaults are the Gateway API Inference Extension's endpoint picker's (queue 2, KV cache 2,
+    prefix 3). A weight of 0 leaves its term out.
+    """
+
+    queue: Annotated[float, Field(ge=0, le=100)] = 2.0
+    kv_cache: Annotated[float, Field(ge=0, le=100)] = 2.0
+    prefix: Annotated[float, Field(ge=0, le=100)] = 3.0
+
+
+class KVEventsConfig(_Strict):
+    """Where a remote vLLM server publishes its KV-cache events (``vllm serve --kv-events-config``).
+
+    ``endpoint``: the ZMQ address the gateway connects to, ``{host}`` standing for each server's host
+    (so one line serves ``base_urls`` and ``discovery``): vLLM must bind it, e.g. started with
+    ``{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", "topic": "kv"}``.
+    ``hash_seed``: the servers' ``PYTHONHASHSEED`` when set (vLLM seeds its block hashes with it).
+    """
+
+    endpoint: Annotated[str, Field(pattern=r"^(tcp|ipc)://\S+$", max_length=1024)] = "tcp://{host}:5557"
+    topic: Annotated[str, Field(max_length=256)] = ""
+    hash_seed: Annotated[str, Field(max_length=256)] | None = None
+
+
 class PoolRoutingConfig(_Strict):
     """How requests are spread over a pool's workers (``vllm-pool``, or ``vllm`` with several URLs).
 
-    ``prefix-affinity`` (the default): requests whose prompts share leading blocks go to the
-    worker that served that prefix last (it likely holds it in its KV cache), unless that
-    worker is overloaded; everything else goes to the least loaded worker. It learns from
-    this process's own traffic, so other gateway workers and replicas learn apart.
+    ``score`` (the default): every server gets a weighted sum of a queue score, a KV-cache score and
+    a prefix score (``weights``), from its own ``/metrics`` (scraped every ``metrics_interval``) and
+    from its KV-cache events (``prefix: kv-events``: which prompt blocks it really holds) or the
+    prompt's hash (``prefix: approximate``); a server whose load is over ``max_load_ratio`` times the
+    mean is passed over. Every gateway process and replica scores alike (no learned state).
+    ``prefix-affinity``: requests whose prompts share leading blocks go to the worker that served
+    that prefix last (it likely holds it in its KV cache), unless that worker is overloaded;
+    everything else goes to the least loaded worker. It learns from this process's own traffic, so
+    other gateway workers and replicas learn apart.
     ``prefix-hash``: a stable hash of the prompt's first block (``block_chars`` characters or
     ``block_tokens`` ids: about the shared part's length) picks the worker by rendezvous
     hashing with bounded load (at most 1.25x the average), the same worker in every gateway
-    process and replica without shared state; pick it when several gateway workers or
-    replicas front the same servers. ``least-load``: load only. ``round-robin``: neither (a
-    baseline).
+    process and replica without shared state. ``least-load``: load only. ``round-robin``: neither
+    (a baseline).
     """
 
-    strategy: Literal["prefix-affinity", "prefix-hash", "least-load", "round-robin"] = "prefix-affinity"
+    strategy: Literal["score", "prefix-affinity", "prefix-hash", "least-load", "round-robin"] = "score"
     # Prompt blocks hashed for affinity: characters per block of a text prompt, token ids per
     # block of a token prompt; only whole blocks count (as in vLLM's prefix cache).
     block_chars: Annotated[int, Field(ge=16, le=1_000_000)] = 256
@@ -38,8 +68,23 @@ class PoolRoutingConfig(_Strict):
     overload_margin: Annotated[float, Field(ge=0)] = 4.0
     # ... or when its KV cache is at least this full.
     kv_cache_high: Annotated[float, Field(gt=0, le=1)] = 0.95
+    # ``score``: the terms' weights, where the prefix score comes from, the load bound.
+    weights: ScoreWeights = Field(default_factory=ScoreWeights)
+    prefix: Literal["kv-events", "approximate"] = "kv-events"
+    max_load_ratio: Annotated[float, Field(ge=1, le=100)] = 1.5
+    # ``prefix: kv-events``: where a remote server publishes (a ``vllm-pool`` sets its workers' own),
+    # the tokenizer (a directory with ``tokenizer.json`` or the file; default: the served model's),
+    # and the most block hashes kept per server (about 124 bytes each, in every routing process:
+    # 262,144 blocks of 16 tokens = 4M tokens of cache for about 32 MB).
+    kv_events: KVEventsConfig | None = None
+    tokenizer: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
+    kv_index_blocks: Annotated[int, Field(ge=1, le=100_000_000)] = 262_144
+    # ``score``: a request naming a session (``x-session-id`` header, else the ``user`` field) stays
+    # on the server that served its session last while that server is within the load bound.
+    session_affinity: bool = True
+    sessions: Annotated[int, Field(ge=1, le=10_000_000)] = 65_536
     # Seconds between scrapes of each worker's ``/metrics`` (queue length, KV cache usage).
-    metrics_interval: Annotated[float, Field(gt=0, le=3600)] = 1.0
+    metrics_interval: Annotated[float, Field(gt=0, le=3600)] = 0.1
     # Tries of one request across workers (a crashed worker's request goes to another).
     max_attempts: Annotated[int, Field(ge=1, le=16)] = 3
     # Seconds a request waits for a ready worker before its 503 (with Retry-After).
@@ -194,6 +239,12 @@ class VLLMPoolBackendConfig(_BackendBase):
             raise ValueError(f"{self.workers} workers of {tp} GPUs need more than the {count} GPUs in gpus")
         if gpus and "CUDA_VISIBLE_DEVICES" in self.env:
             raise ValueError("CUDA_VISIBLE_DEVICES in env is set by the pool per worker (from gpus)")
+        routing = self.routing
+        if routing.kv_events is not None:
+            raise ValueError("routing.kv_events is for remote vllm servers; a vllm-pool sets its workers' own")
+        if routing.strategy == "score" and routing.prefix == "kv-events":
+            if any(arg.split("=", 1)[0] == "--kv-events-config" for arg in self.vllm_args):
+                raise ValueError("--kv-events-config is set by the pool per worker (routing: score, prefix: kv-events)")
         planned = self.workers or (count // tp if count else 1 if count is not None else 0)
         if planned > hi - lo + 1:
             raise ValueError(f"port_range holds {hi - lo + 1} port(s) for {planned} workers")

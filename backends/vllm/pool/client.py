@@ -37,14 +37,14 @@ from backends.transport import make_transport
 from backends.transport.base import HTTPTransport
 from backends.vllm.adapter import VLLMBackend
 from backends.vllm.capabilities import VLLM_CAPABILITIES
-from backends.vllm.pool.pool import endpoint_config, worker_count
+from backends.vllm.pool.pool import endpoint_config, pool_signals, worker_count
 from backends.vllm.pool.rollout import apply_routing, restart_keys, split_changes
 from backends.vllm.routing.balancer import Endpoint
 from backends.vllm.routing.dispatch import DispatchedBackend, Dispatcher
 from backends.vllm.routing.inflight import InFlightTable, SharedEndpoint
-from backends.vllm.routing.remote import server_config
-from backends.vllm.routing.scrape import WorkerLoad
-from backends.vllm.routing.status import PoolStatus
+from backends.vllm.routing.remote import remote_signals, server_config
+from backends.vllm.routing.signals import EngineSignals
+from backends.vllm.routing.status import PoolStatus, worker_load
 from schemas.config import VLLMBackendConfig, VLLMPoolBackendConfig
 
 __all__ = ["ClientReport", "SharedEndpointsClient", "VLLMEndpointsClient", "VLLMPoolClient"]
@@ -70,6 +70,7 @@ class SharedEndpointsClient(DispatchedBackend):
             hopeless=lambda: self._hopeless,
             describe=lambda: self._describe,
         )
+        self.signals = self._signals(config)
         # Set by the worker's channel: tell the control process an endpoint could not be reached.
         self.report_suspect: Callable[[int, int], None] = lambda index, generation: None
         self.table: InFlightTable | None = None
@@ -109,7 +110,9 @@ class SharedEndpointsClient(DispatchedBackend):
             listed.add(index)
             ep = known.get(index)
             if ep is None:
-                ep = known[index] = SharedEndpoint(index, self.routing.affinity_entries, self.table, self.row)
+                ep = known[index] = SharedEndpoint(
+                    index, self.routing.affinity_entries, self.table, self.row, self.routing.kv_index_blocks
+                )
                 eps.append(ep)
                 eps.sort(key=lambda e: e.index)
             url, generation = str(item["url"]), int(item["generation"])
@@ -117,21 +120,28 @@ class SharedEndpointsClient(DispatchedBackend):
                 # A new vLLM process behind the slot: cold cache, a fresh adapter.
                 ep.url, ep.generation, ep.adapter = url, generation, None
                 ep.prefixes.clear()
+                ep.decided.clear()
                 if generation > 0 and url:
                     ep.adapter = self._adapter(url, item.get("version"))
             was = ep.available
             ep.available = bool(item["available"]) and ep.adapter is not None
             became_available = became_available or (ep.available and not was)
+            events = item.get("events")
+            ep.events = events if isinstance(events, str) else None
             w = loads.get(index)
             if w is not None:
-                ep.load = WorkerLoad(w.waiting, w.running, w.kv_cache_usage)
+                ep.load = worker_load(w)
         for ep in eps:
             if ep.index not in listed:  # gone (a discovered server that left)
                 ep.available = False
+        self.signals.sync()
         if became_available or self._hopeless:
             self.dispatcher.notify()
 
     def _server_config(self, url: str, version: str | None) -> VLLMBackendConfig:
+        raise NotImplementedError
+
+    def _signals(self, config: Any) -> EngineSignals:
         raise NotImplementedError
 
     def _make_transport(self) -> HTTPTransport:
@@ -160,6 +170,7 @@ class SharedEndpointsClient(DispatchedBackend):
     async def close(self) -> None:
         self.dispatcher.close()
         await self.dispatcher.drained(self.stop_timeout)
+        await self.signals.close()
         if self._transport is not None:
             await self._transport.close()
         if self.table is not None and self.row < self.table.rows:
@@ -168,11 +179,17 @@ class SharedEndpointsClient(DispatchedBackend):
 
     def pool_status(self) -> PoolStatus:
         """The control process's status, with this worker's own calls in flight and routing decisions."""
-        mine = {ep.index: ep.in_flight for ep in self.dispatcher.endpoints}
+        mine = {ep.index: ep for ep in self.dispatcher.endpoints}
         status = self._status or PoolStatus(backend=self.name, kind=self.kind, workers=[])
         for w in status.workers:
-            w.in_flight = mine.get(w.index, 0)
+            ep = mine.get(w.index)
             w.in_flight_by = []
+            if ep is None:
+                w.in_flight = 0
+                continue
+            # This worker's own view: its calls, its reading of the queue, its KV index, its decisions.
+            w.in_flight, w.queue, w.decided = ep.in_flight, ep.queue(), dict(ep.decided)
+            w.prefix_blocks, w.kv_events, w.kv_event_gaps = len(ep.blocks), ep.blocks.events, ep.blocks.gaps
         return PoolStatus(
             backend=self.name,
             kind=self.kind,
@@ -180,6 +197,7 @@ class SharedEndpointsClient(DispatchedBackend):
             decisions=dict(self.dispatcher.balancer.decisions),
             gateway_pid=status.gateway_pid,
             updated_at=status.updated_at,
+            scoring=self.signals.describe(),
         )
 
 
@@ -227,10 +245,16 @@ class VLLMPoolClient(SharedEndpointsClient):
             raise TypeError(f"pool {self.name!r} cannot take {config!r}")
         in_place, rolled = split_changes(self.config, config)
         apply_routing(self.dispatcher, config)
+        if config.routing != self.routing:
+            await self.signals.close()
+            self.signals = pool_signals(config, self.dispatcher)
         self.routing = config.routing
         # Adapters built from now on (the control process's new vLLM workers) take the new section.
         self.config, self.stop_timeout = config, config.stop_timeout
         return ClientReport(self.name, in_place, rolled)
+
+    def _signals(self, config: Any) -> EngineSignals:
+        return pool_signals(config, self.dispatcher)
 
     def _server_config(self, url: str, version: str | None) -> VLLMBackendConfig:
         return endpoint_config(self.config, url, version)
@@ -252,6 +276,9 @@ class VLLMEndpointsClient(SharedEndpointsClient):
     def __init__(self, config: VLLMBackendConfig, *, row: int) -> None:
         super().__init__(config, row=row)
         self.config = config
+
+    def _signals(self, config: Any) -> EngineSignals:
+        return remote_signals(config, self.dispatcher)
 
     def _server_config(self, url: str, version: str | None) -> VLLMBackendConfig:
         return server_config(self.config, url, version)

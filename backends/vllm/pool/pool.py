@@ -33,14 +33,16 @@ from backends.vllm.adapter import VLLMBackend
 from backends.vllm.capabilities import VLLM_CAPABILITIES
 from backends.vllm.pool.rollout import RolloutReport, apply_routing, restart_keys, roll, split_changes
 from backends.vllm.pool.supervisor import Supervisor
+from backends.vllm.pool.worker import KV_TOPIC, hash_seed
 from backends.vllm.routing.balancer import Endpoint
 from backends.vllm.routing.dispatch import DispatchedBackend, Dispatcher
 from backends.vllm.routing.inflight import InFlightTable
+from backends.vllm.routing.signals import EngineSignals
 from backends.vllm.routing.status import PoolStatus, default_log_dir, endpoints_view, fill_in_flight, write_status
 from schemas.config import VLLMBackendConfig, VLLMPoolBackendConfig
 from schemas.endpoints import POOLING_ENDPOINTS
 
-__all__ = ["VLLMPoolBackend", "endpoint_config", "pool_log_dir", "worker_count"]
+__all__ = ["VLLMPoolBackend", "endpoint_config", "pool_log_dir", "pool_signals", "worker_count"]
 
 log = logging.getLogger("gateway.pool")
 
@@ -79,6 +81,7 @@ class VLLMPoolBackend(DispatchedBackend):
             on_change=self._status_changed,
             on_available=self.dispatcher.notify,
         )
+        self.signals = pool_signals(config, self.dispatcher)
         self._transport: HTTPTransport | None = None
         self._status_written = 0.0
         self._last_states: tuple[str, ...] = ()
@@ -129,6 +132,7 @@ class VLLMPoolBackend(DispatchedBackend):
     async def close(self) -> None:
         self.dispatcher.close()
         await self.dispatcher.drained(self.config.stop_timeout)
+        await self.signals.close()
         await self.supervisor.close()
         if self._transport is not None:
             await self._transport.close()
@@ -170,6 +174,9 @@ class VLLMPoolBackend(DispatchedBackend):
                 self.status_path = self.log_dir / "status.json"
                 self.supervisor.set_config(config, self.log_dir)
                 apply_routing(self.dispatcher, config)
+                if "routing" in report.in_place:  # a new tokenizer, events on or off (for workers started from now on)
+                    await self.signals.close()
+                    self.signals = pool_signals(config, self.dispatcher)
                 report.outcome = "in_place"
             if roll_all:
                 report.outcome = "rolled"
@@ -202,6 +209,7 @@ class VLLMPoolBackend(DispatchedBackend):
             decisions=dict(self.dispatcher.balancer.decisions),
             rollouts=dict(self.rollouts),
             rollout=self.last_rollout.to_json() if self.last_rollout is not None else None,
+            scoring=self.signals.describe(),
         )
 
     # --- shared by the gateway workers of --workers N (backends.vllm.pool.shared) ---------------
@@ -218,6 +226,7 @@ class VLLMPoolBackend(DispatchedBackend):
         self.supervisor.suspect(endpoint, exc)
 
     def _status_changed(self) -> None:
+        self.signals.sync()
         for listener in self.listeners:
             listener()
         states = tuple(w.state for w in self.supervisor.workers)
@@ -231,6 +240,18 @@ class VLLMPoolBackend(DispatchedBackend):
             write_status(self.status_path, self.pool_status())
         except OSError as exc:  # a full disk must not take the pool down
             log.warning("pool %s: cannot write %s: %s", self.name, self.status_path, exc)
+
+
+def pool_signals(config: VLLMPoolBackendConfig, dispatcher: Dispatcher) -> EngineSignals:
+    """The pool's tokenizer (``routing.tokenizer``, else the model it serves) and its workers' KV events."""
+    return EngineSignals(
+        config.name,
+        dispatcher,
+        tokenizer=config.routing.tokenizer or config.model,
+        seed=hash_seed(config),
+        topic=KV_TOPIC,
+        address=lambda ep: ep.events,
+    )
 
 
 def endpoint_config(c: VLLMPoolBackendConfig, url: str, version: str | None = None) -> VLLMBackendConfig:

@@ -41,7 +41,7 @@ from typing import Any, Literal
 from backends.vllm.pool.resources import detect_gpus, plan_gpus
 from backends.vllm.pool.supervisor import Supervisor
 from backends.vllm.pool.worker import Worker
-from backends.vllm.routing.balancer import DECISIONS
+from backends.vllm.routing.balancer import decision_names
 from backends.vllm.routing.dispatch import Dispatcher
 from schemas.config import VLLMPoolBackendConfig
 
@@ -154,11 +154,11 @@ def apply_routing(dispatcher: Dispatcher, config: VLLMPoolBackendConfig) -> None
     routing = config.routing
     dispatcher.routing = dispatcher.balancer.routing = routing
     decisions = dispatcher.balancer.decisions
-    for name in DECISIONS:
-        if routing.strategy == "prefix-hash" or not name.startswith("hash_"):
-            decisions.setdefault(name, 0)
+    for name in decision_names(routing.strategy):
+        decisions.setdefault(name, 0)
     for ep in dispatcher.endpoints:
         ep.prefixes.capacity = routing.affinity_entries
+        ep.blocks.capacity = routing.kv_index_blocks
 
 
 def _process_view(config: VLLMPoolBackendConfig) -> tuple[Any, ...]:

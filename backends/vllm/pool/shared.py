@@ -84,6 +84,8 @@ class PoolOwnership:
             if isinstance(pool, VLLMPoolBackend):
                 pool.supervisor.in_flight_of = functools.partial(_gateway_in_flight, table)
                 pool.supervisor.drain_barrier = synced
+            else:
+                pool.in_flight_of = functools.partial(_gateway_in_flight, table)
 
     async def close(self) -> None:
         """Stop every vLLM process; returns when none is left."""

@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -43,7 +42,7 @@ from backends.transport.base import HTTPTransport
 from backends.vllm.pool.probe import control_transport, ready, worker_get
 from backends.vllm.pool.process import WorkerProcess, spawn, stop, tail
 from backends.vllm.pool.resources import GpuLedger, PortAllocator, detect_gpus, plan_gpus
-from backends.vllm.pool.worker import Worker, client_host, describe_outcome
+from backends.vllm.pool.worker import Worker, client_host, describe_outcome, events_address
 from backends.vllm.routing.balancer import Endpoint
 from backends.vllm.routing.scrape import WorkerLoad, parse_vllm_metrics
 from schemas.config import VLLMPoolBackendConfig
@@ -139,7 +138,7 @@ class Supervisor:
         # --workers N in-flight table has a column per index).
         used = {w.index for w in self.workers}
         index = next(i for i in range(len(used) + 1) if i not in used)
-        endpoint = Endpoint(index, config.routing.affinity_entries)
+        endpoint = Endpoint(index, config.routing.affinity_entries, index_blocks=config.routing.kv_index_blocks)
         worker = Worker(index, gpus, endpoint, self.log_dir / f"worker-{index}.log", config)
         self.workers.append(worker)
         self._endpoints.append(endpoint)
@@ -208,20 +207,6 @@ class Supervisor:
             self._on_available()
         self._on_change()
 
-    def _command(self, worker: Worker, port: int) -> list[str]:
-        c = worker.config
-        cmd = [*c.command, c.model, "--host", c.host, "--port", str(port)]
-        cmd += ["--tensor-parallel-size", str(c.tensor_parallel_size)]
-        if c.served_model_name:
-            cmd += ["--served-model-name", c.served_model_name]
-        return cmd + list(c.vllm_args)
-
-    def _env(self, worker: Worker) -> dict[str, str]:
-        env = {**os.environ, **worker.config.env}
-        if worker.gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, worker.gpus))
-        return env
-
     async def _run(self, worker: Worker) -> None:
         try:
             await self._life(worker)
@@ -247,10 +232,11 @@ class Supervisor:
             port = self.ports.allocate()
             worker.port = port
             worker.endpoint.url = f"http://{client_host(worker.config.host)}:{port}/v1"
+            worker.endpoint.events = events_address(worker.config, worker.index)
             header = f"{c.name} worker {worker.index} gpus={worker.gpus} port={port}"
             try:
                 proc = await spawn(
-                    self._command(worker, port), self._env(worker), worker.log_path, grace=c.stop_timeout, header=header
+                    worker.command(port), worker.environment(), worker.log_path, grace=c.stop_timeout, header=header
                 )
             except OSError as exc:  # the launcher itself could not start: not worth retrying
                 self.ports.release(port)
@@ -366,6 +352,7 @@ class Supervisor:
         ep.generation = self._generations
         ep.prefixes.clear()
         ep.load = WorkerLoad()
+        ep.decided.clear()
         ep.adapter = adapter
         worker.ready_at = time.time()
         worker.last_error = None
@@ -392,7 +379,12 @@ class Supervisor:
             await asyncio.sleep(self.config.routing.metrics_interval)
 
     async def _scrape(self, worker: Worker) -> None:
-        generation = worker.endpoint.generation
+        ep = worker.endpoint
+        generation = ep.generation
         body = await worker_get(self._control, worker, "/metrics")
-        if body is not None and worker.endpoint.generation == generation:
-            worker.endpoint.load = parse_vllm_metrics(body.decode("utf-8", "replace"))
+        if ep.generation != generation:
+            return
+        if body is None:
+            ep.load = ep.load.failed()  # routing falls back on the gateway's own count (score)
+        else:
+            ep.load = parse_vllm_metrics(body.decode("utf-8", "replace"), self.in_flight_of(ep))

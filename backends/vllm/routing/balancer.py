@@ -32,7 +32,13 @@ the bound, so the walk always ends. Replicas see different in-flight counts, so 
 heavy load they may spill differently; below the bound they agree exactly. A prompt
 shorter than one block has no key and goes to the least loaded endpoint.
 
-Every choice is counted by decision (``DECISIONS``).
+``score``: each available endpoint within the load bound gets ``weights.queue * Q + weights.kv_cache
+* K + weights.prefix * P`` and the highest wins (``backends.vllm.routing.score``: the terms, the bound,
+the stale rule, the tie-break). Session affinity comes first: a request naming a session goes to
+the session's rendezvous choice while that one is within the bound.
+
+Every choice is counted by decision (``DECISIONS``); with ``score`` also per endpoint, by the term
+that decided it (``Endpoint.decided``).
 
 Not thread-safe; called from the event loop only. ``pick`` is O(endpoints x keys)
 dict lookups and allocates one small list.
@@ -41,15 +47,18 @@ dict lookups and allocates one small list.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from hashlib import blake2b
+from collections.abc import Callable, Sequence
 
 from backends.base import Backend
+from backends.vllm.routing.blocks import BlockHasher
+from backends.vllm.routing.kv_events import BlockIndex
 from backends.vllm.routing.prefix import PrefixLRU
+from backends.vllm.routing.rendezvous import rendezvous_order
+from backends.vllm.routing.score import SCORE_DECISIONS, RoutedRequest, score_pick
 from backends.vllm.routing.scrape import WorkerLoad
 from schemas.config import PoolRoutingConfig
 
-__all__ = ["DECISIONS", "HASH_EPSILON", "Balancer", "Endpoint", "rendezvous_order"]
+__all__ = ["DECISIONS", "HASH_EPSILON", "Balancer", "Endpoint", "decision_names", "rendezvous_order"]
 
 # Fixed label values for metrics: why an endpoint was chosen. ``hash_preferred``: the
 # prefix's first rendezvous choice; ``hash_overloaded``: a later one, the earlier ones
@@ -62,6 +71,7 @@ DECISIONS = (
     "hash_overloaded",
     "least_load",
     "round_robin",
+    *SCORE_DECISIONS,
 )
 # prefix-hash: an endpoint may carry at most (1 + HASH_EPSILON) x the average load.
 HASH_EPSILON = 0.25
@@ -75,9 +85,22 @@ class Endpoint:
     current generation (set while ``available``).
     """
 
-    __slots__ = ("_url", "adapter", "available", "generation", "hash_id", "in_flight", "index", "load", "prefixes")
+    __slots__ = (
+        "_url",
+        "adapter",
+        "available",
+        "blocks",
+        "decided",
+        "events",
+        "generation",
+        "hash_id",
+        "in_flight",
+        "index",
+        "load",
+        "prefixes",
+    )
 
-    def __init__(self, index: int, affinity_entries: int, url: str = "") -> None:
+    def __init__(self, index: int, affinity_entries: int, url: str = "", index_blocks: int = 1) -> None:
         self.index = index
         self.hash_id = b""
         self.url = url
@@ -87,6 +110,10 @@ class Endpoint:
         self.in_flight = 0
         self.load = WorkerLoad()
         self.prefixes = PrefixLRU(affinity_entries)
+        # ``score``: the blocks its KV events say it holds; the requests each term won it.
+        self.blocks = BlockIndex(index_blocks)
+        self.decided: dict[str, int] = {}
+        self.events: str | None = None  # where the server publishes its KV events, if it does
 
     @property
     def url(self) -> str:
@@ -116,6 +143,19 @@ class Endpoint:
         :class:`backends.vllm.routing.inflight.SharedEndpoint` sums every gateway worker's)."""
         return self.in_flight
 
+    def queue(self) -> float:
+        """Requests at the server now, as the gateway estimates them (``score``'s queue input).
+
+        The last scrape's ``waiting + running``, plus the calls the gateway started there since (minus
+        those that ended), never below the gateway's own calls in flight; with stale metrics, just
+        those calls.
+        """
+        now = self.gateway_in_flight
+        load = self.load
+        if load.stale:
+            return float(now)
+        return max(float(now), load.waiting + load.running + now - load.in_flight)
+
     @property
     def score(self) -> float:
         load = self.load
@@ -129,13 +169,23 @@ class Balancer:
     def __init__(self, routing: PoolRoutingConfig) -> None:
         self.routing = routing
         self.endpoints: list[Endpoint] = []
-        # The hash_* series exist only where they can move (today's label set is unchanged elsewhere).
-        names = DECISIONS if routing.strategy == "prefix-hash" else [d for d in DECISIONS if not d.startswith("hash_")]
-        self.decisions = dict.fromkeys(names, 0)
+        self.decisions = dict.fromkeys(decision_names(routing.strategy), 0)
         self._rr = 0
+        # ``score`` with KV events: the hasher of an endpoint's server (None: its blocks are not known).
+        self.hasher: Callable[[Endpoint], BlockHasher | None] = lambda ep: None
+        # Requests whose prefix term came from the servers' KV events / from the prompt's hash.
+        self.prefix_modes = {"kv_events": 0, "approximate": 0}
 
-    def pick(self, keys: Sequence[int], exclude: frozenset[tuple[int, int]] | set[tuple[int, int]]) -> Endpoint | None:
-        """The endpoint for a request with these prefix keys, or None when none is available."""
+    def pick(
+        self,
+        keys: Sequence[int],
+        exclude: frozenset[tuple[int, int]] | set[tuple[int, int]],
+        request: RoutedRequest | None = None,
+    ) -> Endpoint | None:
+        """The endpoint for a request with these prefix keys, or None when none is available.
+
+        ``request``: what ``score`` reads besides the keys (token ids, session); optional otherwise.
+        """
         cands = [ep for ep in self.endpoints if ep.available and ep.ident not in exclude]
         if not cands:
             return None
@@ -143,6 +193,14 @@ class Balancer:
         start = self._rr % n
         self._rr += 1
         strategy = self.routing.strategy
+        if strategy == "score":
+            routed = request if request is not None else RoutedRequest(tuple(keys))
+            available = [ep for ep in self.endpoints if ep.available]
+            chosen, decision, mode = score_pick(self.routing, cands, available, routed, start, self.hasher)
+            self.decisions[decision] += 1
+            self.prefix_modes[mode] += 1
+            chosen.decided[decision] = chosen.decided.get(decision, 0) + 1
+            return chosen
         if strategy == "round-robin":
             self.decisions["round_robin"] += 1
             return cands[start]
@@ -189,10 +247,13 @@ class Balancer:
         )
 
 
-def rendezvous_order(endpoints: Sequence[Endpoint], key: int) -> list[Endpoint]:
-    """``endpoints`` by rendezvous weight for ``key``, highest first (stable across processes)."""
-    prefix = key.to_bytes(8, "big")
-    return sorted(endpoints, key=lambda ep: blake2b(prefix + ep.hash_id, digest_size=8).digest(), reverse=True)
+def decision_names(strategy: str) -> list[str]:
+    """The decisions a strategy can count: each series exists only where it can move (``hash_*`` with
+    ``prefix-hash``; ``score`` counts its own only)."""
+    if strategy == "score":
+        return list(SCORE_DECISIONS)
+    names = [d for d in DECISIONS if d not in SCORE_DECISIONS]
+    return names if strategy == "prefix-hash" else [d for d in names if not d.startswith("hash_")]
 
 
 def _hash_load(ep: Endpoint) -> int:

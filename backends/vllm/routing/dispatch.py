@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from backends.base import (
+    ROUTING_SESSION,
     Backend,
     Call,
     ChatCall,
@@ -42,10 +43,10 @@ from backends.errors import UpstreamError, retryable
 from backends.vllm.capabilities import vllm_chat_capabilities
 from backends.vllm.pooling import vllm_pooling_tables
 from backends.vllm.routing.balancer import Balancer, Endpoint
-from backends.vllm.routing.prefix import block_keys, chat_prefix_keys, prefix_keys
+from backends.vllm.routing.prefix import request_keys
+from backends.vllm.routing.score import RoutedRequest
+from backends.vllm.routing.tokens import PromptTokenizer
 from backends.vllm.versions import VLLMChatFeatures
-from schemas.chat import ChatCompletionRequest
-from schemas.completions import CompletionRequest
 from schemas.config import PoolRoutingConfig
 from schemas.endpoints import Endpoint as EndpointKind
 
@@ -80,6 +81,8 @@ class Dispatcher:
         self.name = name
         self.routing = routing
         self.balancer = Balancer(routing)
+        # ``score`` with ``prefix: kv-events``: the servers' tokenizer (set by the owner once loaded).
+        self.tokenizer: PromptTokenizer | None = None
         self._on_failure = on_failure
         self._hopeless = hopeless
         self._describe = describe
@@ -119,23 +122,39 @@ class Dispatcher:
 
     # --- picking ------------------------------------------------------------------------
     def _keys(self, call: Call[Any]) -> tuple[int, ...]:
-        if self.routing.strategy not in ("prefix-affinity", "prefix-hash"):
+        if self.routing.strategy not in ("prefix-affinity", "prefix-hash", "score"):
             return ()
+        return request_keys(call.request, self.routing)  # the prompt's (the conversation's) leading part
+
+    def _routed(self, call: Call[Any], keys: tuple[int, ...]) -> RoutedRequest | None:
+        """What ``score`` reads besides the keys: the prompt's token ids and the request's session."""
+        routing = self.routing
+        if routing.strategy != "score":
+            return None
         request = call.request
-        if isinstance(request, ChatCompletionRequest):
-            return chat_prefix_keys(request, self.routing)  # the conversation's leading part
-        if isinstance(request, CompletionRequest):
-            return prefix_keys(request, self.routing)
-        return block_keys(request.routing_text(), self.routing)  # embeddings, rerank: the first input, the query
+        session = ROUTING_SESSION.get()
+        if session is None:
+            session = getattr(request, "prompt_cache_key", None) or getattr(request, "user", None)
+        tokens = None
+        tokenizer = self.tokenizer
+        if tokenizer is not None and routing.prefix == "kv-events":
+            limit = routing.block_chars * routing.max_blocks
+            tokens = tokenizer.prompt_ids(request, limit, routing.block_tokens)
+        return RoutedRequest(keys, tokens, session)
 
     async def _acquire(
-        self, keys: tuple[int, ...], tried: set[tuple[int, int]], deadline: float, last: UpstreamError | None
+        self,
+        keys: tuple[int, ...],
+        tried: set[tuple[int, int]],
+        deadline: float,
+        last: UpstreamError | None,
+        routed: RoutedRequest | None = None,
     ) -> tuple[Endpoint, Backend]:
         loop = asyncio.get_running_loop()
         while True:
             if self.closed:
                 raise NoReadyWorkerError(f"backend {self.name!r} is shutting down", backend=self.name)
-            ep = self.balancer.pick(keys, tried)
+            ep = self.balancer.pick(keys, tried, routed)
             if ep is not None and ep.adapter is not None:
                 ep.begin()
                 return ep, ep.adapter
@@ -191,11 +210,12 @@ class Dispatcher:
         its result keeps the endpoint and releases it when closed, otherwise it is released here.
         """
         keys = self._keys(call)
+        routed = self._routed(call, keys)
         tried: set[tuple[int, int]] = set()
         deadline = asyncio.get_running_loop().time() + self.routing.wait_for_ready
         last: UpstreamError | None = None
         for _ in range(self.routing.max_attempts):
-            ep, adapter = await self._acquire(keys, tried, deadline, last)
+            ep, adapter = await self._acquire(keys, tried, deadline, last, routed)
             handed_over = False
             try:
                 result = await send(adapter, functools.partial(self._release, ep))

@@ -71,8 +71,10 @@ class SharedEndpoint(Endpoint):
 
     __slots__ = ("_cell", "_col", "_table")
 
-    def __init__(self, index: int, affinity_entries: int, table: InFlightTable | None, row: int) -> None:
-        super().__init__(index, affinity_entries)
+    def __init__(
+        self, index: int, affinity_entries: int, table: InFlightTable | None, row: int, index_blocks: int = 1
+    ) -> None:
+        super().__init__(index, affinity_entries, index_blocks=index_blocks)
         # An endpoint past the table's columns (the pool grew) counts for this worker only.
         self._table = table if table is not None and index < table.cols and row < table.rows else None
         self._col = index

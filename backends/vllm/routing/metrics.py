@@ -38,9 +38,34 @@ class PoolCollector(Collector):
         kv = GaugeMetricFamily(
             "gateway_pool_worker_kv_cache_usage", "KV-cache usage of each worker, 0..1 (scraped).", labels=labels
         )
+        running = GaugeMetricFamily(
+            "gateway_pool_worker_running", "Requests running on each worker (scraped).", labels=labels
+        )
+        stale = GaugeMetricFamily(
+            "gateway_pool_worker_metrics_stale",
+            "1 while a worker's last metrics scrape failed (routing then counts only the gateway's calls).",
+            labels=labels,
+        )
+        score_queue = GaugeMetricFamily(
+            "gateway_pool_worker_score_queue",
+            "strategy score: the queue the score reads for each worker (scraped, plus calls sent since).",
+            labels=labels,
+        )
+        blocks = GaugeMetricFamily(
+            "gateway_pool_worker_prefix_blocks",
+            "strategy score: KV-cache blocks each worker holds, as its KV events say.",
+            labels=labels,
+        )
+        decided = CounterMetricFamily(
+            "gateway_pool_worker_score_decisions",
+            "strategy score: requests sent to each worker, by the term that decided "
+            "(score_queue, score_kv_cache, score_prefix, score_tie, score_session).",
+            labels=(*labels, "decision"),
+        )
         decisions = CounterMetricFamily(
             "gateway_pool_routing_decisions",
-            "Worker choices by why (affinity_hit, affinity_miss, affinity_overloaded, least_load, round_robin).",
+            "Worker choices by why (affinity_hit, affinity_miss, affinity_overloaded, least_load, round_robin, "
+            "hash_preferred, hash_overloaded, score_queue, score_kv_cache, score_prefix, score_tie, score_session).",
             labels=("backend", "decision"),
         )
         rollouts = CounterMetricFamily(
@@ -58,8 +83,16 @@ class PoolCollector(Collector):
                 in_flight.add_metric(worker, w.in_flight)
                 queue.add_metric(worker, w.waiting)
                 kv.add_metric(worker, w.kv_cache_usage)
+                running.add_metric(worker, w.running)
+                if status.scoring:
+                    stale.add_metric(worker, 1.0 if w.stale else 0.0)
+                    score_queue.add_metric(worker, w.queue)
+                    blocks.add_metric(worker, w.prefix_blocks)
+                    for decision, count in w.decided.items():
+                        decided.add_metric((*worker, decision), count)
             for decision, count in status.decisions.items():
                 decisions.add_metric((pool.name, decision), count)
             for outcome, count in status.rollouts.items():
                 rollouts.add_metric((pool.name, outcome), count)
-        yield from (state, restarts, in_flight, queue, kv, decisions, rollouts)
+        yield from (state, restarts, in_flight, queue, kv, running, stale, score_queue, blocks, decided)
+        yield from (decisions, rollouts)

@@ -31,7 +31,15 @@ from schemas.chat import ChatCompletionRequest
 from schemas.completions import CompletionRequest
 from schemas.config import PoolRoutingConfig
 
-__all__ = ["PrefixLRU", "block_keys", "chat_prefix_keys", "chat_prefix_text", "prefix_keys"]
+__all__ = [
+    "PrefixLRU",
+    "block_keys",
+    "chat_prefix_keys",
+    "chat_prefix_text",
+    "items_prefix_text",
+    "prefix_keys",
+    "request_keys",
+]
 
 _TEXT, _TOKENS = b"t", b"i"  # domain bytes: which kind of block a digest stands for
 
@@ -43,6 +51,57 @@ def prefix_keys(request: CompletionRequest, routing: PoolRoutingConfig) -> tuple
     if isinstance(first, (str, list)):
         return block_keys(first, routing)
     return block_keys(cast("list[int]", prompt), routing)
+
+
+def request_keys(request: object, routing: PoolRoutingConfig) -> tuple[int, ...]:
+    """The prefix keys of any request routing sees, by what its prompt's leading part is:
+
+    completions: the (first) prompt; chat: the conversation (:func:`chat_prefix_text`); a request
+    naming its own (``routing_text()``: embeddings' first input, rerank's query): that; a request
+    with ``instructions`` and ``input`` (Responses): those, rendered as the same conversation in
+    chat would be (:func:`items_prefix_text`), so both endpoints keep a conversation together.
+    """
+    if isinstance(request, CompletionRequest):
+        return prefix_keys(request, routing)
+    if isinstance(request, ChatCompletionRequest):
+        return chat_prefix_keys(request, routing)
+    routing_text = getattr(request, "routing_text", None)
+    if callable(routing_text):  # embeddings, rerank: the first input, the query
+        return block_keys(routing_text(), routing)
+    return block_keys(items_prefix_text(request, routing.block_chars * routing.max_blocks), routing)
+
+
+def items_prefix_text(request: object, limit: int) -> str:
+    """A Responses-shaped request's leading part (``instructions``, then ``input``: a string, or
+    items with ``role`` and ``content``), rendered as :func:`chat_prefix_text` renders the same
+    messages; other items by their sorted JSON. Empty for a request with neither."""
+    parts: list[str] = []
+    size = 0
+    instructions = getattr(request, "instructions", None)
+    if isinstance(instructions, str) and instructions:
+        parts.append(f"\n<system>\n{instructions}")
+        size += len(parts[-1])
+    given = getattr(request, "input", None)
+    items: list[object] = [{"role": "user", "content": given}] if isinstance(given, str) else list(given or [])
+    for item in items:
+        if size >= limit:
+            break
+        data = item.model_dump(exclude_none=True) if hasattr(item, "model_dump") else item
+        if not isinstance(data, dict):
+            continue
+        content = data.get("content")
+        if "role" in data and isinstance(content, str | list):
+            if isinstance(content, list):
+                content = "".join(
+                    str(p.get("text", "")) if isinstance(p, dict) and "text" in p else orjson.dumps(p).decode()
+                    for p in content
+                )
+            text = f"\n<{data['role']}>\n{content}"
+        else:
+            text = orjson.dumps(data, option=orjson.OPT_SORT_KEYS, default=str).decode()
+        parts.append(text)
+        size += len(text)
+    return "".join(parts)
 
 
 def chat_prefix_keys(request: ChatCompletionRequest, routing: PoolRoutingConfig) -> tuple[int, ...]:

@@ -22,6 +22,7 @@ import logging
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
 from backends.capabilities import Capabilities
 from backends.errors import UpstreamError
@@ -34,10 +35,11 @@ from backends.vllm.routing.balancer import Endpoint
 from backends.vllm.routing.dispatch import DispatchedBackend, Dispatcher
 from backends.vllm.routing.inflight import InFlightTable
 from backends.vllm.routing.scrape import parse_vllm_metrics
-from backends.vllm.routing.status import PoolStatus, WorkerStatus, endpoints_view, fill_in_flight
+from backends.vllm.routing.signals import EngineSignals
+from backends.vllm.routing.status import PoolStatus, WorkerStatus, endpoint_fields, endpoints_view, fill_in_flight
 from schemas.config import TimeoutConfig, VLLMBackendConfig
 
-__all__ = ["Resolver", "VLLMEndpointsBackend", "resolve_dns", "server_config"]
+__all__ = ["Resolver", "VLLMEndpointsBackend", "events_address", "remote_signals", "resolve_dns", "server_config"]
 
 # --workers N: the in-flight table's columns for a discovered backend (servers come and go; their
 # indices are reused, so this bounds the servers at once, not over time). Beyond it: counted per worker.
@@ -90,8 +92,12 @@ class VLLMEndpointsBackend(DispatchedBackend):
         # is told of every round (to publish the servers to the gateway workers, gateway.workers.pools).
         self.listeners: list[Callable[[], None]] = []
         self.in_flight_table: InFlightTable | None = None
+        # The gateway's calls in flight to a server (the control process of --workers N reads its table).
+        self.in_flight_of: Callable[[Endpoint], int] = lambda ep: ep.gateway_in_flight
+        self.signals = remote_signals(config, self.dispatcher)
 
     def _changed(self) -> None:
+        self.signals.sync()
         for listener in self.listeners:
             listener()
 
@@ -110,10 +116,13 @@ class VLLMEndpointsBackend(DispatchedBackend):
         # Each adapter reads its server's version (bounded; an unreachable one keeps safe defaults).
         await asyncio.gather(*(adapter.start() for adapter in adapters), return_exceptions=True)
         for url, adapter in zip(new, adapters, strict=True):
-            endpoint = Endpoint(next(free), self.config.routing.affinity_entries, url)
+            endpoint = Endpoint(
+                next(free), self.config.routing.affinity_entries, url, self.config.routing.kv_index_blocks
+            )
             endpoint.adapter = adapter
             endpoint.available = True
             endpoint.generation = 1
+            endpoint.events = events_address(self.config, url)
             self._servers[url] = _Server(endpoint, url.removesuffix("/").removesuffix("/v1"))
             self.dispatcher.endpoints.append(endpoint)
             log.info("backend %s: server %s added", self.name, url)
@@ -156,6 +165,7 @@ class VLLMEndpointsBackend(DispatchedBackend):
             if not ep.available:
                 ep.generation += 1  # it may have restarted: a new try for calls that failed on it
                 ep.prefixes.clear()
+                ep.blocks.clear()
                 ep.available = True
                 log.info("backend %s: server %s healthy again", self.name, ep.url)
                 self.dispatcher.notify()
@@ -173,8 +183,11 @@ class VLLMEndpointsBackend(DispatchedBackend):
 
     async def _scrape(self, server: _Server) -> None:
         body = await self._get(server.root + "/metrics")
-        if body is not None:
-            server.endpoint.load = parse_vllm_metrics(body.decode("utf-8", "replace"))
+        ep = server.endpoint
+        if body is None:
+            ep.load = ep.load.failed()  # routing falls back on the gateway's own count (score)
+        else:
+            ep.load = parse_vllm_metrics(body.decode("utf-8", "replace"), self.in_flight_of(ep))
 
     async def _scrape_loop(self) -> None:
         while True:
@@ -204,6 +217,7 @@ class VLLMEndpointsBackend(DispatchedBackend):
 
     async def close(self) -> None:
         self.dispatcher.close()
+        await self.signals.close()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -214,22 +228,18 @@ class VLLMEndpointsBackend(DispatchedBackend):
 
     def pool_status(self) -> PoolStatus:
         workers = [
-            WorkerStatus(
-                index=ep.index,
-                state="ready" if ep.available else "unhealthy",
-                url=ep.url,
-                in_flight=ep.in_flight,
-                waiting=ep.load.waiting,
-                running=ep.load.running,
-                kv_cache_usage=ep.load.kv_cache_usage,
-            )
+            WorkerStatus(index=ep.index, state="ready" if ep.available else "unhealthy", **endpoint_fields(ep))
             for ep in self.dispatcher.endpoints
         ]
         table = self.in_flight_table
         if table is not None:  # --workers N: the gateway workers route; this process probes
             fill_in_flight(workers, table.cells, table.rows, table.cols)
         return PoolStatus(
-            backend=self.name, kind=self.kind, workers=workers, decisions=dict(self.dispatcher.balancer.decisions)
+            backend=self.name,
+            kind=self.kind,
+            workers=workers,
+            decisions=dict(self.dispatcher.balancer.decisions),
+            scoring=self.signals.describe(),
         )
 
     # --- shared by the gateway workers of --workers N (backends.vllm.pool.shared) ---------------
@@ -241,6 +251,28 @@ class VLLMEndpointsBackend(DispatchedBackend):
 
     def suspect(self, endpoint: Endpoint, exc: UpstreamError) -> None:
         self._suspect(endpoint, exc)
+
+
+def remote_signals(config: VLLMBackendConfig, dispatcher: Dispatcher) -> EngineSignals:
+    """The servers' tokenizer (``routing.tokenizer``) and KV events (``routing.kv_events``)."""
+    events = config.routing.kv_events
+    return EngineSignals(
+        config.name,
+        dispatcher,
+        tokenizer=config.routing.tokenizer,
+        seed=events.hash_seed if events is not None else None,
+        topic=events.topic if events is not None else "",
+        address=lambda ep: ep.events,
+    )
+
+
+def events_address(config: VLLMBackendConfig, url: str) -> str | None:
+    """Where the server at ``url`` publishes its KV events (``routing.kv_events.endpoint``), or None."""
+    events = config.routing.kv_events
+    if events is None:
+        return None
+    host = urlsplit(url).hostname or ""
+    return events.endpoint.replace("{host}", f"[{host}]" if ":" in host else host)
 
 
 def server_config(config: VLLMBackendConfig, url: str, version: str | None = None) -> VLLMBackendConfig:

@@ -16,16 +16,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from backends.vllm.routing.scrape import WorkerLoad
+
 __all__ = [
     "STATES",
     "PoolStatus",
     "ReportsPool",
     "WorkerStatus",
     "default_log_dir",
+    "endpoint_fields",
     "endpoints_view",
     "fill_in_flight",
     "format_table",
     "read_status",
+    "worker_load",
     "write_status",
 ]
 
@@ -50,6 +54,19 @@ class WorkerStatus:
     waiting: float = 0.0  # the worker's own queue (vllm:num_requests_waiting)
     running: float = 0.0
     kv_cache_usage: float = 0.0
+    # ``score``'s inputs: the queue it reads (``Endpoint.queue``), whether the metrics are stale, the
+    # gateway's calls in flight when they were scraped, the server's cache config
+    # (vllm:cache_config_info), the blocks its KV events say it holds (and event gaps), and the
+    # requests each term won it.
+    queue: float = 0.0
+    stale: bool = False
+    scraped_in_flight: int = 0
+    cache: dict[str, Any] = field(default_factory=dict)
+    events: str | None = None
+    prefix_blocks: int = 0
+    kv_events: int = 0
+    kv_event_gaps: int = 0
+    decided: dict[str, int] = field(default_factory=dict)
     last_exit: int | None = None
     last_error: str | None = None
     log_tail: list[str] = field(default_factory=list)
@@ -67,6 +84,8 @@ class PoolStatus:
     # Reconfigurations by a reload (``backends.vllm.pool.rollout``): counts by outcome, and the last one.
     rollouts: dict[str, int] = field(default_factory=dict)
     rollout: dict[str, Any] | None = None
+    # ``score``: where the prefix term comes from and why (``backends.vllm.routing.signals``).
+    scoring: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,6 +102,7 @@ class PoolStatus:
             updated_at=float(data.get("updated_at", 0.0)),
             rollouts=dict(data.get("rollouts", {})),
             rollout=data.get("rollout"),
+            scoring=dict(data.get("scoring", {})),
         )
 
 
@@ -95,12 +115,58 @@ class ReportsPool(Protocol):
     def pool_status(self) -> PoolStatus: ...
 
 
+def endpoint_fields(ep: Any) -> dict[str, Any]:
+    """The :class:`WorkerStatus` fields an endpoint (``backends.vllm.routing.balancer.Endpoint``) fills."""
+    load = ep.load
+    return {
+        "url": ep.url,
+        "in_flight": ep.in_flight,
+        "waiting": load.waiting,
+        "running": load.running,
+        "kv_cache_usage": load.kv_cache_usage,
+        "queue": ep.queue(),
+        "stale": load.stale,
+        "scraped_in_flight": load.in_flight,
+        "cache": {
+            "block_size": load.block_size,
+            "num_gpu_blocks": load.num_gpu_blocks,
+            "prefix_caching": load.prefix_caching,
+            "hash_algo": load.hash_algo,
+        },
+        "events": ep.events,
+        "prefix_blocks": len(ep.blocks),
+        "kv_events": ep.blocks.events,
+        "kv_event_gaps": ep.blocks.gaps,
+        "decided": dict(ep.decided),
+    }
+
+
+def worker_load(w: WorkerStatus) -> WorkerLoad:
+    """The load a status reports, as routing reads it (a gateway worker of ``--workers N``)."""
+    cache = w.cache
+    return WorkerLoad(
+        w.waiting,
+        w.running,
+        w.kv_cache_usage,
+        block_size=int(cache.get("block_size") or 0),
+        num_gpu_blocks=int(cache.get("num_gpu_blocks") or 0),
+        prefix_caching=bool(cache.get("prefix_caching", True)),
+        hash_algo=str(cache.get("hash_algo") or ""),
+        in_flight=w.scraped_in_flight,
+        stale=w.stale,
+    )
+
+
 def fill_in_flight(workers: list[WorkerStatus], cells: Sequence[int], rows: int, cols: int) -> None:
     """With ``--workers N``: each worker's calls in flight from every gateway worker (a row each of the table)."""
     for w in workers:
         if w.index < cols:
             w.in_flight_by = [cells[row * cols + w.index] for row in range(rows)]
             w.in_flight = sum(w.in_flight_by)
+            if not w.stale:  # the queue score reads, as Endpoint.queue computes it in a gateway worker
+                w.queue = max(float(w.in_flight), w.waiting + w.running + w.in_flight - w.scraped_in_flight)
+            else:
+                w.queue = float(w.in_flight)
 
 
 def endpoints_view(status: PoolStatus, endpoints: Iterable[Any], *, hopeless: bool, describe: str) -> dict[str, Any]:
@@ -118,6 +184,7 @@ def endpoints_view(status: PoolStatus, endpoints: Iterable[Any], *, hopeless: bo
                 "available": ep.available,
                 "generation": ep.generation,
                 "version": str(version) if version is not None else None,
+                "events": ep.events,
             }
         )
     return {"status": status.to_json(), "endpoints": view, "hopeless": hopeless, "describe": describe}
@@ -165,6 +232,9 @@ def format_table(status: PoolStatus) -> str:
     )
     # --workers N: which gateway worker (g0, g1, ...) has how many of the calls in flight.
     split = any(w.in_flight_by for w in status.workers)
+    scored = bool(status.scoring)
+    if scored:
+        head += ("score queue", "blocks held", "decided by")
     if split:
         head += ("by gateway worker",)
     rows = [head]
@@ -181,6 +251,9 @@ def format_table(status: PoolStatus) -> str:
             f"{w.waiting:g}",
             f"{w.kv_cache_usage:.0%}",
         )
+        if scored:
+            decided = " ".join(f"{k.removeprefix('score_')}:{v}" for k, v in sorted(w.decided.items()) if v)
+            row += (f"{w.queue:g}" + (" (stale)" if w.stale else ""), str(w.prefix_blocks), decided or "-")
         if split:
             row += (" ".join(f"g{k}:{n}" for k, n in enumerate(w.in_flight_by)) or "-",)
         rows.append(row)
@@ -193,6 +266,13 @@ def format_table(status: PoolStatus) -> str:
     last = status.rollout
     if last is not None and last.get("outcome") == "failed":
         lines.append(f"last rollout failed: {last.get('error')}")
+    scoring = status.scoring
+    if scoring:
+        why = f" ({scoring['why']})" if scoring.get("why") else ""
+        lines.append(
+            f"prefix: {scoring.get('prefix')}{why}; scored by kv events {scoring.get('scored_kv_events', 0)}, "
+            f"approximately {scoring.get('scored_approximate', 0)}"
+        )
     total = sum(status.decisions.values())
     if total:
         parts = ", ".join(f"{k} {v}" for k, v in status.decisions.items() if v)

@@ -45,7 +45,12 @@ def test_the_issue_example_parses_with_defaults() -> None:
     assert backend.gpus == [0, 1, 2, 3] and backend.tensor_parallel_size == 2
     assert plan_gpus(backend) == [[0, 1], [2, 3]]
     assert backend.served_name == "/models/Llama-3.1-8B-Instruct"
-    assert backend.routing.strategy == "prefix-affinity"
+    assert (backend.routing.strategy, backend.routing.prefix, backend.routing.metrics_interval) == (
+        "score",
+        "kv-events",
+        0.1,
+    )
+    assert backend.routing.weights.model_dump() == {"queue": 2.0, "kv_cache": 2.0, "prefix": 3.0}
     assert (backend.restart.max_failures, backend.probe.failures, backend.stop_timeout) == (5, 3, 30.0)
     assert "vllm-pool" in BACKEND_TYPES
 
@@ -91,6 +96,17 @@ def test_gpus_all_is_planned_from_what_nvidia_smi_lists() -> None:
         (pool().replace('command: ["vllm", "serve"]', "command: []"), "backends[0].command", "at least 1 item"),
         (pool(route_model="llama-8b"), "models[0].routes[0].model", "serves '/models/Llama-3.1-8B-Instruct'"),
         (pool("    surprise: 1\n"), "backends[0].surprise", "unknown key"),
+        (
+            pool('    routing: {kv_events: {endpoint: "tcp://{host}:5557"}}\n'),
+            "backends[0]",
+            "routing.kv_events is for remote vllm servers",
+        ),
+        (
+            pool().replace('"8192"', '"8192", "--kv-events-config={}"'),
+            "backends[0]",
+            "--kv-events-config is set by the pool per worker",
+        ),
+        (pool("    routing: {weights: {queue: -1}}\n"), "backends[0].routing.weights.queue", "greater than or equal"),
     ],
 )
 def test_pool_mistakes_name_their_path(text: str, path: str, message: str) -> None:

@@ -28,7 +28,7 @@ from gateway.configfile import parse_config
 from gateway.state import STATE
 from tests.backends.vllm.pool.conftest import port_range, wait_for
 from tests.backends.vllm.real.conftest import HERE as VLLM_TESTS
-from tests.backends.vllm.real.conftest import STAMP, VENV, _model_dir
+from tests.backends.vllm.real.conftest import STAMP, VENV, _model_dir, vllm_env
 from tests.conftest import serve_app
 
 pytestmark = [
@@ -43,19 +43,19 @@ STARTUP = 300.0
 _SUCCESS = re.compile(r"^vllm:request_success_total\{[^}]*\} ([0-9.]+)$", re.M)
 
 
-def config_text(model: Path, served: str, scratch: Path, log_dir: Path) -> str:
+def config_text(
+    model: Path,
+    served: str,
+    scratch: Path,
+    log_dir: Path,
+    routing: str = "strategy: least-load, metrics_interval: 0.5",
+    extra_args: tuple[str, ...] = (),
+) -> str:
+    """A pool of two real vLLM workers serving ``tiny`` (``routing``: the routing section's keys)."""
     lo, hi = port_range()
-    env = {
-        "VLLM_TARGET_DEVICE": "cpu",
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-        "TMPDIR": str(scratch),
-        "VLLM_CACHE_ROOT": str(scratch / "cache"),
-    }
+    env = vllm_env(scratch)
     vllm_args = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--kv-cache-memory-bytes", "64M"]
+    vllm_args += extra_args
     return f"""
 server: {{host: 127.0.0.1, port: 0}}
 backends:
@@ -73,7 +73,7 @@ backends:
     stop_timeout: 10
     probe: {{interval: 0.5, timeout: 5, failures: 3}}
     restart: {{backoff_initial: 0.5, max_failures: 3}}
-    routing: {{strategy: least-load, metrics_interval: 0.5, wait_for_ready: {STARTUP}}}
+    routing: {{{routing}, wait_for_ready: {STARTUP}}}
     circuit_breaker: {{enabled: false}}
 models:
   - name: tiny

@@ -14,7 +14,7 @@ import pytest
 from tests.backends.vllm.pool.conftest import MakePoolGateway, PoolGateway, control, states, wait_for
 
 PORT = re.compile(r" w(\d+)")
-FAST_ROUTING = "{metrics_interval: 0.05, wait_for_ready: 10, block_chars: 64}"
+FAST_ROUTING = "{strategy: prefix-affinity, metrics_interval: 0.05, wait_for_ready: 10, block_chars: 64}"
 
 
 async def complete(session: aiohttp.ClientSession, gw: PoolGateway, prompt: str, *, stream: bool = False) -> int:

@@ -40,7 +40,14 @@ def serve(tag: str, tmp_path: Path) -> Iterator[Served]:
     log_dir = tmp_path / "pool"
     port = free_port()
     text = gateway_yaml(
-        pool_yaml(tag, log_dir, workers=2, stop_timeout=1, extra_args=("--standin-grandchild",)),
+        pool_yaml(
+            tag,
+            log_dir,
+            workers=2,
+            stop_timeout=1,
+            extra_args=("--standin-grandchild",),
+            routing="{strategy: prefix-affinity, metrics_interval: 0.05, wait_for_ready: 10}",
+        ),
         server="drain_timeout: 5",
     )
     config = tmp_path / "gateway.yaml"

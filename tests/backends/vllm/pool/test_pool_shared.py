@@ -193,3 +193,23 @@ models:
         await owner.close()
         for runner in servers:
             await runner.cleanup()
+
+
+async def test_the_score_inputs_reach_every_gateway_worker(tmp_path: Path) -> None:
+    """With --workers N the control process scrapes; each worker scores on what its view says."""
+    client = VLLMPoolClient(pool_config("t", tmp_path), row=0)
+    view = _view(_ep(0, 1), _ep(1, 1))
+    cache = {"block_size": 16, "num_gpu_blocks": 900, "prefix_caching": True, "hash_algo": "sha256"}
+    for w in view["status"]["workers"]:
+        w.update(running=3.0, cache=cache, scraped_in_flight=4, stale=w["index"] == 1)
+    view["endpoints"][0]["events"] = "ipc:///tmp/x-0.sock"
+    client.apply(view)
+    await client.start()
+    try:
+        first, second = client.dispatcher.endpoints
+        assert (first.load.block_size, first.load.hash_algo, first.load.in_flight) == (16, "sha256", 4)
+        assert (first.load.running, first.load.stale, second.load.stale) == (3.0, False, True)
+        assert first.events == "ipc:///tmp/x-0.sock" and second.events is None
+        assert first.queue() == 2.0 + 3.0 - 4  # nothing of this worker's in flight: the scrape's, less ours then
+    finally:
+        await client.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import time
@@ -37,11 +38,17 @@ async def test_workers_get_their_gpus_ports_and_logs(make_pool: MakePool, tag: s
     assert [i["cuda_visible_devices"] for i in infos] == ["0,1", "2,3"]
     ports = [w.port for w in pool.supervisor.workers]
     assert len(set(ports)) == 2 and all(p is not None and 41000 <= p <= 41039 for p in ports)
+    events = []
     for info in infos:
         argv = info["argv"]
         assert argv[0] == MODEL
         assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
         assert argv[argv.index("--port") + 1] == str(info["port"])
+        # strategy: score, prefix: kv-events (the defaults): each worker publishes on a socket of its own.
+        events.append(json.loads(argv[argv.index("--kv-events-config") + 1]))
+    assert [e["endpoint"] for e in events] == [w.endpoint.events for w in pool.supervisor.workers]
+    assert all(e["endpoint"].startswith("ipc://") and e["enable_kv_cache_events"] for e in events)
+    assert len({e["endpoint"] for e in events}) == 2
     for w in pool.supervisor.workers:
         assert "standin ready" in w.log_path.read_text()
         assert w.process is not None and w.process.pid in live_pids_with(tag)

