@@ -32,6 +32,7 @@ import time
 import urllib.request
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pool_load import LoadResult, add_load_args, run_load
@@ -94,31 +95,36 @@ def worker_counters(ports: list[int]) -> tuple[float, float]:
     return blocks, hits
 
 
-def run_one(args: argparse.Namespace, strategy: str, workdir: Path) -> tuple[LoadResult, float]:
-    log_dir = workdir / strategy
-    cfg = workdir / f"{strategy}.yaml"
-    cfg.write_text(config(args, strategy, log_dir))
+def serve_pool(cfg: Path, log_path: Path, status_path: Path) -> tuple[subprocess.Popen[bytes], int, dict[str, Any]]:
+    """``gateway serve`` with ``cfg`` on a free port, once its pool's workers are ready: (process, port, status)."""
     port = free_port()
-    with open(workdir / f"{strategy}-gateway.log", "wb") as log:
+    with open(log_path, "wb") as log:
         gateway = subprocess.Popen(
             [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--port", str(port)],
             cwd=ROOT,
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+    deadline = time.monotonic() + 60
+    while True:
+        if gateway.poll() is not None:
+            raise SystemExit(f"gateway exited; see {log_path}")
+        if status_path.exists():
+            status: dict[str, Any] = json.loads(status_path.read_text())
+            if status["workers"] and all(w["state"] == "ready" for w in status["workers"]):
+                return gateway, port, status
+        if time.monotonic() > deadline:
+            gateway.kill()
+            raise SystemExit("workers not ready in 60s")
+        time.sleep(0.1)
+
+
+def run_one(args: argparse.Namespace, strategy: str, workdir: Path) -> tuple[LoadResult, float]:
+    log_dir = workdir / strategy
+    cfg = workdir / f"{strategy}.yaml"
+    cfg.write_text(config(args, strategy, log_dir))
+    gateway, port, status = serve_pool(cfg, workdir / f"{strategy}-gateway.log", log_dir / "status.json")
     try:
-        status_path = log_dir / "status.json"
-        deadline = time.monotonic() + 60
-        while True:
-            if gateway.poll() is not None:
-                raise SystemExit(f"gateway exited; see {workdir / f'{strategy}-gateway.log'}")
-            if status_path.exists():
-                status = json.loads(status_path.read_text())
-                if all(w["state"] == "ready" for w in status["workers"]):
-                    break
-            if time.monotonic() > deadline:
-                raise SystemExit("workers not ready in 60s")
-            time.sleep(0.1)
         ports = [w["port"] for w in status["workers"]]
         result = asyncio.run(
             run_load(
