@@ -65,10 +65,12 @@ def request_keys(request: object, routing: PoolRoutingConfig) -> tuple[int, ...]
         return prefix_keys(request, routing)
     if isinstance(request, ChatCompletionRequest):
         return chat_prefix_keys(request, routing)
+    if hasattr(request, "instructions") and hasattr(request, "input"):  # Responses
+        return block_keys(items_prefix_text(request, routing.block_chars * routing.max_blocks), routing)
     routing_text = getattr(request, "routing_text", None)
     if callable(routing_text):  # embeddings, rerank: the first input, the query
         return block_keys(routing_text(), routing)
-    return block_keys(items_prefix_text(request, routing.block_chars * routing.max_blocks), routing)
+    return ()
 
 
 def items_prefix_text(request: object, limit: int) -> str:

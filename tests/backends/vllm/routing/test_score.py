@@ -209,3 +209,9 @@ def test_a_responses_request_renders_as_the_same_conversation_in_chat() -> None:
     routing = PoolRoutingConfig(block_chars=64)
     assert request_keys(plain, routing) == request_keys(chat, routing) != ()
     assert request_keys(SimpleNamespace(), routing) == ()
+    from schemas.responses import ResponsesRequest
+
+    real = ResponsesRequest.model_validate(
+        {"model": "m", "instructions": system, "input": [{"role": "user", "content": parts}]}
+    )
+    assert request_keys(real, routing) == request_keys(chat, routing)
