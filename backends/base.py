@@ -30,7 +30,7 @@ event loop; adapters are not thread-safe.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
@@ -52,6 +52,7 @@ __all__ = [
     "ROUTING_SESSION",
     "Backend",
     "Call",
+    "CallTrace",
     "ChatCall",
     "CompletionResult",
     "CompletionStream",
@@ -75,6 +76,23 @@ Req = TypeVar("Req", CompletionRequest, ChatCompletionRequest, EmbeddingRequest,
 ROUTING_SESSION: ContextVar[str | None] = ContextVar("routing_session", default=None)
 
 
+class CallTrace(Protocol):
+    """The gateway's trace of one attempt, as an adapter sees it (no OpenTelemetry below the gateway).
+
+    ``headers`` (W3C ``traceparent``, and ``tracestate`` when the client sent one) go on the
+    attempt's upstream request, so the upstream's own spans join the trace under this attempt.
+    An adapter that sends one request per part (a fan-out) asks :meth:`part` for each part's
+    own headers; a part ends with the attempt at the latest.
+    """
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    def part(self, index: int) -> CallTrace: ...
+
+    def end(self, error: BaseException | None = None) -> None: ...
+
+
 @dataclass(slots=True, frozen=True)
 class Call(Generic[Req]):
     """One attempt at one route: the request plus what the route decided."""
@@ -83,6 +101,16 @@ class Call(Generic[Req]):
     upstream_model: str  # the upstream's model id (route ``model``)
     public_model: str  # the name the client asked for; every answer carries it
     request_id: str
+    trace: CallTrace | None = None  # None: tracing is off
+
+    def headers(self, base: dict[str, str]) -> dict[str, str]:
+        """The attempt's upstream request headers: a copy of ``base`` (the backend's own) plus its
+        request id and, when traced, its span context (the attempt's, not the client's: it is our child)."""
+        headers = base.copy()
+        headers["X-Request-Id"] = self.request_id
+        if self.trace is not None:
+            headers.update(self.trace.headers)
+        return headers
 
 
 # Real subclasses, not aliases of ``Call[...]``: constructing through a generic alias makes

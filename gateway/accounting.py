@@ -30,6 +30,7 @@ agreed to), instead of being refunded for work the upstream did.
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 from backends.base import TokenUsage
 from gateway.metrics import GatewayMetrics
@@ -38,6 +39,9 @@ from gateway.security.auth import ApiKey
 from gateway.security.ratelimit import Reservation
 from schemas.endpoints import Endpoint
 
+if TYPE_CHECKING:
+    from gateway.tracing import RequestTrace
+
 __all__ = ["RequestRecord"]
 
 
@@ -45,8 +49,8 @@ class RequestRecord:
     """What one request was, did and cost. One per request; not shared."""
 
     __slots__ = (
-        "_audit", "_closed", "_metrics", "backend", "endpoint", "final", "key", "model", "prompt_estimate", "reached",
-        "relayed", "request_id", "reservation", "started", "status", "usage", "user",
+        "_audit", "_closed", "_metrics", "backend", "endpoint", "error", "final", "key", "model", "prompt_estimate",
+        "reached", "relayed", "request_id", "reservation", "started", "status", "trace", "usage", "user",
     )  # fmt: skip
 
     def __init__(
@@ -79,6 +83,8 @@ class RequestRecord:
         # The request's ``user`` (OpenAI's end-user id), for the audit line only: client-supplied,
         # so never a metric label. Kept raw here; the audit log bounds and escapes it.
         self.user: str | None = None
+        self.trace: RequestTrace | None = None  # the request's trace when tracing is on (gateway.tracing)
+        self.error: BaseException | None = None  # the error the client got, if any (the trace's error.type)
 
     def answered(self) -> None:
         """The answer's last byte is written: the request is finished with its status (``status``, else 200).
@@ -116,6 +122,9 @@ class RequestRecord:
             metrics.key_request(key.name, status)
             if usage is not None:
                 metrics.key_tokens(key.name, usage.prompt_tokens, usage.completion_tokens)
+        trace = self.trace
+        if trace is not None:
+            trace.end(status, usage, self.error)
         if self._audit is not None:
             self._audit.write(
                 request_id=self.request_id,
@@ -128,4 +137,5 @@ class RequestRecord:
                 latency=seconds,
                 endpoint=endpoint.value,
                 user=self.user,
+                trace=trace.ids if trace is not None else None,
             )

@@ -9,6 +9,8 @@ last; health probes run between the two.
 
 from __future__ import annotations
 
+import asyncio
+import os
 import time
 from collections.abc import AsyncIterator, Mapping
 
@@ -33,17 +35,29 @@ from gateway.responses_state import MemoryResponsesState, ResponsesState
 from gateway.security.auth import protect
 from gateway.security.guard import RequestGuard
 from gateway.state import STATE, GatewayState, models_body
+from gateway.tracing import SettingsError, TracingRuntime, resolve, trace_problems
+from gateway.tracing import build as build_tracing
 from schemas.config import GatewayConfig
 from schemas.endpoints import ENDPOINT_ALIASES, ENDPOINT_PATHS
 
-__all__ = ["PROBER", "backend_guards", "build_state", "check_endpoints", "create_app"]
+__all__ = ["PROBER", "TRACING", "backend_guards", "build_state", "check_endpoints", "create_app"]
 
 PROBER: web.AppKey[HealthProber] = web.AppKey("gateway_prober", HealthProber)
+TRACING: web.AppKey[TracingRuntime] = web.AppKey("gateway_tracing", TracingRuntime)
 
 
 def create_app(
-    config: GatewayConfig, *, backends: Mapping[str, Backend] | None = None, clock: Clock | None = None
+    config: GatewayConfig,
+    *,
+    backends: Mapping[str, Backend] | None = None,
+    clock: Clock | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> web.Application:
+    """The gateway for ``config``; ``env`` (default: the process's) holds the standard ``OTEL_*`` variables."""
+    env = os.environ if env is None else env
+    problems = trace_problems(config, env)  # before anything starts: tracing asked for and impossible
+    if problems:
+        raise ConfigError("<config>", problems)
     register_secrets(config)  # error bodies never carry them (gateway.http.hardening.redact)
     built = dict(backends) if backends is not None else build_backends(config.backends)
     check_endpoints(config, built)
@@ -53,6 +67,10 @@ def create_app(
     guards = backend_guards(config, metrics, clock)
     state = build_state(config, built, guards, metrics, clock, started_at=time.time())
     guard = state.request_guard
+    try:
+        tracing = build_tracing(resolve(config, env), metrics.registry)
+    except SettingsError as exc:  # pragma: no cover - trace_problems reported it above
+        raise ConfigError("<config>", [(exc.path, exc.message)]) from None
     prober = HealthProber(
         (built[b.name], guards[b.name].breaker, b.health_check) for b in config.backends if b.health_check is not None
     )
@@ -66,8 +84,17 @@ def create_app(
     app[PROBER] = prober
     app.cleanup_ctx.append(_probes_lifecycle)
     app.on_shutdown.append(_start_draining)
+    if tracing is not None:
+        state.tracing = tracing.tracing
+        app[TRACING] = tracing
+        app.on_cleanup.append(_stop_tracing)
     _add_routes(app, config, guard)
     return app
+
+
+async def _stop_tracing(app: web.Application) -> None:
+    """Export what the last requests left (at most 2 s: a dead collector does not hold the exit)."""
+    await asyncio.to_thread(app[TRACING].shutdown, 2.0)
 
 
 def build_state(

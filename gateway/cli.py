@@ -16,6 +16,7 @@ from pydantic.json_schema import GenerateJsonSchema
 
 from gateway.configfile import ConfigError, endpoint_config_problems, load_config
 from gateway.pool_cli import add_pool_parser, pool_command
+from gateway.tracing.settings import trace_problems
 from gateway.workers.cpus import available_cpus
 from gateway.workers.worker import add_worker_parser, worker_main
 from schemas.config import GatewayConfig, ServerConfig, worker_problems
@@ -68,7 +69,7 @@ def _check(path: str, workers: int = 1) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1
-    served = endpoint_config_problems(config)
+    served = endpoint_config_problems(config) + trace_problems(config, os.environ)
     if served:
         print(ConfigError(path, served), file=sys.stderr)
         return 1
@@ -120,7 +121,7 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     server = config.server.model_copy(update=overrides)
-    served = endpoint_config_problems(config)
+    served = endpoint_config_problems(config) + trace_problems(config, os.environ)
     if served:
         print(ConfigError(args.config, served), file=sys.stderr)
         return 1

@@ -63,7 +63,7 @@ log = logging.getLogger("gateway.reload")
 LIVE_SERVER_KEYS = frozenset({"admission", "client_body_timeout", "max_prompt_array", "audit_log"})
 
 # GatewayState fields that belong to the process, not to one config: never swapped.
-_KEPT = frozenset({"metrics", "in_flight", "draining", "started_at"})
+_KEPT = frozenset({"metrics", "in_flight", "draining", "started_at", "tracing"})
 # Backend keys its BackendGuard (breaker, limiter, retry policy) is built from.
 _GUARD_KEYS = ("max_concurrency", "retry", "circuit_breaker")
 
@@ -92,6 +92,8 @@ def restart_needed(
         for key in ("max_prompt_array", "audit_log"):
             if getattr(old.server, key) != getattr(new.server, key):
                 problems.append((f"server.{key}", "changed while auth is on; restart the gateway to apply it"))
+    if old.telemetry != new.telemetry:
+        problems.append(("telemetry", "changed; the trace exporter is set up at start: restart to apply it"))
     before = {b.name: b for b in old.backends}
     for i, backend in enumerate(new.backends):
         was = before.get(backend.name)

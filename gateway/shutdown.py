@@ -27,6 +27,7 @@ import asyncio
 import logging
 import signal
 import socket
+from typing import Any
 
 from aiohttp import web
 
@@ -62,8 +63,13 @@ async def serve(
     """
     state = app[STATE]
     in_flight = state.in_flight
+    extra: dict[str, Any] = {}
+    if access_log is not None and state.tracing is not None:  # lines name their trace (gateway.tracing)
+        from gateway.tracing.access_log import TracedAccessLogger
+
+        extra["access_log_class"] = TracedAccessLogger
     runner = FrontDoorRunner(  # malformed HTTP answered in our envelope; Connection: close while draining
-        app, handle_signals=False, handler_cancellation=True, access_log=access_log, shutdown_timeout=1.0
+        app, handle_signals=False, handler_cancellation=True, access_log=access_log, shutdown_timeout=1.0, **extra
     )
     await runner.setup()
     loop = asyncio.get_running_loop()

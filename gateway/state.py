@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import orjson
 from aiohttp import web
@@ -17,6 +18,9 @@ from gateway.metrics import GatewayMetrics
 from gateway.responses_state import MemoryResponsesState, ResponsesState
 from gateway.security.guard import RequestGuard
 from schemas.config import GatewayConfig, ModelConfig
+
+if TYPE_CHECKING:
+    from gateway.tracing import Tracing
 
 __all__ = ["STATE", "GatewayState", "InFlight", "models_body"]
 
@@ -114,6 +118,8 @@ class GatewayState:
     # The requests begun under this config; a reload swaps in the new state's.
     generation: Generation = field(default_factory=Generation)
     draining: bool = False
+    # OpenTelemetry traces (gateway.tracing); None: off, and the request path makes no tracing call.
+    tracing: Tracing | None = None
 
 
 STATE: web.AppKey[GatewayState] = web.AppKey("gateway_state", GatewayState)

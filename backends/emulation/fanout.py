@@ -19,6 +19,7 @@ parts run at most :data:`CONCURRENCY` at a time per request.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
@@ -27,7 +28,7 @@ from typing import Any, TypeVar, cast
 
 import orjson
 
-from backends.base import CompletionStream, TokenUsage
+from backends.base import Call, CompletionStream, TokenUsage
 from backends.emulation.best_of import pick_best_of
 
 # The planning names stay importable from here (re-exported in __all__): the native backends
@@ -57,6 +58,7 @@ __all__ = [
     "all_or_nothing",
     "complete",
     "open_streams",
+    "part_call",
     "plan",
     "plan_n",
     "too_many_parts",
@@ -65,6 +67,7 @@ __all__ = [
 CONCURRENCY = 16
 
 _T = TypeVar("_T")
+_C = TypeVar("_C", bound=Call[Any])
 
 
 @dataclass(slots=True)
@@ -74,6 +77,15 @@ class PartResult:
 
 
 # --- running parts ------------------------------------------------------------------------------
+
+
+def part_call(call: _C, the_plan: Plan[Any], part: Part[Any]) -> _C:
+    """The call one part sends upstream: ``call`` itself when it is the only part; otherwise a copy
+    carrying the part's own trace (a child span, so each part's upstream request is visible)."""
+    trace = call.trace
+    if trace is None or len(the_plan.parts) == 1:
+        return call
+    return dataclasses.replace(call, trace=trace.part(part.prompt_index * the_plan.best_of + part.candidate))
 
 
 async def _cancel(tasks: Sequence[asyncio.Future[Any]]) -> None:

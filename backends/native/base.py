@@ -136,8 +136,7 @@ class NativeBackend(Backend):
     # --- HTTP ---------------------------------------------------------------------------------
     async def post(self, path: str, payload: dict[str, Any], call: Call[Any], *, stream: bool) -> UpstreamResponse:
         """POST ``payload``; returns the 200 response (the caller releases it), raises otherwise."""
-        headers = self._headers.copy()
-        headers["X-Request-Id"] = call.request_id
+        headers = call.headers(self._headers)  # with the attempt's (or the fan-out part's) span context
         return await send_ok(
             self._transport,
             self.base_url + path,
@@ -168,7 +167,9 @@ class NativeBackend(Backend):
     async def complete(self, call: UpstreamCall) -> CompletionResult:
         self._check(call.request)
         plan = fanout.plan(call.request)
-        choices, usage = await fanout.complete(plan, lambda part: self._complete_part(part, call))
+        choices, usage = await fanout.complete(
+            plan, lambda part: self._complete_part(part, fanout.part_call(call, plan, part))
+        )
         return _answer(completion_head(call.public_model), choices, usage)
 
     async def _complete_part(self, part: Part[CompletionRequest], call: UpstreamCall) -> PartResult:
@@ -185,7 +186,9 @@ class NativeBackend(Backend):
     async def stream(self, call: UpstreamCall) -> CompletionStream:
         self._check(call.request)
         plan = fanout.plan(call.request)
-        streams = await fanout.open_streams(plan, lambda part: self._open_part(part, call))
+        streams = await fanout.open_streams(
+            plan, lambda part: self._open_part(part, fanout.part_call(call, plan, part))
+        )
         return FanoutStream(plan, streams, completion_head(call.public_model), include_usage=call.request.include_usage)
 
     async def _open_part(self, part: Part[CompletionRequest], call: UpstreamCall) -> ChoiceStream:
@@ -223,7 +226,7 @@ class NativeBackend(Backend):
 
         async def one(part: Part[ChatCompletionRequest]) -> PartResult:
             payload = translator.payload(part.request, call.upstream_model, stream=False)
-            obj, _ = await self.post_json(translator.path, payload, call)
+            obj, _ = await self.post_json(translator.path, payload, fanout.part_call(call, plan, part))
             piece = translator.answer(obj, part.request)
             usage = piece.usage or estimate_usage(part.request, piece_chars(piece))
             return PartResult(self._turn(part, call).message(piece), usage)
@@ -237,7 +240,7 @@ class NativeBackend(Backend):
 
         async def open_one(part: Part[ChatCompletionRequest]) -> ChoiceStream:
             payload = translator.payload(part.request, call.upstream_model, stream=True)
-            resp = await self.post(translator.path, payload, call, stream=True)
+            resp = await self.post(translator.path, payload, fanout.part_call(call, plan, part), stream=True)
             limit = self.config.limits.max_response_bytes
             events = ChatEvents(translator, self._turn(part, call), part.request, max_calls_bytes=limit)
             return self._choice_stream(resp, events, translator.framing)

@@ -76,8 +76,7 @@ class TEIBackend(Backend):
 
     async def _post(self, path: str, payload: dict[str, Any], call: Call[Any]) -> tuple[Any, str | None]:
         """POST ``payload``: the parsed answer and its ``x-compute-tokens`` header; raises on another status."""
-        headers = self._headers.copy()
-        headers["X-Request-Id"] = call.request_id
+        headers = call.headers(self._headers)
 
         def status_error(status: int, data: bytes, retry_after: str | None) -> Any:
             return error_from_upstream_body(status, data, retry_after, self.name)

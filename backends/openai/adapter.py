@@ -123,9 +123,7 @@ class OpenAIBackend(Backend):
         return error_from_upstream_body(status, data, retry_after, self.name)
 
     def _request_headers(self, call: Call[Any]) -> dict[str, str]:
-        headers = self._headers.copy()
-        headers["X-Request-Id"] = call.request_id
-        return headers
+        return call.headers(self._headers)
 
     # Both send through the transport themselves, not through send_ok: one coroutine less per
     # request on the hot path; any status but 200 takes the one shared path (refuse_status).

@@ -26,7 +26,8 @@ __all__ = ["bridged_responses", "bridged_responses_stream", "responses_table"]
 def _chat_call(call: ResponsesCall) -> tuple[ChatCall, ResponseFrame]:
     chat_request, names = chat_request_of(call.request)
     frame = ResponseFrame(call.request, call.public_model, names)
-    return ChatCall(chat_request, call.upstream_model, call.public_model, call.request_id), frame
+    # The same attempt, so the same trace: its traceparent goes upstream with the chat request.
+    return ChatCall(chat_request, call.upstream_model, call.public_model, call.request_id, call.trace), frame
 
 
 def _renamed(exc: GatewayError) -> GatewayError:

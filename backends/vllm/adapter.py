@@ -287,11 +287,16 @@ class VLLMBackend(OpenAIBackend):
         length (from its usage) tells where its echoed tokens end; merged in prompt order."""
         request = call.request
         prompts: list[Any] = list(request.prompt)  # a batch here
+        trace = call.trace
         calls = [
             UpstreamCall(
-                request.model_copy(update={"prompt": p}), call.upstream_model, call.public_model, call.request_id
+                request.model_copy(update={"prompt": p}),
+                call.upstream_model,
+                call.public_model,
+                call.request_id,
+                trace.part(i) if trace is not None else None,  # one upstream request each: a span each
             )
-            for p in prompts
+            for i, p in enumerate(prompts)
         ]
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(self._complete_planned(c)) for c in calls]

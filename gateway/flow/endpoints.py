@@ -20,6 +20,7 @@ from typing import Any
 from backends.base import (
     Backend,
     Call,
+    CallTrace,
     ChatCall,
     CompletionResult,
     CompletionStream,
@@ -135,8 +136,9 @@ class EndpointOps:
 
     endpoint: Endpoint
     refusal: Callable[[Backend, Any], UnsupportedParameterError | None]
-    # The attempt's type (``UpstreamCall`` or ``ChatCall``) and the backend methods taking it.
-    call: Callable[[Any, str, str, str], Call[Any]]
+    # The attempt's type (``UpstreamCall`` or ``ChatCall``) and the backend methods taking it;
+    # called with (request, upstream model, public model, request id, trace).
+    call: Callable[[Any, str, str, str, CallTrace | None], Call[Any]]
     complete: Callable[[Backend, Any], Awaitable[CompletionResult]]
     stream: Callable[[Backend, Any], Awaitable[CompletionStream]]
     # How a stream ends: after its last event (chat, completions: ``[DONE]``; Responses: nothing),

@@ -51,8 +51,9 @@ from schemas.errors import ServiceUnavailableError
 
 if TYPE_CHECKING:  # the record is filled in here; gateway.accounting imports nothing of the flow
     from gateway.accounting import RequestRecord
+    from gateway.tracing import RequestTrace
 
-__all__ = ["CompletionService", "OpenedStream"]
+__all__ = ["CompletionService", "OpenedStream", "TracedStream"]
 
 log = logging.getLogger("gateway")
 
@@ -111,6 +112,48 @@ class OpenedStream:
             await self.stream.aclose()
         finally:
             self.route.guard.limiter.release()
+
+
+class TracedStream(OpenedStream):
+    """An :class:`OpenedStream` of a recorded request: its chunks tell the trace the finish reasons,
+    and its end ends the attempt's span. Only sampled requests pay for it."""
+
+    __slots__ = ("_trace",)
+
+    def __init__(
+        self,
+        trace: RequestTrace,
+        first: bytes,
+        stream: CompletionStream,
+        route: Route,
+        metrics: GatewayMetrics,
+        *,
+        verdict_due: bool,
+    ) -> None:
+        super().__init__(first, stream, route, metrics, verdict_due=verdict_due)
+        self._trace = trace
+        trace.first_chunk()
+        if trace.tracing.capture_content:
+            trace.output = []
+        trace.chunk(first)
+
+    async def __anext__(self) -> bytes:
+        chunk = await super().__anext__()
+        self._trace.chunk(chunk)
+        return chunk
+
+    def failed(self, exc: UpstreamError) -> None:
+        super().failed(exc)
+        self._trace.stream_error = exc
+        if self._trace.last is not None:
+            self._trace.last.end(exc)
+
+    async def aclose(self) -> None:
+        try:
+            await super().aclose()
+        finally:
+            if self._trace.last is not None:
+                self._trace.last.end()
 
 
 def _call_complete(ops: EndpointOps, route: Route, call: Call[Any]) -> Awaitable[CompletionResult]:
@@ -233,6 +276,8 @@ class CompletionService:
         result, route, _ = await self._run(
             ops, entry.name, routes, request, request_id, priority, _call_complete, hold=False, record=record
         )
+        if record is not None and record.trace is not None:
+            record.trace.answered(result.body)  # finish reasons, response id: read only when recorded
         return result, route
 
     async def open_stream(
@@ -248,6 +293,9 @@ class CompletionService:
         (first, stream), route, permit = await self._run(
             ops, entry.name, routes, request, request_id, priority, _call_stream, hold=True, record=record
         )
+        trace = record.trace if record is not None else None
+        if trace is not None and trace.sampled:
+            return TracedStream(trace, first, stream, route, self._metrics, verdict_due=permit is Permit.PASS)
         return OpenedStream(first, stream, route, self._metrics, verdict_due=permit is Permit.PASS)
 
     async def _run(
@@ -266,6 +314,7 @@ class CompletionService:
         """Try ``routes`` in order until one answers (module docstring: the policy)."""
         metrics = self._metrics
         started = self._clock.now()
+        trace = record.trace if record is not None else None
         setbacks: _Setbacks | None = None  # None while nothing failed or was skipped
         route, retry_reason, queue = routes[0], None, False
         while True:
@@ -282,9 +331,19 @@ class CompletionService:
                         metrics.failed_over(model, setbacks.left.backend.name, setbacks.last.reason)
                 if record is not None:
                     record.reached = True
+                # The attempt's client span (gateway.tracing); its headers go upstream inside the call.
+                attempt_trace = (
+                    trace.attempt(route.backend, route.upstream_model, _why(trace.attempt_count, retry_reason))
+                    if trace is not None
+                    else None
+                )
                 try:
-                    result = await attempt(ops, route, ops.call(request, route.upstream_model, model, request_id))
+                    result = await attempt(
+                        ops, route, ops.call(request, route.upstream_model, model, request_id, attempt_trace)
+                    )
                 except UpstreamError as exc:
+                    if attempt_trace is not None:
+                        attempt_trace.end(exc)
                     guard.limiter.release()
                     guard.breaker.outcome(exc, permit)
                     metrics.upstream_error(route.backend.name, exc.reason)
@@ -308,12 +367,16 @@ class CompletionService:
                         "" if wait is None else f"; retry in {wait:.2f}s",
                         "; next route" if setbacks.moves_on(route) else "",
                     )
-                except BaseException:  # cancelled (the client left) or a bug: no verdict on the backend
+                except BaseException as exc:  # cancelled (the client left) or a bug: no verdict on the backend
+                    if attempt_trace is not None:
+                        attempt_trace.end(exc)
                     guard.limiter.release()
                     guard.breaker.release(permit)
                     raise
                 else:
                     if not hold:
+                        if attempt_trace is not None:
+                            attempt_trace.end()
                         guard.breaker.succeeded()
                         guard.limiter.release()
                     elif permit is Permit.TRIAL:
@@ -327,6 +390,13 @@ class CompletionService:
             if after is None:
                 raise setbacks.answer(metrics, model)
             route, retry_reason, queue = after
+
+
+def _why(number: int, retry_reason: str | None) -> str:
+    """What an attempt is, for its span: the request's first, a retry of a backend, or a failover."""
+    if retry_reason is not None:
+        return "retry"
+    return "failover" if number else "first"
 
 
 async def _queue_for(guard: BackendGuard, permit: Permit, priority: int) -> bool:

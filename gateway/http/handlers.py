@@ -101,8 +101,11 @@ async def serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     state = request.app[STATE]
     guard = state.request_guard
     record = RequestRecord(state.metrics, guard.audit, request_id_of(request), endpoint)
+    tracing = state.tracing
     status = 500  # a bug: the middleware answers 500
     try:
+        if tracing is not None:  # off: no tracing call at all (gateway.tracing)
+            record.trace = tracing.start(request, endpoint)
         if guard.keyring is not None:  # auth off: there is no key to find
             record.key = guard.identify(request)
         body = await read_body(request, state.config.server.client_body_timeout)
@@ -111,6 +114,8 @@ async def serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
             # Everything that can refuse the request without an upstream, before the key's budget is touched.
             req: ServedRequest = PARSERS[endpoint](body)
             record.user = req.user
+            if record.trace is not None:
+                record.trace.request = req
             entry = state.router.lookup(req.model)
             record.model = entry.name
             turns = ops.turns
@@ -176,6 +181,7 @@ async def serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         return response
     except GatewayError as exc:
         status = exc.status
+        record.error = exc
         if record.backend is None and isinstance(exc, UpstreamError):
             record.backend = exc.backend or None  # the backend whose failure is the answer
         raise

@@ -8,7 +8,8 @@ status, as the metrics do), token counts from the upstream's usage and the laten
      "model":"gpt-x","backend":"openai-main","status":200,"prompt_tokens":12,
      "completion_tokens":30,"latency_ms":412.7,"endpoint":"completions","user":"user-1234"}
 
-``endpoint`` is ``completions`` or ``chat``; ``event`` stays ``completion`` for both.
+``endpoint`` is ``completions`` or ``chat``; ``event`` stays ``completion`` for both. With tracing
+on (``telemetry``), ``trace_id`` and ``span_id`` name the request's server span, sampled or not.
 
 ``user`` is the request's ``user`` field (OpenAI's end-user id for abuse monitoring; null when
 unset). The gateway honours it here on every backend, the ones whose server has no such field
@@ -70,21 +71,23 @@ class AuditLog:
         latency: float,
         endpoint: str = "completions",
         user: str | None = None,
+        trace: tuple[str, str] | None = None,
     ) -> None:
-        line = orjson.dumps(
-            {
-                "event": "completion",
-                "time": round(time.time(), 3),
-                "request_id": request_id,
-                "key": key,
-                "model": model,
-                "backend": backend,
-                "status": status,
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion_tokens,
-                "latency_ms": round(latency * 1000, 1),
-                "endpoint": endpoint,
-                "user": audit_user(user),
-            }
-        )
-        self._log.info(line.decode())
+        """One line; ``trace``: the request's ``(trace_id, span_id)`` when tracing is on (hex, as W3C writes them)."""
+        fields = {
+            "event": "completion",
+            "time": round(time.time(), 3),
+            "request_id": request_id,
+            "key": key,
+            "model": model,
+            "backend": backend,
+            "status": status,
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "latency_ms": round(latency * 1000, 1),
+            "endpoint": endpoint,
+            "user": audit_user(user),
+        }
+        if trace is not None:
+            fields["trace_id"], fields["span_id"] = trace
+        self._log.info(orjson.dumps(fields).decode())

@@ -43,6 +43,7 @@ from schemas.config.pool import (
     VLLMPoolBackendConfig,
 )
 from schemas.config.server import PRIORITIES, AdmissionConfig, ServerConfig
+from schemas.config.telemetry import TelemetryConfig
 from schemas.config.workers import worker_problems
 
 __all__ = [
@@ -76,6 +77,7 @@ __all__ = [
     "ServerConfig",
     "TEIBackendConfig",
     "TGIBackendConfig",
+    "TelemetryConfig",
     "TimeoutConfig",
     "UpstreamLimitsConfig",
     "VLLMBackendConfig",

@@ -13,6 +13,7 @@ from schemas.config.common import _Strict, unique_name
 from schemas.config.models import ModelConfig
 from schemas.config.pool import VLLMPoolBackendConfig
 from schemas.config.server import ServerConfig
+from schemas.config.telemetry import TelemetryConfig
 
 
 class GatewayConfig(_Strict):
@@ -23,6 +24,8 @@ class GatewayConfig(_Strict):
     auth: AuthConfig | None = None
     # Deployment-wide cost caps (every caller, with or without a key).
     caps: CostCaps = Field(default_factory=CostCaps)
+    # OpenTelemetry traces; absent = off unless the standard OTEL_* variables turn them on.
+    telemetry: TelemetryConfig | None = None
 
     @model_validator(mode="after")
     def _names_and_references(self) -> GatewayConfig:

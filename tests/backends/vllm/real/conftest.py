@@ -37,6 +37,7 @@ from aiohttp import web
 from gateway.app import create_app
 from gateway.configfile import parse_config
 from tests.conftest import free_port, serve_app
+from tests.gateway.tracing.receiver import GrpcReceiver
 
 HERE = Path(__file__).parent
 VENV = Path(os.environ.get("GATEWAY_VLLM_VENV") or Path.home() / ".cache" / "gateway-vllm-venv")
@@ -65,6 +66,9 @@ class VLLMServer:
     version: str
     startup_seconds: float
     log: Path
+    # Where vLLM sends its OpenTelemetry spans (--otlp-traces-endpoint): only for requests that carry a
+    # traceparent, which the gateway sends only when its own tracing is on (test_real_vllm_trace.py).
+    traces: GrpcReceiver | None = None
 
     def post(self, body: dict[str, Any]) -> dict[str, Any]:
         """A request straight to vLLM (for reference values the gateway cannot ask for)."""
@@ -144,6 +148,10 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
         "--chat-template", str(HERE / "chat_template.jinja"),
         "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
     ]  # fmt: skip
+    traces = GrpcReceiver()
+    args += ["--otlp-traces-endpoint", traces.start()]
+    env["OTEL_EXPORTER_OTLP_TRACES_INSECURE"] = "true"
+    env["OTEL_BSP_SCHEDULE_DELAY"] = "200"  # vLLM's spans reach the receiver within a fraction of a second
     log = scratch / "vllm.log"
     url = f"http://127.0.0.1:{port}"
     started = time.monotonic()
@@ -152,7 +160,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
     try:
         _wait_healthy(url, proc, log)
         startup = time.monotonic() - started
-        server = VLLMServer(url, "", startup, log)
+        server = VLLMServer(url, "", startup, log, traces)
         server.version = str(server.get("/version")["version"])
         # The first request with logprobs initialises lazily (seconds): pay it here, once.
         server.post({"prompt": "warm up", "max_tokens": 2, "logprobs": 1, "echo": True})
@@ -167,6 +175,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=5)
+        traces.stop()
 
 
 # --- recording proxy ---------------------------------------------------------------------
