@@ -15,6 +15,9 @@ pre-rendered responses, so one request costs a parse, a dict lookup and one writ
                         tokens), or its events (created, in_progress, item and part added, one
                         ``response.output_text.delta`` per token, the dones, completed; no [DONE]).
   GET  /v1/models       the model list.       GET /health, /version  liveness.
+  POST /v1/traces       an OTLP/HTTP receiver that drops what it gets (200, nothing decoded): where a
+                        gateway with tracing on exports (bench/run.py's gateway-trace<PCT> targets);
+                        not counted in the stats below.
   GET  /stats           {"requests", "connections", "open", "peak_open", "paths"} as JSON:
                         compare requests with connections to prove keep-alive reuse.
 
@@ -293,6 +296,13 @@ class Upstream(asyncio.Protocol):
     def handle(self, method: bytes, path: str, body: bytes, keep_alive: bool) -> None:
         tr = self.tr
         assert tr is not None
+        if method == b"POST" and path == "/v1/traces":  # OTLP export: dropped, and not an upstream request
+            STATS["trace_exports"] = STATS.get("trace_exports", 0) + 1
+            tr.write(_json("200 OK", b"", keep_alive).replace(b"application/json", b"application/x-protobuf"))
+            if not keep_alive:
+                tr.close()
+                self.closed = True
+            return
         STATS["requests"] += 1
         paths = STATS["paths"]
         paths[path] = paths.get(path, 0) + 1

@@ -118,17 +118,18 @@ def responses_vs_chat(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return _versus(rows, "resp_", "chat_")
 
 
-def workers_vs_one(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each ``gateway-wN`` cell against ``gateway`` (one process) in the same run and scenario.
+def workers_vs_one(rows: list[dict[str, Any]], prefix: str = "gateway-w") -> list[dict[str, Any]]:
+    """Each ``gateway-wN`` cell (or other ``prefix``: ``gateway-trace`` for tracing on) against ``gateway``
+    (one process, tracing off) in the same run and scenario.
 
-    ``x_rps``: throughput N vs 1; ``x_cpu``: CPU per upstream request summed over every gateway
-    process (control process and workers) N vs 1.
+    ``x_rps``: throughput vs ``gateway``; ``x_cpu``: CPU per upstream request summed over every gateway
+    process (control process and workers) vs ``gateway``'s.
     """
     by = _pairs(rows)
     out = []
     for r in rows:
         base = by.get(("gateway", r["scenario"]))
-        if not r["target"].startswith("gateway-w") or base is None or not base["rps"]:
+        if not r["target"].startswith(prefix) or base is None or not base["rps"]:
             continue
         cpu, cpu0 = r.get("cpu_us_per_req"), base.get("cpu_us_per_req")
         out.append(
@@ -190,6 +191,20 @@ def comparisons(rows: list[dict[str, Any]]) -> str:
             f"{fmt(w['cpu_us'], 0)} | {fmt(w['cpu_us_1'], 0)} | "
             f"{ratio(w['x_cpu']) if w['x_cpu'] is not None else '-'} |"
             for w in workers
+        ]
+    traced = workers_vs_one(rows, "gateway-trace")
+    if traced:
+        out += [
+            "",
+            "| tracing on vs off (same run) | target (sampled %) | req/s | req/s off | x rps | CPU us/req "
+            "| CPU us/req off | x CPU |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        out += [
+            f"| {w['scenario']} | {w['target']} | {fmt(w['rps'])} | {fmt(w['rps_1'])} | {ratio(w['x_rps'])} | "
+            f"{fmt(w['cpu_us'], 0)} | {fmt(w['cpu_us_1'], 0)} | "
+            f"{ratio(w['x_cpu']) if w['x_cpu'] is not None else '-'} |"
+            for w in traced
         ]
     return "\n".join(out)
 

@@ -3,6 +3,7 @@
     .venv/bin/python bench/request_cost.py                          # this checkout
     .venv/bin/python bench/request_cost.py --ref /work/wt/baseline  # and another one, side by side
     .venv/bin/python bench/request_cost.py --scenarios ns,chat_ns --top 30 --dump /tmp/prof
+    .venv/bin/python bench/request_cost.py --trace 0,1,100     # and this checkout with tracing on (sampled %)
 
 Starts the fast fake upstream (bench/fake_upstream.py) and one ``gateway serve`` per
 checkout (each with that checkout's ``.venv/bin/python``, a ``type: openai`` backend (``--backend-type vllm``:
@@ -196,13 +197,21 @@ def run_ns(pid: int) -> int:
 
 
 class Target:
-    def __init__(self, name: str, checkout: Path, upstream: int, work: Path, kind: str = "openai") -> None:
+    def __init__(
+        self, name: str, checkout: Path, upstream: int, work: Path, kind: str = "openai", trace_pct: float | None = None
+    ) -> None:
         self.name, self.checkout = name, checkout
         self.port = free_port()
         self.prof = str(work / f"{name}.prof")
         config = work / f"{name}.yaml"
+        # --trace PCT: tracing on, PCT % sampled, exported over OTLP/HTTP to the fake upstream, which drops it.
+        telemetry = (
+            f"telemetry: {{otlp_endpoint: 'http://127.0.0.1:{upstream}', sample_ratio: {trace_pct / 100:g}}}\n"
+            if trace_pct is not None
+            else ""
+        )
         config.write_text(f"""server: {{host: 127.0.0.1, port: {self.port}, drain_timeout: 1}}
-backends:
+{telemetry}backends:
   - {{name: upstream, type: {kind}, base_url: "http://127.0.0.1:{upstream}/v1", api_key: sk-bench}}
 models:
   - name: bench
@@ -295,6 +304,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5, help="CPU rounds (median); 0: calls only")
     ap.add_argument("--warmup", type=int, default=300, help="requests before measuring, per scenario")
     ap.add_argument("--scenarios", default="ns,st,chat_ns,chat_st,resp_ns,resp_st")
+    ap.add_argument(
+        "--trace",
+        default="",
+        help="also this checkout with tracing on at these sampled percentages, e.g. 0,1,100 (columns trace<PCT>)",
+    )
     ap.add_argument("--top", type=int, default=0, help="print the top N functions per cell")
     ap.add_argument(
         "--backend-type",
@@ -328,6 +342,11 @@ def main() -> None:
                 (f"ref{i}" if len(args.ref) > 1 else "ref", p.resolve()) for i, p in enumerate(args.ref)
             ]
             targets = [Target(name, path, upstream_port, work, args.backend_type) for name, path in checkouts]
+            targets += [
+                Target(f"trace{pct}", ROOT, upstream_port, work, args.backend_type, float(pct))
+                for pct in args.trace.split(",")
+                if pct
+            ]
             results: dict[tuple[str, str], dict[str, Any]] = {}
             for s in scenarios:
                 for t in targets:
@@ -359,11 +378,12 @@ def main() -> None:
         f"# request cost: -n {args.n} -c {args.c}, CPU median of {args.repeats} interleaved rounds; "
         f"load {os.getloadavg()[0]:.2f}"
     )
-    print(f"| scenario | {' | '.join(f'{name}: calls/req, CPU us/req' for name, _ in checkouts)} |")
-    print("|---|" + "---|" * len(checkouts))
+    names = [t.name for t in targets]
+    print(f"| scenario | {' | '.join(f'{name}: calls/req, CPU us/req' for name in names)} |")
+    print("|---|" + "---|" * len(names))
     for s in scenarios:
         cells = []
-        for name, _ in checkouts:
+        for name in names:
             cell = results[(name, s)]
             if cell["calls"] is None:
                 cells.append("n/a")
@@ -373,10 +393,10 @@ def main() -> None:
         print(f"| {s} | {' | '.join(cells)} |")
     if args.top:
         for s in scenarios:
-            for name, path in checkouts:
-                cell = results[(name, s)]
+            for t in targets:
+                cell = results[(t.name, s)]
                 if cell["calls"] is not None:
-                    print(f"\n## {s} @ {name} ({path})")
+                    print(f"\n## {s} @ {t.name} ({t.checkout})")
                     print("\n".join(cell["lines"]))
 
 
