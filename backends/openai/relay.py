@@ -105,8 +105,8 @@ _DONE_TAIL = b"\n\ndata: [DONE]\n\n"  # how a normal stream's last read ends: a 
 _DONE_ALONE = b"data: [DONE]\n\n"  # or the whole of it
 
 
-def _choice_end_of(block: bytes) -> bytes | None:
-    """The bytes from a null ``finish_reason`` to the ``]`` after it in ``block``'s first event, if any.
+def _choice_end_of(block: bytes, start: int = 0) -> bytes | None:
+    """The bytes from a null ``finish_reason`` to the ``]`` after it in the event at ``start``, if any.
 
     Why they vouch for an event whose bytes hold them (``OpenAIStreamRelay._rename``): in JSON
     text ``"finish_reason":null`` can only be structure (quotes inside strings are escaped), and
@@ -116,10 +116,10 @@ def _choice_end_of(block: bytes) -> bytes | None:
     know; a usage object is parsed anyway), which the framing check catches. A choice that
     finishes, or any other shape, does not hold them and is parsed.
     """
-    first = block.find(b"\n")
-    at = block.find(b'"finish_reason":null', 0, first)
+    first = block.find(b"\n", start)
+    at = block.find(b'"finish_reason":null', start, first)
     if at < 0:
-        at = block.find(b'"finish_reason": null', 0, first)
+        at = block.find(b'"finish_reason": null', start, first)
     close = block.find(b"]", at, first) if at >= 0 else -1
     return block[at : close + 1] if close >= 0 else None
 
@@ -158,6 +158,7 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
         self._choice_end: bytes | None = None  # the upstream's bytes from a null finish_reason to "]"
         self._finish_key = b'"finish_reason":"'  # and of a finish reason, and the bytes after it (:meth:`_learn`)
         self._finish_tail = b"}]"
+        self._peeled = False  # the stream's first event was parsed apart (:meth:`_split`)
         self._open: set[Any] = set()  # choices seen in parsed events without their finish_reason yet
         self._ended: set[Any] = set()  # choices whose finish_reason came
         self._usage_event: bytes | None = None  # the client's usage chunk, held until the end
@@ -309,7 +310,8 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
     def _split(self, block: bytes, events: int, held: int) -> bytes:
         """A read whose events the learned choice end does not all vouch for: the last event parsed
         when only it lacks it (a finish in another spelling), else the choice end learned again from
-        this read's first event (an upstream that changed its spelling), else parsed."""
+        this read's first event (an upstream that changed its spelling) or its second (the stream's first
+        event shaped apart), else parsed."""
         end = self._choice_end
         if end is not None and events > 1 and held == events - 1:
             last = block.rfind(b"\n\ndata:") + 2
@@ -319,10 +321,23 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
                     return head
                 return head + self._process_slow(block[last:])
         learned = _choice_end_of(block)
-        if learned is None or learned == end:
-            return self._process_slow(block)
-        self._learn(learned)
-        return self._rename(block)
+        if learned is not None and learned != end:
+            self._learn(learned)
+            return self._rename(block)
+        if events > 1 and not self._peeled:
+            # A stream's first event may end its choice apart from the rest (vLLM's role chunk has
+            # no token_ids key): it is parsed and the spelling learned from the next. Once per
+            # stream, so a read of shapes that keep changing costs a parse, not a scan per event.
+            self._peeled = True
+            at = block.find(b"\n\ndata:") + 2
+            learned = _choice_end_of(block, at)
+            if learned is not None and learned != end:
+                head = self._process_slow(block[:at])
+                if self._pending is not None or self._done_early:
+                    return head
+                self._learn(learned)
+                return head + self._rename(block[at:])
+        return self._process_slow(block)
 
     def _learn(self, end: bytes) -> None:
         """The upstream's spelling of an ordinary choice's end, and of a finishing one's key and tail."""

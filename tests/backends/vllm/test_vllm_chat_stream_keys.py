@@ -73,3 +73,40 @@ def test_non_streamed_answer_drops_them_even_when_set() -> None:
     body = normalise_chat_body(answer, "public-name", "b", asked)
     assert body["prompt_token_ids"] == [1, 2, 3] and "prompt_text" not in body  # the template never leaks
     assert body["choices"][0]["token_ids"] == [7, 8]
+
+
+@pytest.mark.parametrize("one_read", [True, False])
+async def test_a_vllm_stream_parses_only_its_role_finish_and_usage_chunks(
+    one_read: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM 0.32's chunks on the byte path: its role chunk ends the choice before the ``token_ids``
+    key the content chunks carry, so the relay parses that first event apart and learns the
+    spelling from the next (a read of the whole stream is not parsed whole); the finishing chunk
+    (a stop string) and the usage chunk are parsed, nothing else."""
+    from backends.base import ChatCall
+    from backends.openai.relay import OpenAIStreamRelay
+    from backends.vllm.stream import VLLMChatStreamRelay
+    from schemas.chat import ChatCompletionRequest
+    from tests.backends.openai.test_openai_relay import FakeResponse
+
+    parsed: list[int] = []
+    original = OpenAIStreamRelay._process_slow
+
+    def spy(self: OpenAIStreamRelay, block: bytes) -> bytes:
+        parsed.append(block.count(b"\n\ndata:") + 1)
+        return original(self, block)
+
+    monkeypatch.setattr(OpenAIStreamRelay, "_process_slow", spy)
+    golden = json.loads(GOLDEN.read_text())
+    events = [e.encode() + b"\n\n" for e in golden["events"]]
+    stream = [events[0], *[events[1]] * 60, *events[2:]]
+    request = ChatCompletionRequest.model_validate({"model": "pub", "messages": [{"role": "user", "content": "x"}]})
+    call = ChatCall(request=request, upstream_model="org/tiny", public_model="pub", request_id="r")
+    reads = [b"".join(stream)] if one_read else stream
+    relay = VLLMChatStreamRelay(
+        FakeResponse(reads), call, "b", client_wants_usage=False, client_wants_continuous_usage=False
+    )
+    out = b"".join([piece async for piece in relay])
+    await relay.aclose()
+    assert sum(parsed) == (3 if one_read else 2), parsed  # (role,) finish, usage
+    assert out.count(b'"model":"pub"') == len(stream) - 2  # every chunk but the usage chunk (hidden) and [DONE]
