@@ -169,10 +169,12 @@ def summary(result: LoadResult) -> str:
     hit = "-" if result.affinity_hit_rate is None else f"{result.affinity_hit_rate:.1%}"
     rate = result.hash_preferred_rate
     preferred = "" if rate is None else f"; prefix-hash preferred {rate:.1%}"
+    scored = {k.removeprefix("score_"): int(v) for k, v in result.decisions.items() if k.startswith("score_") and v}
+    decided = "" if not scored else "; score decided by " + ", ".join(f"{k} {v}" for k, v in scored.items())
     return (
         f"{result.requests} requests ({result.errors} errors) in {result.seconds:.1f}s: {result.rps:.1f} req/s; "
         f"TTFT p50 {result.ttft_p50_ms:.0f} ms, p90 {result.ttft_p90_ms:.0f} ms, p99 {result.ttft_p99_ms:.0f} ms; "
-        f"latency p50 {result.latency_p50_ms:.0f} ms; prefix-affinity hit rate {hit}{preferred}"
+        f"latency p50 {result.latency_p50_ms:.0f} ms; prefix-affinity hit rate {hit}{preferred}{decided}"
     )
 
 

@@ -57,6 +57,8 @@ async def gateway_side(url: str, scrapes: int) -> tuple[float, float, int]:
         body = await get_ok(transport, url + "/metrics")
         assert body is not None
         text = body.decode()
+        load = parse_vllm_metrics(text)
+        print(f"parsed: block_size {load.block_size}, blocks {load.num_gpu_blocks}, hash {load.hash_algo!r}")
         start = time.process_time()
         for _ in range(scrapes):
             parse_vllm_metrics(text)

@@ -6,7 +6,7 @@
 # Starts `gateway serve` with a vllm-pool of MODEL (a path or a model id vLLM can load) on
 # GPUS (default: all, as nvidia-smi lists them), waits for every worker to be ready, sends a
 # short shared-prefix load (bench/pool_load.py), prints throughput, TTFT and the
-# prefix-affinity hit rate, shows `gateway pool status`, then stops the gateway (SIGTERM)
+# routing decisions (the score terms, or the prefix-affinity hit rate), shows `gateway pool status`, then stops the gateway (SIGTERM)
 # and fails if any worker process is left.
 #
 # Environment (all optional):
