@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
 from schemas.common import (
     CHARS_PER_TOKEN,
@@ -149,12 +149,11 @@ class ResponsesRequest(_Strict):
     priority: Int64 | None = None
     request_id: NonEmpty | None = None
 
-    # Set by the request path, never by the client: the operator's choice for built-in tools a
-    # backend cannot run (``models[].responses.builtin_tools``), and the request's chat
-    # translation, made once for the capability check and the call (backends.responses).
-    _omit_builtin: bool = PrivateAttr(default=False)
-    _bridged: Any = PrivateAttr(default=None)
-    _stored_input: list[dict[str, Any]] | None = PrivateAttr(default=None)  # own items, once expanded
+    # What the request path sets on a request, never the client: the operator's choice for
+    # built-in tools (``omit``), the request's chat translation (``bridged``, made once for the
+    # capability check and the call), the client's own items once ``previous_response_id``
+    # expanded ``input`` (``stored``). Kept in pydantic's private slot, made on first use: declared
+    # PrivateAttrs cost an initialisation per validated request (and a ``__getattr__`` per read).
 
     # --- cross-field rules ------------------------------------------------------------------------
     @model_validator(mode="after")
@@ -227,29 +226,40 @@ class ResponsesRequest(_Strict):
         check_logit_bias_keys(self.logit_bias)
 
     # --- what the request asks, for the path and the translators ------------------------------
+    def _state(self) -> dict[str, Any]:
+        state: dict[str, Any] | None = self.__pydantic_private__
+        if state is None:
+            state = {}
+            object.__setattr__(self, "__pydantic_private__", state)  # a slot: settable on a frozen model
+        return state
+
     @property
     def omits_builtin_tools(self) -> bool:
         """Whether built-in tools a backend cannot run are left out (the operator chose it), not refused."""
-        return self._omit_builtin
+        state = self.__pydantic_private__
+        return bool(state and state.get("omit"))
 
     def omit_builtin_tools(self) -> None:
-        self._omit_builtin = True
+        self._state()["omit"] = True
 
     @property
     def bridged(self) -> Any:
         """The chat translation, once made (``backends.responses``); None before."""
-        return self._bridged
+        state = self.__pydantic_private__
+        return state.get("bridged") if state else None
 
     def keep_bridged(self, value: Any) -> None:
-        self._bridged = value
+        self._state()["bridged"] = value
 
     @property
     def stored_input(self) -> list[dict[str, Any]] | None:
         """The client's own input items (with ids), kept when ``previous_response_id`` expanded ``input``."""
-        return self._stored_input
+        state = self.__pydantic_private__
+        stored: list[dict[str, Any]] | None = state.get("stored") if state else None
+        return stored
 
     def keep_stored_input(self, items: list[dict[str, Any]]) -> None:
-        self._stored_input = items
+        self._state()["stored"] = items
 
     @property
     def builtin_tools(self) -> list[str]:

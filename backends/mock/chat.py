@@ -360,7 +360,8 @@ def chat_result(call: ChatCall) -> CompletionResult:
     """The ``chat.completion`` answer to a chat call (``model``: the name the client asked for)."""
     body = complete_chat(call.request, call.public_model)
     usage = body["usage"]
-    return CompletionResult(orjson.dumps(body), TokenUsage(usage["prompt_tokens"], usage["completion_tokens"]))
+    usage_counts = TokenUsage(usage["prompt_tokens"], usage["completion_tokens"])
+    return CompletionResult(orjson.dumps(body), usage_counts, answer=body)
 
 
 def chat_stream(call: ChatCall, first_delay_s: float, delay_s: float) -> MockStream:

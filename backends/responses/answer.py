@@ -218,9 +218,13 @@ def _logprobs(logprobs: Any) -> list[Any]:
     return []
 
 
-def response_from_chat(data: bytes, frame: ResponseFrame, backend: str) -> tuple[CompletionResult, dict[str, Any]]:
-    """A ``chat.completion`` body as the Response the client gets (and the object, for the store)."""
-    obj = loads_keeping_integers(data, backend)
+def response_from_chat(
+    data: bytes, frame: ResponseFrame, backend: str, obj: Any = None
+) -> tuple[CompletionResult, dict[str, Any]]:
+    """A ``chat.completion`` body as the Response the client gets (and the object, for the store);
+    ``obj``: the body already parsed, where the chat translator kept it (``CompletionResult.answer``)."""
+    if obj is None:
+        obj = loads_keeping_integers(data, backend)
     choices = obj.get("choices") if isinstance(obj, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise UpstreamProtocolError("the chat translation gave no choice to answer with", backend=backend)

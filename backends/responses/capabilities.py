@@ -71,6 +71,7 @@ OPENAI_ONLY_RESPONSES_FIELDS: frozenset[str] = frozenset(
         "moderation", "prompt", "prompt_cache_options", "prompt_cache_retention",
     }
 )  # fmt: skip
+_INPUT_ONLY = frozenset({"input"})
 _NEUTRAL: Mapping[str, tuple[Any, ...]] = MappingProxyType({"background": (False,), "context_management": ([],)})
 
 # The gateway's own fields: honoured here on every backend, never sent to a chat translator.
@@ -198,12 +199,13 @@ class ResponsesCapabilities:
 
     def first_refusal(self, request: ResponsesRequest) -> Refusal | None:
         """The first thing this backend cannot honour: fields (schema order), forms, then the chat check."""
-        touched = self._unsupported.intersection(request.model_fields_set)
+        touched = self._unsupported.intersection(request.__pydantic_fields_set__)
         if touched:
             for name in RESPONSES_FIELDS:
                 if name in touched and not _neutral(name, getattr(request, name)):
                     return Refusal(name, name, self.reasons.get(name))
-        if not self._form_fields.isdisjoint(request.model_fields_set):
+        forms_set = self._form_fields.intersection(request.__pydantic_fields_set__)
+        if forms_set and not (forms_set == _INPUT_ONLY and isinstance(request.input, str)):  # a string has none
             omit = request.omits_builtin_tools
             for name, form in request_forms(request):
                 key = f"{name}={form}"
@@ -253,10 +255,10 @@ def omit_all_builtin_choice(request: ResponsesRequest) -> bool:
     """Whether ``tool_choice`` forces a built-in tool that this request's policy omits."""
     choice = request.tool_choice
     return (
-        request.omits_builtin_tools
-        and choice is not None
+        choice is not None
         and not isinstance(choice, str)
         and choice.type in BUILTIN_CHOICE_TYPES
+        and request.omits_builtin_tools
     )
 
 

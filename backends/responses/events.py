@@ -191,18 +191,24 @@ class ChatResponseEvents(ResponseEventStream):
             events += 1
             # The common event: one choice whose delta is a piece of text and nothing else, while a
             # text part is open (every token of a stream but its first): written at once.
-            if fast is not None and obj.get("usage") is None:
-                choices = obj.get("choices")
-                if type(choices) is list and len(choices) == 1:
-                    choice = choices[0]
-                    delta = choice.get("delta") if type(choice) is dict else None
-                    if type(delta) is dict and len(delta) == 1 and choice.get("finish_reason") is None:
-                        text = delta.get("content")
-                        if type(text) is str and choice.get("logprobs") is None:
-                            self._texts.append(text)
-                            out.append(fast[0] + str(seq).encode() + fast[1] + dumps(text) + _NO_LOGPROBS)
-                            seq += 1
-                            continue
+            if fast is not None:
+                try:
+                    (choice,) = obj["choices"]  # exactly one
+                    text = choice["delta"]["content"]
+                    plain = (
+                        type(text) is str
+                        and len(choice["delta"]) == 1
+                        and choice.get("finish_reason") is None
+                        and choice.get("logprobs") is None
+                        and obj.get("usage") is None
+                    )
+                except (KeyError, TypeError, ValueError, AttributeError):  # another shape: the general way
+                    plain = False
+                if plain:
+                    self._texts.append(text)
+                    out.append(fast[0] + str(seq).encode() + fast[1] + dumps(text) + _NO_LOGPROBS)
+                    seq += 1
+                    continue
             self._seq = seq
             usage = obj.get("usage")
             if isinstance(usage, dict):

@@ -253,12 +253,15 @@ _SAME_NAME = (
 )  # fmt: skip
 
 
+_SAME_NAME_SET = frozenset(_SAME_NAME)
+
+
 def to_chat(request: ResponsesRequest, names: ToolNames, *, stream: bool) -> ChatCompletionRequest:
     """The chat request that means what ``request`` means (module docstring); raises
     :class:`Untranslatable` for a part chat cannot carry (an image in a system message, say)."""
     fields: dict[str, Any] = {"model": request.model, "messages": _messages(request, names)}
     values = request.__dict__
-    for name in _SAME_NAME:
+    for name in _SAME_NAME_SET.intersection(request.__pydantic_fields_set__):  # usually one or two
         value = values[name]
         if value is not None:
             fields[name] = value

@@ -367,7 +367,7 @@ class VLLMBackend(OpenAIBackend):
         if copies > 1:
             out["choices"] = replicate_choices(out["choices"], copies)
             out["usage"] = scale_usage(out.get("usage"), copies)
-        return CompletionResult(dumps_exact(out, self.name), usage_of(out["usage"]))
+        return CompletionResult(dumps_exact(out, self.name), usage_of(out["usage"]), answer=out)
 
     async def chat_stream(self, call: ChatCall) -> CompletionStream:
         if self._stale:

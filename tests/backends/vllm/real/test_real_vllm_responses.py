@@ -158,7 +158,7 @@ async def test_function_tool_round_trip_with_previous_response_id(
 ) -> None:
     url, _ = resp_gw
     first_body = {"model": SERVED, "input": "The weather in Paris?", "tools": [TOOL],
-                  "tool_choice": {"type": "function", "name": "get_weather"}, "max_output_tokens": 40,
+                  "tool_choice": {"type": "function", "name": "get_weather"}, "max_output_tokens": 200,
                   "temperature": 0.0}  # fmt: skip
     status, first = await post(url, first_body)
     assert status == 200, first
