@@ -20,10 +20,11 @@ from backends.responses.to_chat import CHAT_TO_RESPONSES
 from backends.tool_call_order import MAX_HELD_BYTES, SequentialToolCalls
 from schemas.errors import GatewayError
 
-__all__ = ["bridged_responses", "bridged_responses_stream", "responses_table"]
+__all__ = ["bridged_responses", "bridged_responses_stream", "chat_call_of", "responses_table"]
 
 
-def _chat_call(call: ResponsesCall) -> tuple[ChatCall, ResponseFrame]:
+def chat_call_of(call: ResponsesCall) -> tuple[ChatCall, ResponseFrame]:
+    """The chat attempt a Responses attempt becomes, and the frame its answer is built in."""
     chat_request, names = chat_request_of(call.request)
     frame = ResponseFrame(call.request, call.public_model, names)
     # The same attempt, so the same trace: its traceparent goes upstream with the chat request.
@@ -37,7 +38,7 @@ def _renamed(exc: GatewayError) -> GatewayError:
 
 
 async def bridged_responses(backend: Backend, call: ResponsesCall) -> CompletionResult:
-    chat_call, frame = _chat_call(call)
+    chat_call, frame = chat_call_of(call)
     try:
         result = await backend.chat(chat_call)
     except GatewayError as exc:
@@ -46,7 +47,7 @@ async def bridged_responses(backend: Backend, call: ResponsesCall) -> Completion
 
 
 async def bridged_responses_stream(backend: Backend, call: ResponsesCall) -> CompletionStream:
-    chat_call, frame = _chat_call(call)
+    chat_call, frame = chat_call_of(call)
     try:
         inner = await backend.chat_stream(chat_call)
     except GatewayError as exc:

