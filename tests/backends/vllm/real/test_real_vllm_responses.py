@@ -4,7 +4,7 @@ hermes tool parser), through the gateway: plain, streamed, a function tool round
 route. The recording proxy shows what went upstream (the chat translation); with
 ``GATEWAY_RECORD_GOLDEN=1`` the exchanges are written to ``tests/fixtures/responses/vllm-<version>/*.json``,
 next to vLLM's own ``/v1/responses`` answer to the same request (for the record of how it differs;
-``tests/backends/responses/test_vllm_goldens.py`` replays the translation without a server).
+``tests/backends/responses/test_responses_vllm_goldens.py`` replays the translation without a server).
 """
 
 from __future__ import annotations
