@@ -123,7 +123,7 @@ class RequestRecord:
             if usage is not None:
                 metrics.key_tokens(key.name, usage.prompt_tokens, usage.completion_tokens)
         trace = self.trace
-        if trace is not None:
+        if trace is not None and trace.sampled:  # an unsampled trace has nothing to end
             trace.end(status, usage, self.error)
         if self._audit is not None:
             self._audit.write(

@@ -68,6 +68,7 @@ async def serve(
         from gateway.tracing.access_log import TracedAccessLogger
 
         extra["access_log_class"] = TracedAccessLogger
+        state.tracing.keyed = True  # each request keeps its trace for the line
     runner = FrontDoorRunner(  # malformed HTTP answered in our envelope; Connection: close while draining
         app, handle_signals=False, handler_cancellation=True, access_log=access_log, shutdown_timeout=1.0, **extra
     )

@@ -276,8 +276,9 @@ class CompletionService:
         result, route, _ = await self._run(
             ops, entry.name, routes, request, request_id, priority, _call_complete, hold=False, record=record
         )
-        if record is not None and record.trace is not None:
-            record.trace.answered(result.body)  # finish reasons, response id: read only when recorded
+        trace = record.trace if record is not None else None
+        if trace is not None and trace.sampled:
+            trace.answered(result.body)  # finish reasons, response id: read only when recorded
         return result, route
 
     async def open_stream(
@@ -315,6 +316,7 @@ class CompletionService:
         metrics = self._metrics
         started = self._clock.now()
         trace = record.trace if record is not None else None
+        recording = trace is not None and trace.sampled  # an unsampled attempt has nothing to end
         setbacks: _Setbacks | None = None  # None while nothing failed or was skipped
         route, retry_reason, queue = routes[0], None, False
         while True:
@@ -333,7 +335,7 @@ class CompletionService:
                     record.reached = True
                 # The attempt's client span (gateway.tracing); its headers go upstream inside the call.
                 attempt_trace = (
-                    trace.attempt(route.backend, route.upstream_model, _why(trace.attempt_count, retry_reason))
+                    trace.attempt(route.backend, route.upstream_model, retry_reason is not None)
                     if trace is not None
                     else None
                 )
@@ -375,7 +377,7 @@ class CompletionService:
                     raise
                 else:
                     if not hold:
-                        if attempt_trace is not None:
+                        if recording and attempt_trace is not None:
                             attempt_trace.end()
                         guard.breaker.succeeded()
                         guard.limiter.release()
@@ -390,13 +392,6 @@ class CompletionService:
             if after is None:
                 raise setbacks.answer(metrics, model)
             route, retry_reason, queue = after
-
-
-def _why(number: int, retry_reason: str | None) -> str:
-    """What an attempt is, for its span: the request's first, a retry of a backend, or a failover."""
-    if retry_reason is not None:
-        return "retry"
-    return "failover" if number else "first"
 
 
 async def _queue_for(guard: BackendGuard, permit: Permit, priority: int) -> bool:

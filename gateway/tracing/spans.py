@@ -15,13 +15,14 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable, Mapping
+from random import getrandbits
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from aiohttp import web
 
 from gateway.tracing import attributes as attrs_of
-from gateway.tracing.w3c import Parent, Sampler, new_span_id, parse_traceparent
+from gateway.tracing.w3c import Parent, Sampler, parse_traceparent
 
 if TYPE_CHECKING:
     from backends.base import Backend, TokenUsage
@@ -74,6 +75,9 @@ class Tracing:
         self.capture_content = capture_content
         # backend -> (server.address, server.port); weak: a backend a reload replaced is not kept
         self._servers: weakref.WeakKeyDictionary[Backend, tuple[str, int] | None] = weakref.WeakKeyDictionary()
+        # Whether each request keeps its trace for the access line (gateway.tracing.access_log), set
+        # when that logger is installed: otherwise nothing reads it.
+        self.keyed = False
 
     def start(self, request: web.Request, endpoint: Endpoint) -> RequestTrace:
         """The trace of ``request``: continues its ``traceparent`` or starts one; sampled or not."""
@@ -82,7 +86,8 @@ class Tracing:
         parent = parse_traceparent(value, headers.get("tracestate")) if value is not None else None
         sampled, trace_id = self.sampler.sampled(parent)
         trace = RequestTrace(self, request, endpoint, parent, sampled, trace_id)
-        request[TRACE_KEY] = trace  # the access line names it (gateway.tracing.access_log)
+        if self.keyed:
+            request[TRACE_KEY] = trace  # the access line names it (gateway.tracing.access_log)
         return trace
 
     def server_of(self, backend: Backend) -> tuple[str, int] | None:
@@ -125,7 +130,7 @@ class RequestTrace:
         # Every traceparent this request sends is prefix + a span id + suffix: the trace id is formatted once.
         self.prefix = f"00-{trace_id:032x}-"
         self.suffix = "-01" if sampled else "-00"
-        self.span_id = new_span_id()
+        self.span_id = getrandbits(64) or 1  # zero is invalid
         self.start_ns = _time_ns() if sampled else 0  # an unsampled span is never timed
         self.request: Any = None  # the validated request, once parsed
         self.attempt_count = 0
@@ -143,10 +148,12 @@ class RequestTrace:
         """``(trace_id, span_id)`` in hex, as logs and W3C headers write them."""
         return self.prefix[3:35], f"{self.span_id:016x}"
 
-    def attempt(self, backend: Backend, upstream_model: str, why: str) -> AttemptTrace:
-        """A client span for one attempt at ``backend`` (``why``: ``first``, ``failover`` or ``retry``)."""
+    def attempt(self, backend: Backend, upstream_model: str, retry: bool) -> AttemptTrace:
+        """A client span for one attempt at ``backend``: the request's first, a failover, or (``retry``) a
+        retry of a backend after a backoff."""
         number = self.attempt_count
         self.attempt_count = number + 1
+        why = "retry" if retry else "failover" if number else "first"
         self.backend_kind = backend.kind
         attempt = AttemptTrace(self, self.span_id, backend, upstream_model, number, why)
         self.last = attempt
@@ -291,7 +298,7 @@ class AttemptTrace:
         self.upstream_model = upstream_model
         self.number = number
         self.why = why
-        self.span_id = span_id = new_span_id()
+        self.span_id = span_id = getrandbits(64) or 1
         self.start = _time_ns() if request.sampled else 0
         self.ended = False
         self.ttfc: float | None = None

@@ -93,5 +93,5 @@ class Sampler:
             if self.parent_based:
                 return parent.sampled, parent.trace_id
             return (parent.trace_id & _LOW64) < self._bound, parent.trace_id
-        trace_id = new_trace_id()
+        trace_id = getrandbits(128) or 1  # as new_trace_id(), without the call
         return (trace_id & _LOW64) < self._bound, trace_id

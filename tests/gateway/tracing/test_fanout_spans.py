@@ -30,7 +30,7 @@ async def test_each_part_of_a_fanout_has_its_own_span_and_traceparent() -> None:
     tracing, spans = _tracing()
     trace = _trace(tracing)
     backend = make_backend("tgi")
-    attempt = trace.attempt(backend, "tgi-served", "first")
+    attempt = trace.attempt(backend, "tgi-served", False)
     call = dataclasses.replace(make_call("tgi", n=3, max_tokens=8), trace=attempt)
     with respx.mock(assert_all_called=True) as mock:
         upstream = route(mock, "tgi").mock(side_effect=lambda request: golden_complete("tgi"))
@@ -52,7 +52,7 @@ async def test_one_part_sends_the_attempts_own_context() -> None:
     tracing, spans = _tracing()
     trace = _trace(tracing)
     backend = make_backend("tgi")
-    attempt = trace.attempt(backend, "tgi-served", "first")
+    attempt = trace.attempt(backend, "tgi-served", False)
     call = dataclasses.replace(make_call("tgi", max_tokens=8, stream=True), trace=attempt)
     with respx.mock() as mock:
         upstream = route(mock, "tgi", stream=True).mock(return_value=golden_stream("tgi"))
@@ -83,7 +83,7 @@ def test_unsampled_requests_record_nothing_and_propagate() -> None:
         headers={"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"},
     )
     trace = tracing.start(request, Endpoint.CHAT)
-    attempt = trace.attempt(make_backend("tgi"), "x", "first")
+    attempt = trace.attempt(make_backend("tgi"), "x", False)
     part = attempt.part(1)
     assert attempt.headers["traceparent"].startswith("00-4bf92f3577b34da6a3ce929d0e0e4736-")
     assert attempt.headers["traceparent"].endswith("-00")
