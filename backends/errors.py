@@ -4,7 +4,9 @@ Tree (all :class:`schemas.errors.GatewayError`)::
 
     UpstreamError                 502, base; ``retryable`` says whether another try may help
     ├── UpstreamConnectError      502, retryable: no connection (refused, DNS, dead before the request was sent)
-    │   └── UpstreamClosedError   502, retryable: the request was sent, the connection closed unanswered
+    │   ├── UpstreamClosedError   502, retryable: the request was sent, the connection closed unanswered
+    │   ├── UpstreamTLSError      502, failed over, not retried here: a certificate refused (either side)
+    │   └── UpstreamProxyError    502, failed over: the forward proxy unreachable, 407, a refused CONNECT
     ├── UpstreamTimeoutError      504, retryable before the first byte
     ├── UpstreamStatusError       the upstream answered non-2xx; status and retryability from the code
     └── UpstreamProtocolError     502: garbage JSON, a stream cut before [DONE], an error event mid-stream
@@ -40,7 +42,9 @@ __all__ = [
     "UpstreamConnectError",
     "UpstreamError",
     "UpstreamProtocolError",
+    "UpstreamProxyError",
     "UpstreamStatusError",
+    "UpstreamTLSError",
     "UpstreamTimeoutError",
     "UpstreamTooLargeError",
     "error_fields",
@@ -57,6 +61,9 @@ class UpstreamError(GatewayError):
     type = "upstream_error"
     code = "upstream_error"
     retryable = False
+    # With ``retryable``: False when another route may succeed but another try of the same
+    # backend will not (the same certificate, the same refused proxy credentials).
+    retry_here = True
     # A subclass names its kind of failure here instead of an ``__init__`` of its own.
     default_reason: ClassVar[str] = "error"
 
@@ -82,6 +89,33 @@ class UpstreamClosedError(UpstreamConnectError):
 
     code = "upstream_closed"
     default_reason = "closed"
+
+
+class UpstreamTLSError(UpstreamConnectError):
+    """TLS with the upstream (or an https proxy) failed: a certificate not trusted, expired or for
+    another name, or the gateway's client certificate refused. The message carries OpenSSL's reason.
+
+    Failed over to a model's other routes, never retried on this backend: its next handshake
+    meets the same certificate.
+    """
+
+    code = "upstream_tls_error"
+    default_reason = "tls"
+    retry_here = False
+
+
+class UpstreamProxyError(UpstreamConnectError):
+    """The backend's forward proxy: unreachable (``proxy``), refusing the gateway's credentials
+    (407: ``proxy_auth``, code ``upstream_proxy_auth_failed``), or answering CONNECT with another
+    status (``proxy``). Failed over like any connect failure; retried on this backend only when
+    another try may pass (unreachable, or 502/503/504: the proxy's word that the upstream is away)."""
+
+    code = "upstream_proxy_error"
+    default_reason = "proxy"
+
+    def __init__(self, message: str, *, retry_here: bool = True, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.retry_here = retry_here
 
 
 class UpstreamTimeoutError(UpstreamError):

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from backends.base import Backend
 from backends.registry import build_backends
+from backends.transport.egress import warn_unverified
 from gateway.clock import Clock
 from gateway.configfile import ConfigError
 from gateway.flow.admission import Admission, Limiter
@@ -59,6 +60,7 @@ def create_app(
     if problems:
         raise ConfigError("<config>", problems)
     register_secrets(config)  # error bodies never carry them (gateway.http.hardening.redact)
+    warn_unverified(config.backends, "start-up")
     built = dict(backends) if backends is not None else build_backends(config.backends)
     check_endpoints(config, built)
     keys = [k.name for k in config.auth.keys] if config.auth is not None else []

@@ -45,6 +45,7 @@ from aiohttp import web
 
 from backends.base import Backend, Reconfigurable, ReconfigureReport
 from backends.registry import build_backends
+from backends.transport.egress import warn_unverified
 from gateway.app import PROBER, backend_guards, build_state
 from gateway.clock import Clock
 from gateway.configfile import ConfigError, load_config
@@ -249,6 +250,7 @@ class Reloader:
                 return False
             started.append(backend)
         register_secrets(config)
+        warn_unverified(config.backends, "config reload")
         backends = {b.name: built[b.name] if b.name in built else state.backends[b.name] for b in config.backends}
         metrics = state.metrics
         guards = backend_guards(config, metrics, self._clock)

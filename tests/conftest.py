@@ -28,6 +28,9 @@ from gateway.configfile import parse_config
 from gateway.http.protocol import FrontDoorRunner
 from tests.fakes import FakeUpstream
 
+# The egress tests' real parts (a private PKI, proxy.py processes), shared by every test folder.
+pytest_plugins = ("tests.backends.transport.egress_parts",)
+
 OPENAI_MODEL = "gpt-test"
 VLLM_MODEL = "llama-test"
 MOCK_MODEL = "mock-test"

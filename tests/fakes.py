@@ -19,6 +19,7 @@ health endpoints (``healthy = False``).
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections import deque
 from collections.abc import Callable
@@ -261,8 +262,11 @@ class Seen:
 
 
 class FakeUpstream:
-    def __init__(self, *, model_field: str | None = None, spaced_json: bool = False) -> None:
+    def __init__(
+        self, *, model_field: str | None = None, spaced_json: bool = False, ssl_context: ssl.SSLContext | None = None
+    ) -> None:
         self.requests: list[Seen] = []
+        self._ssl = ssl_context  # serve https (tests of TLS and mutual TLS)
         self.script: deque[Behaviour] = deque()
         self._peers: set[Any] = set()
         self.open_streams = 0
@@ -289,7 +293,7 @@ class FakeUpstream:
         app.router.add_get("/health", self._health)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self._runner.setup()
-        self._site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        self._site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=self._ssl)
         await self._site.start()
         self.port = self._runner.addresses[0][1]
         return self.url
@@ -308,7 +312,7 @@ class FakeUpstream:
     async def come_up(self) -> None:
         """Listen again on the same port."""
         assert self._runner is not None and self._site is None
-        self._site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True)
+        self._site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True, ssl_context=self._ssl)
         await self._site.start()
 
     @property
@@ -324,7 +328,7 @@ class FakeUpstream:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"{'https' if self._ssl else 'http'}://127.0.0.1:{self.port}/v1"
 
     async def stop(self) -> None:
         if self._runner is not None:

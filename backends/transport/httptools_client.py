@@ -26,7 +26,12 @@ Contract (on top of the one in ``backends.transport.base``):
   a close without a response byte is then :class:`UpstreamClosedError`.
 - Timeouts: ``connect`` for getting a connection (pool wait and connect together).
 - Errors here: no connection, or a fresh one dead before the write -> UpstreamConnectError;
-  no connection within ``connect`` -> UpstreamTimeoutError.
+  TLS refused -> UpstreamTLSError; no connection within ``connect`` -> UpstreamTimeoutError.
+- Egress (``backends.transport.egress``): the TLS context, ``server_name`` and proxy routing of
+  the backend. Only opening a connection (``backends.transport.httptools_connect``) and the
+  per-URL target (absolute-form and ``Proxy-Authorization`` for a plain-http upstream behind a
+  proxy) differ; a request on a pooled connection costs the same. A 407 from the proxy of a
+  plain-http upstream is its refusal (:class:`UpstreamProxyError`), not the upstream's answer.
 - Size caps, read timeouts, back-pressure and the errors of one exchange:
   ``backends.transport.httptools_exchange`` (its docstring).
 """
@@ -40,8 +45,10 @@ from collections.abc import Mapping
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
-from backends.errors import UpstreamConnectError, UpstreamTimeoutError
+from backends.errors import UpstreamConnectError, UpstreamError, UpstreamTimeoutError
 from backends.transport.base import UpstreamResponse
+from backends.transport.egress import Egress, default_context, proxy_refused, tls_error
+from backends.transport.httptools_connect import open_connection
 from backends.transport.httptools_exchange import Conn, Exchange, Origin, Unsent
 from schemas.config import TimeoutConfig
 
@@ -50,8 +57,9 @@ __all__ = ["FastHTTPTransport"]
 
 class _Target(NamedTuple):
     key: Origin
-    host: str  # the Host header
-    path: str  # the request target
+    host: str  # the Host header's value (behind a proxy, a Proxy-Authorization line may follow it)
+    path: str  # the request target (absolute-form for a plain-http upstream behind a proxy)
+    proxied: bool  # sent to a forward proxy as it stands: its 407 is the proxy's refusal
 
 
 def _expire(fut: asyncio.Future[bool]) -> None:
@@ -63,9 +71,17 @@ class FastHTTPTransport:
     """HTTP/1.1 over raw asyncio protocols with a per-origin keep-alive pool (see the module docstring)."""
 
     def __init__(
-        self, backend: str, timeout: TimeoutConfig, max_connections: int, *, max_body: int = 64 * 1024 * 1024
+        self,
+        backend: str,
+        timeout: TimeoutConfig,
+        max_connections: int,
+        *,
+        max_body: int = 64 * 1024 * 1024,
+        egress: Egress | None = None,
     ) -> None:
         self._backend = backend
+        # None: the plain path (direct, the system's trust store), as without any egress keys.
+        self._egress = egress if egress is not None and not egress.direct else None
         self._timeout = timeout
         self._max_body = max_body
         self._max = max(1, max_connections)
@@ -74,7 +90,7 @@ class FastHTTPTransport:
         self._conns: set[Conn] = set()  # connected ones, idle or in use
         self._count = 0  # connected plus connecting
         self._waiters: deque[asyncio.Future[bool]] = deque()
-        self._ssl: ssl.SSLContext | None = None
+        self._ssl: ssl.SSLContext | None = egress.ssl if egress is not None else None
 
     async def send(
         self, method: str, url: str, *, body: bytes | None, headers: Mapping[str, str], stream: bool
@@ -98,6 +114,9 @@ class FastHTTPTransport:
             resp = Exchange(self, conn, loop, t0, stream)
             try:
                 await resp._start(data)
+                if resp.status == 407 and target.proxied:
+                    resp.release()
+                    raise proxy_refused(407, self._backend)
                 return resp
             except Unsent as exc:
                 resp.release()
@@ -136,9 +155,16 @@ class FastHTTPTransport:
         if port != default:
             host_header += f":{port}"
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        proxy = self._egress.proxy_for(scheme, host, port) if self._egress is not None else None
+        proxied = proxy is not None and scheme == "http"
+        if proxied:  # the proxy forwards it: the absolute URL, and its credentials on every request
+            assert proxy is not None
+            path = f"http://{host_header}{path}"
+            if proxy.authorization:
+                host_header += f"\r\nProxy-Authorization: {proxy.authorization}"
         if len(self._targets) >= 64:
             self._targets.clear()
-        target = self._targets[url] = _Target((scheme, host, port), host_header, path)
+        target = self._targets[url] = _Target((scheme, host, port), host_header, path, proxied)
         return target
 
     async def _acquire(self, key: Origin, deadline: float, *, fresh: bool) -> tuple[Conn, bool]:
@@ -160,21 +186,28 @@ class FastHTTPTransport:
 
     async def _connect(self, key: Origin, deadline: float) -> Conn:
         scheme, host, port = key
-        ctx: ssl.SSLContext | None = None
-        if scheme == "https":
-            ctx = self._ssl = self._ssl or ssl.create_default_context()
         self._count += 1
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout_at(deadline):
-                _, conn = await loop.create_connection(
-                    lambda: Conn(self, key), host, port, ssl=ctx, server_hostname=host if ctx else None
-                )
+                if self._egress is not None:
+                    conn = await open_connection(loop, lambda: Conn(self, key), self._egress, scheme, host, port)
+                else:
+                    ctx: ssl.SSLContext | None = None
+                    if scheme == "https":
+                        ctx = self._ssl = self._ssl or default_context()
+                    _, conn = await loop.create_connection(
+                        lambda: Conn(self, key), host, port, ssl=ctx, server_hostname=host if ctx else None
+                    )
         except BaseException as exc:
             self._count -= 1
             self._wake_one()
             if isinstance(exc, TimeoutError):
                 raise UpstreamTimeoutError("timed out connecting to the upstream", backend=self._backend) from None
+            if isinstance(exc, UpstreamError):
+                raise
+            if isinstance(exc, ssl.SSLError):
+                raise tls_error(exc, self._backend) from None
             if isinstance(exc, OSError):
                 raise UpstreamConnectError(
                     f"cannot reach the upstream ({type(exc).__name__})", backend=self._backend

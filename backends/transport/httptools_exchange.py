@@ -21,7 +21,8 @@ contract); this module owns what happens once the bytes are on the socket:
 - ``iter_chunks`` yields the de-chunked body as it arrives (all that is buffered,
   joined); reading pauses above 256 KiB unconsumed and resumes when drained.
 - Errors: dead before the request was written -> :class:`Unsent` (the pool may resend);
-  closed after the write, before any response byte -> UpstreamClosedError;
+  closed after the write, before any response byte -> UpstreamClosedError (UpstreamTLSError when
+  TLS ended it: a TLS 1.3 server refuses a client certificate only after the handshake);
   unparseable response -> UpstreamProtocolError; cut after the headers ->
   UpstreamProtocolError(reason="stream_cut"). No OSError/httptools error escapes.
 """
@@ -29,6 +30,7 @@ contract); this module owns what happens once the bytes are on the socket:
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import AsyncIterator
 from typing import Protocol, cast
 
@@ -42,6 +44,7 @@ from backends.errors import (
     UpstreamTimeoutError,
 )
 from backends.transport.base import refuse_encoding, too_large
+from backends.transport.egress import tls_error
 from schemas.config import TimeoutConfig
 
 __all__ = ["Conn", "Exchange", "Origin", "Pool", "Unsent"]
@@ -267,7 +270,10 @@ class Exchange:
             return
         why = f" ({type(exc).__name__})" if exc is not None else ""
         err: UpstreamError
-        if not self._got:
+        if isinstance(exc, ssl.SSLError) and not self._got:
+            # TLS 1.3: a server that refuses our client certificate says so after the handshake
+            err = tls_error(exc, self._backend)
+        elif not self._got:
             err = UpstreamClosedError(
                 f"the upstream closed the connection without answering; the request had been sent{why}",
                 backend=self._backend,

@@ -16,7 +16,9 @@ and the documented ``start_time``, ``outcome_timestamp``, ``idle_for``, ``upcomi
 - ``retry``: is the failure worth another try here? Only failures that left nothing at the
   client and may pass (:func:`retryable`: no connection, timeout before any byte, a stream
   cut or silent before its first event, 429, 500/502/503/504), and only when the upstream's
-  ``Retry-After``, if any, is within ``max_retry_after``. Never a 4xx about the request.
+  ``Retry-After``, if any, is within ``max_retry_after``. Never a 4xx about the request, nor
+  a failure that would repeat on this backend (``retry_here``: a refused certificate, refused
+  proxy credentials), which only fails over.
 - ``wait``: how long first? Exponential backoff with jitter, and at least the Retry-After.
 - ``stop``: out of attempts, or would the next try start past the deadline?
 
@@ -47,6 +49,7 @@ __all__ = [
     "RetryState",
     "retry_if_retry_after_within",
     "retryable",
+    "retryable_here",
     "wait_retry_after",
 ]
 
@@ -59,6 +62,12 @@ def retryable(exc: BaseException) -> bool:
     (:func:`gateway.flow.health.client_caused`): any backend would refuse it the same way.
     """
     return upstream_retryable(exc) and isinstance(exc, UpstreamError) and not client_caused(exc)
+
+
+def retryable_here(exc: BaseException) -> bool:
+    """Whether another try of the same backend may succeed: :func:`retryable`, unless the failure
+    is one its next try would meet again (``UpstreamError.retry_here``, e.g. a TLS verification failure)."""
+    return retryable(exc) and isinstance(exc, UpstreamError) and exc.retry_here
 
 
 def _retry_after(state: RetryCallState) -> float | None:
@@ -122,7 +131,7 @@ class RetryPolicy:
         return cls(
             stop=stop_after_attempt(config.attempts) | stop_before_delay(config.deadline),
             wait=wait_retry_after(backoff, cap=config.max_retry_after),
-            retry=retry_if_exception(retryable) & retry_if_retry_after_within(config.max_retry_after),
+            retry=retry_if_exception(retryable_here) & retry_if_retry_after_within(config.max_retry_after),
             clock=clock,
             attempts=config.attempts,
         )

@@ -20,7 +20,7 @@
   (``unsupported_content_encoding``): aiohttp passes unknown codings through undecoded, which
   would otherwise reach the JSON parser as garbage, or as JSON the client did not mean.
 - Secrets never leave in an error body: every secret of a loaded config (each ``SecretStr``
-  in it, and the password of a Redis URL) is registered by :func:`register_secrets`, and
+  in it, and the password of a Redis or proxy URL) is registered by :func:`register_secrets`, and
   :func:`redact` replaces them in an error body before it is sent (an upstream may echo our
   credentials in an error message we pass on). Only error bodies pay for it. The registry and
   ``redact`` live in ``backends.errors``, which must redact an upstream message *before* it
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from aiohttp import hdrs, web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -103,9 +103,9 @@ async def read_body(request: web.Request, seconds: float) -> bytes:
 def _secret_values(node: Any) -> list[str]:
     if isinstance(node, SecretStr):
         value = node.get_secret_value()
-        if value.startswith(("redis://", "rediss://", "unix://")):
+        if value.startswith(("redis://", "rediss://", "unix://", "http://", "https://")):  # a URL: its password too
             password = urlsplit(value).password
-            return [value] + ([password] if password else [])
+            return [value] + ([password, unquote(password)] if password else [])
         return [] if value == "memory" else [value]
     if isinstance(node, BaseModel):
         return [v for name in type(node).model_fields for v in _secret_values(getattr(node, name))]

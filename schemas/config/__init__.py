@@ -31,6 +31,7 @@ from schemas.config.common import (
     TimeoutConfig,
     UpstreamLimitsConfig,
 )
+from schemas.config.egress import TLSConfig
 from schemas.config.gateway import GatewayConfig
 from schemas.config.models import ModelConfig, ResponsesModelConfig, RouteConfig
 from schemas.config.pool import (
@@ -77,6 +78,7 @@ __all__ = [
     "ServerConfig",
     "TEIBackendConfig",
     "TGIBackendConfig",
+    "TLSConfig",
     "TelemetryConfig",
     "TimeoutConfig",
     "UpstreamLimitsConfig",

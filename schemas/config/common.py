@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from schemas.completions import CompletionRequest
+from schemas.config.egress import TLSConfig, check_env_proxies, check_proxy_url
 
 CapabilityLevelName = Literal["native", "translated", "emulated", "unsupported"]
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$")]
@@ -173,6 +174,12 @@ class HTTPUpstreamConfig(_BackendBase):
     # aiohttp, or httpx (any httpx transport, e.g. respx in tests).
     transport: Literal["httptools", "aiohttp", "httpx"] = "httptools"
     limits: UpstreamLimitsConfig = Field(default_factory=UpstreamLimitsConfig)
+    # Egress (``schemas.config.egress``): a forward proxy (``http://[user:pass@]host:port`` or
+    # ``https://``; CONNECT for https upstreams), TLS towards the upstream, and whether the
+    # standard HTTPS_PROXY / HTTP_PROXY / NO_PROXY / SSL_CERT_FILE variables count (off: they do not).
+    proxy: SecretStr | None = None
+    tls: TLSConfig | None = None
+    trust_env: bool = False
 
     @field_validator("base_url")
     @classmethod
@@ -180,6 +187,11 @@ class HTTPUpstreamConfig(_BackendBase):
         if value is not None and (value.query or value.fragment):
             raise ValueError("base_url must not carry a query string or fragment")
         return value
+
+    @field_validator("proxy")
+    @classmethod
+    def _proxy_url(cls, value: SecretStr | None) -> SecretStr | None:
+        return check_proxy_url(value)
 
     @field_validator("headers")
     @classmethod
@@ -190,6 +202,8 @@ class HTTPUpstreamConfig(_BackendBase):
     def _one_authorization(self) -> HTTPUpstreamConfig:
         if self.api_key is not None and any(name.lower() == "authorization" for name in self.headers):
             raise ValueError("give the upstream credential once, as api_key or as an Authorization header")
+        if self.trust_env and self.proxy is None:
+            check_env_proxies()
         return self
 
 

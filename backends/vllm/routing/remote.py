@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 from backends.capabilities import Capabilities
 from backends.errors import UpstreamError
-from backends.transport import make_transport
+from backends.transport import egress_of, make_transport
 from backends.transport.base import get_ok
 from backends.transport.httptools_client import FastHTTPTransport
 from backends.vllm.adapter import VLLMBackend
@@ -82,10 +82,11 @@ class VLLMEndpointsBackend(DispatchedBackend):
             describe=self._describe,
         )
         self._servers: dict[str, _Server] = {}  # by base URL
-        self._transport = make_transport(config)
+        egress = egress_of(config)  # probes and scrapes leave as the requests do (proxy, TLS)
+        self._transport = make_transport(config, egress)
         t = config.probe.timeout
         self._control = FastHTTPTransport(
-            config.name, TimeoutConfig(connect=t, first_byte=t, total=t, stream_idle=t), 64
+            config.name, TimeoutConfig(connect=t, first_byte=t, total=t, stream_idle=t), 64, egress=egress
         )
         self._tasks: list[asyncio.Task[None]] = []
         # With ``--workers N`` the control process runs the discovery, probes and scrapes once: it
