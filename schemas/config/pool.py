@@ -170,6 +170,17 @@ class VLLMPoolBackendConfig(_BackendBase):
     def served_name(self) -> str:
         return self.served_model_name or self.model
 
+    def vllm_arg(self, flag: str) -> str | None:
+        """The value ``vllm_args`` give ``flag`` (``--flag V`` or ``--flag=V``; the last wins), or None."""
+        args = self.vllm_args
+        value = None
+        for i, arg in enumerate(args):
+            if arg == flag and i + 1 < len(args):
+                value = args[i + 1]
+            elif arg.startswith(flag + "="):
+                value = arg.split("=", 1)[1]
+        return value
+
     @property
     def tool_parser(self) -> str | None:
         """The tool-call parser the workers run: ``--tool-call-parser X`` with ``--enable-auto-tool-choice``.
@@ -177,16 +188,9 @@ class VLLMPoolBackendConfig(_BackendBase):
         Both flags, as ``vllm serve`` needs both for ``tool_choice: auto``; without them the
         pool's chat table treats the workers as running no parser.
         """
-        args = self.vllm_args
-        if "--enable-auto-tool-choice" not in args:
+        if "--enable-auto-tool-choice" not in self.vllm_args:
             return None
-        parser = None
-        for i, arg in enumerate(args):
-            if arg == "--tool-call-parser" and i + 1 < len(args):
-                parser = args[i + 1]
-            elif arg.startswith("--tool-call-parser="):
-                parser = arg.split("=", 1)[1]
-        return parser or None
+        return self.vllm_arg("--tool-call-parser") or None
 
     @property
     def pooling(self) -> bool:

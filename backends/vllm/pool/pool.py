@@ -243,11 +243,12 @@ class VLLMPoolBackend(DispatchedBackend):
 
 
 def pool_signals(config: VLLMPoolBackendConfig, dispatcher: Dispatcher) -> EngineSignals:
-    """The pool's tokenizer (``routing.tokenizer``, else the model it serves) and its workers' KV events."""
+    """The pool's tokenizer (``routing.tokenizer``, else the workers' ``--tokenizer``, else the model
+    they serve) and its workers' KV events."""
     return EngineSignals(
         config.name,
         dispatcher,
-        tokenizer=config.routing.tokenizer or config.model,
+        tokenizer=config.routing.tokenizer or config.vllm_arg("--tokenizer") or config.model,
         seed=hash_seed(config),
         topic=KV_TOPIC,
         address=lambda ep: ep.events,

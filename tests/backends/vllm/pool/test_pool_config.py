@@ -170,3 +170,20 @@ def test_vllm_base_urls_and_discovery() -> None:
 def test_vllm_source_mistakes(source: str, message: str) -> None:
     where, what = problem(VLLM.format(source=source))
     assert where.startswith("backends[0]") and message in what, (where, what)
+
+
+def test_the_pools_tokenizer_is_routings_then_the_workers_then_the_model() -> None:
+    from backends.vllm.pool.pool import pool_signals
+    from backends.vllm.routing.dispatch import Dispatcher
+
+    def source(text: str) -> str | None:
+        backend = parse_config(text, "t.yaml", env={}).backends[0]
+        assert isinstance(backend, VLLMPoolBackendConfig)
+        dispatcher = Dispatcher("p", backend.routing, on_failure=print, hopeless=bool, describe=str)
+        return pool_signals(backend, dispatcher).tokenizer_source
+
+    assert source(pool()) == "/models/Llama-3.1-8B-Instruct"
+    assert source(pool().replace('"8192"', '"8192", "--tokenizer=/tok"')) == "/tok"
+    assert (
+        source(pool("    routing: {tokenizer: /mine}\n").replace('"8192"', '"8192", "--tokenizer", "/tok"')) == "/mine"
+    )
