@@ -17,6 +17,10 @@ Cost by request kind:
 - *emulated* (best_of > n, n > 1 at temperature 0 on >= 0.12): see
   ``backends.emulation.best_of``; only these pay for ranking, replication or a per-event parse.
 
+The HTTP side (URLs, headers, POSTs, the stream relay's set-up) is the OpenAI wire
+(``backends.openai.wire``), used as a library: this module reads top to bottom, version,
+dialect, send, answer, for every endpoint.
+
 Concurrency: one event loop; version refreshes are single-flight (a lock) and
 rate-limited. ``close()`` closes the transport.
 """
@@ -29,17 +33,28 @@ from typing import Any, ClassVar
 
 import orjson
 
-from backends.base import Call, ChatCall, CompletionResult, CompletionStream, EmbeddingCall, RerankCall, UpstreamCall
+from backends.base import (
+    Backend,
+    Call,
+    ChatCall,
+    CompletionResult,
+    CompletionStream,
+    EmbeddingCall,
+    RerankCall,
+    ResponsesTable,
+    UpstreamCall,
+)
 from backends.capabilities import Capabilities
 from backends.chat_capabilities import ChatCapabilities
 from backends.emulation.best_of import ReplicatedStream, pick_best_of, replicate_choices, scale_usage
 from backends.errors import UpstreamConnectError, UpstreamError, UpstreamProtocolError
 from backends.exact_json import dumps_exact, loads_keeping_integers
-from backends.openai.adapter import OpenAIBackend
-from backends.openai.chat import chat_refusal
+from backends.openai.chat import chat_payload, chat_refusal
 from backends.openai.pooling import embedding_payload, relay_embeddings, rerank_payload, rerank_result
 from backends.openai.relay import usage_of
-from backends.transport.base import HTTPTransport, send_ok
+from backends.openai.wire import OpenAIWire
+from backends.pooling_capabilities import PoolingCapabilities
+from backends.transport.base import HTTPTransport, UpstreamResponse
 from backends.vllm.capabilities import VLLM_CAPABILITIES, vllm_chat_capabilities, vllm_responses_capabilities
 from backends.vllm.chat import normalise_chat_body, replication, translate_chat
 from backends.vllm.dialect import (
@@ -57,6 +72,7 @@ from backends.vllm.versions import VLLMChatFeatures, VLLMFeatures, VLLMVersion, 
 from schemas.chat import ChatCompletionRequest
 from schemas.completions import CompletionRequest
 from schemas.config import VLLMBackendConfig
+from schemas.endpoints import Endpoint
 from schemas.errors import UnsupportedParameterError
 
 __all__ = ["VLLMBackend"]
@@ -73,14 +89,20 @@ _CONFIRM_AGE = 1.0
 _GUIDES = (*GUIDED_TO_STRUCTURED, "structured_outputs")
 
 
-class VLLMBackend(OpenAIBackend):
+class VLLMBackend(Backend):
     kind: ClassVar[str] = "vllm"
     default_capabilities: ClassVar[Capabilities] = VLLM_CAPABILITIES
+    endpoints: frozenset[Endpoint] = frozenset(
+        {Endpoint.COMPLETIONS, Endpoint.CHAT, Endpoint.EMBEDDINGS, Endpoint.RERANK, Endpoint.RESPONSES}
+    )
     # Responses through the chat dialect (the table derives from the version's chat table: _use).
     responses_native: ClassVar[bool] = False
 
     def __init__(self, config: VLLMBackendConfig, transport: HTTPTransport | None = None) -> None:
-        super().__init__(config, transport)
+        super().__init__(config.name, VLLM_CAPABILITIES.with_overrides(config.capabilities))
+        self.config = config
+        self._wire = OpenAIWire(config, transport)
+        self.base_url = self._wire.base_url
         self._tool_parser = config.tool_parser
         self.chat_features = VLLMChatFeatures.of(None, self._tool_parser)
         self._root = self.base_url.removesuffix("/v1")
@@ -106,8 +128,10 @@ class VLLMBackend(OpenAIBackend):
         self.capabilities = self.dialect.capabilities.with_overrides(self._overrides)
         self.chat_features = VLLMChatFeatures.of(version, self._tool_parser)
         self.chat_capabilities: ChatCapabilities | None = vllm_chat_capabilities(self.chat_features)
+        self.embedding_capabilities: PoolingCapabilities | None
+        self.rerank_capabilities: PoolingCapabilities | None
         self.embedding_capabilities, self.rerank_capabilities = vllm_pooling_tables(version)
-        self.responses_capabilities = vllm_responses_capabilities(self.chat_features)
+        self.responses_capabilities: ResponsesTable | None = vllm_responses_capabilities(self.chat_features)
 
     async def start(self) -> None:
         await super().start()
@@ -116,12 +140,9 @@ class VLLMBackend(OpenAIBackend):
     async def detect_version(self) -> VLLMVersion | None:
         """``GET /version``; falls back to the pin (or keeps what it knew) when it gets no version."""
         self._last_attempt = asyncio.get_running_loop().time()
-        headers = {k: v for k, v in self._headers.items() if k != "Content-Type"}
         try:
             async with asyncio.timeout(_DETECT_TIMEOUT):
-                resp = await self._transport.send(
-                    "GET", self._root + "/version", body=None, headers=headers, stream=False
-                )
+                resp = await self._wire.get(self._root + "/version")
                 try:
                     data = await resp.read()
                 finally:
@@ -185,28 +206,32 @@ class VLLMBackend(OpenAIBackend):
                 self._stale = True
 
     # --- sending ----------------------------------------------------------------------
-    async def _send(self, body: bytes, call: Call[Any], *, stream: bool, url: str | None = None) -> Any:
+    # The completions body as the client sent it is the wire's (``completion_fields``); this
+    # version's dialect rewrites it. A non-200 answer is read by vLLM's error reader, which
+    # keeps ``param`` when it names one of this request's fields.
+    async def _send(self, url: str, fields: dict[str, Any], call: Call[Any]) -> bytes:
+        """POST and read the whole answer; a failed connection marks the version for a re-read."""
+
         def status_error(status: int, data: bytes, retry_after: str | None) -> UpstreamError:
             return vllm_error(status, data, retry_after, self.name, call.request)
 
         try:
-            resp = await send_ok(
-                self._transport,
-                url or self._url,
-                body,
-                self._request_headers(call),
-                stream=stream,
-                status_error=status_error,
-            )
+            return await self._wire.post_read(url, fields, call, status_error)
         except UpstreamConnectError:
             self._stale = True  # the next contact is a reconnect: re-read the version first
             raise
-        if stream:
-            return resp
+
+    async def _open(self, url: str, fields: dict[str, Any], call: Call[Any]) -> UpstreamResponse:
+        """POST a streamed request; the 200 response (its relay releases it)."""
+
+        def status_error(status: int, data: bytes, retry_after: str | None) -> UpstreamError:
+            return vllm_error(status, data, retry_after, self.name, call.request)
+
         try:
-            return await resp.read()
-        finally:
-            resp.release()
+            return await self._wire.post(url, fields, call, status_error, stream=True)
+        except UpstreamConnectError:
+            self._stale = True
+            raise
 
     def _parse(self, data: bytes) -> dict[str, Any]:
         try:
@@ -233,7 +258,8 @@ class VLLMBackend(OpenAIBackend):
         if self._stale:
             await self._refresh()
         if VERSION_DEPENDENT_FIELDS.isdisjoint(call.request.model_fields_set):
-            data = await self._send(orjson.dumps(self.payload(call)), call, stream=False)
+            fields = self._wire.completion_fields(call, self.capabilities)
+            data = await self._send(self._wire.completions_url, fields, call)
             return self._result(self._parse(data), call)
         return self._result(await self._complete_planned(call), call)
 
@@ -244,9 +270,9 @@ class VLLMBackend(OpenAIBackend):
         plan, factor = dialect.plan(request)
         if plan is Plan.BEST_OF and request.echo and request.prompt_count > 1:
             return await self._best_of_per_prompt(call)
-        fields = self.payload(call)
+        fields = self._wire.completion_fields(call, self.capabilities)
         dialect.translate(fields, request, plan, factor)
-        obj = self._parse(await self._send(orjson.dumps(fields), call, stream=False))
+        obj = self._parse(await self._send(self._wire.completions_url, fields, call))
         if not resent and self._constraint_ignored(request, dialect, obj):
             # The server that answered is not the version the constraint was written for, and it
             # ignores that form: the answer may be unconstrained. Re-read the version and resend once.
@@ -332,11 +358,11 @@ class VLLMBackend(OpenAIBackend):
             plan, factor = self.dialect.plan(request)
             if plan is Plan.BEST_OF:  # the schema refuses streaming best_of != n; never get here
                 raise UnsupportedParameterError("best_of cannot be streamed", param="best_of", backend=self.name)
-        fields = self.payload(call)
+        fields = self._wire.completion_fields(call, self.capabilities)
         if translated:
             self.dialect.translate(fields, request, plan, factor)
-        resp = await self._send(orjson.dumps(fields), call, stream=True)
-        relay = self._relay(VLLMStreamRelay, resp, call)
+        resp = await self._open(self._wire.completions_url, fields, call)
+        relay = self._wire.relay(VLLMStreamRelay, resp, call)
         if plan is Plan.REPLICATE:
             return ReplicatedStream(relay, request.n or 1, self.name)
         return relay
@@ -347,7 +373,10 @@ class VLLMBackend(OpenAIBackend):
         error = chat_refusal(self.chat_capabilities, call.request, self.name, self.kind)
         if error is not None:
             raise error
-        fields = self.chat_payload(call)
+        assert self.chat_capabilities is not None  # checked just above (chat_refusal refuses None)
+        # vLLM keeps the client's name for the output limit (translate_chat renames it per version).
+        stream_usage = self._wire.stream_usage
+        fields = chat_payload(call, self.chat_capabilities, max_tokens_field=None, stream_usage=stream_usage)
         copies = replication(call.request, self.chat_features)
         translate_chat(fields, self.chat_features, copies)
         return fields, copies
@@ -357,12 +386,12 @@ class VLLMBackend(OpenAIBackend):
             await self._refresh()
         dialect = self.dialect
         fields, copies = self._chat_fields(call)
-        obj = self._parse(await self._send(orjson.dumps(fields), call, stream=False, url=self._chat_url))
+        obj = self._parse(await self._send(self._wire.chat_url, fields, call))
         if self._constraint_ignored(call.request, dialect, obj):
             # Answered by another version than the constraint was written for: re-read, resend once.
             await self.detect_version()
             fields, copies = self._chat_fields(call)
-            obj = self._parse(await self._send(orjson.dumps(fields), call, stream=False, url=self._chat_url))
+            obj = self._parse(await self._send(self._wire.chat_url, fields, call))
         out = normalise_chat_body(obj, call.public_model, self.name, call.request)
         if copies > 1:
             out["choices"] = replicate_choices(out["choices"], copies)
@@ -376,8 +405,8 @@ class VLLMBackend(OpenAIBackend):
         if guide is not None and not self.dialect.features.structured_outputs:
             await self._confirm_for_stream(guide)
         fields, copies = self._chat_fields(call)
-        resp = await self._send(orjson.dumps(fields), call, stream=True, url=self._chat_url)
-        relay = self._relay(VLLMChatStreamRelay, resp, call)
+        resp = await self._open(self._wire.chat_url, fields, call)
+        relay = self._wire.relay(VLLMChatStreamRelay, resp, call)
         return ReplicatedStream(relay, copies, self.name) if copies > 1 else relay
 
     async def _confirm_for_stream(self, guide: str) -> None:
@@ -408,10 +437,7 @@ class VLLMBackend(OpenAIBackend):
         if self._stale:
             await self._refresh()
         try:
-            resp = await send_ok(
-                self._transport, url, orjson.dumps(fields), self._request_headers(call), stream=False,
-                status_error=status_error,
-            )  # fmt: skip
+            resp = await self._wire.post(url, fields, call, status_error, stream=False)
         except UpstreamConnectError:
             self._stale = True  # the next contact is a reconnect: re-read the version first
             raise
@@ -428,7 +454,7 @@ class VLLMBackend(OpenAIBackend):
         table = self.embedding_capabilities
         assert table is not None
         self._refuse(table.refusal(call.request, self.name, self.kind))
-        data, resp = await self._send_pooling(self._embeddings_url, embedding_payload(call, table), call)
+        data, resp = await self._send_pooling(self._wire.embeddings_url, embedding_payload(call, table), call)
         if call.request.encoding_format in ("bytes", "bytes_only"):
             estimate = call.request.prompt_estimate()
             return binary_embeddings(data, resp.header("metadata"), call.public_model, estimate)
@@ -438,8 +464,11 @@ class VLLMBackend(OpenAIBackend):
         table = self.rerank_capabilities
         assert table is not None
         self._refuse(table.refusal(call.request, self.name, self.kind))
-        data, _ = await self._send_pooling(self._rerank_url, rerank_payload(call, table), call)
+        data, _ = await self._send_pooling(self._wire.rerank_url, rerank_payload(call, table), call)
         return rerank_result(data, call, self.name)
 
-    def health_url(self) -> str:
-        return self._root + "/health"
+    async def health(self) -> bool:
+        return await self._wire.healthy(self._root + "/health")
+
+    async def close(self) -> None:
+        await self._wire.close()

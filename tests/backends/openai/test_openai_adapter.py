@@ -28,6 +28,9 @@ from backends.vllm.adapter import VLLMBackend
 from schemas.completions import CompletionRequest
 from schemas.config import OpenAIBackendConfig, VLLMBackendConfig
 
+# Both families speak OpenAI's wire (backends.openai.wire); these tests run each against the same upstream.
+Shaped = OpenAIBackend | VLLMBackend
+
 OPENAI_URL = "http://openai.test/v1"
 VLLM_URL = "http://vllm.test:8000/v1"
 UP = "org/upstream-model"
@@ -61,16 +64,15 @@ def mock() -> Iterator[respx.MockRouter]:
         yield router
 
 
-async def make(kind: str, **extra: Any) -> OpenAIBackend:
+async def make(kind: str, **extra: Any) -> Shaped:
     config = vllm_config(**extra) if kind == "vllm" else openai_config(**extra)
     backend = build_backend(config)
-    assert isinstance(backend, OpenAIBackend)
     assert type(backend) is (VLLMBackend if kind == "vllm" else OpenAIBackend)
     return backend
 
 
 @pytest.fixture
-async def backend(kind: str) -> AsyncIterator[OpenAIBackend]:
+async def backend(kind: str) -> AsyncIterator[Shaped]:
     b = await make(kind)
     yield b
     await b.close()
@@ -169,9 +171,7 @@ async def collect(stream: CompletionStream) -> list[bytes]:
 # --- what goes upstream ----------------------------------------------------------------
 
 
-async def test_model_mapped_and_only_set_fields_forwarded(
-    kind: str, backend: OpenAIBackend, mock: respx.MockRouter
-) -> None:
+async def test_model_mapped_and_only_set_fields_forwarded(kind: str, backend: Shaped, mock: respx.MockRouter) -> None:
     route = completions_route(mock, kind).mock(return_value=httpx.Response(200, json=completion_body()))
     await backend.complete(make_call(max_tokens=7, temperature=None, stop=["\n"], seed=None, echo=False))
     body = sent_body(route)
@@ -223,7 +223,7 @@ async def test_vllm_forwards_its_extras(mock: respx.MockRouter) -> None:
     assert sent_body(route) == {"model": UP, "prompt": "Say hi", **extras}
 
 
-async def test_stream_asks_upstream_for_usage(kind: str, backend: OpenAIBackend, mock: respx.MockRouter) -> None:
+async def test_stream_asks_upstream_for_usage(kind: str, backend: Shaped, mock: respx.MockRouter) -> None:
     route = completions_route(mock, kind).mock(return_value=sse_response([sse(*CHUNKS, USAGE_CHUNK)]))
     stream = await backend.stream(make_call(stream=True, max_tokens=3))
     out = await collect(stream)
@@ -241,9 +241,7 @@ async def test_stream_asks_upstream_for_usage(kind: str, backend: OpenAIBackend,
     assert stream.usage == TokenUsage(3, 3)
 
 
-async def test_stream_relays_usage_when_the_client_asked(
-    kind: str, backend: OpenAIBackend, mock: respx.MockRouter
-) -> None:
+async def test_stream_relays_usage_when_the_client_asked(kind: str, backend: Shaped, mock: respx.MockRouter) -> None:
     route = completions_route(mock, kind).mock(return_value=sse_response([sse(*CHUNKS, USAGE_CHUNK)]))
     stream = await backend.stream(make_call(stream=True, stream_options={"include_usage": True}))
     events = parse_sse(b"".join(await collect(stream)))
@@ -317,9 +315,7 @@ async def test_no_api_key_no_authorization_header(kind: str, mock: respx.MockRou
 # --- non-streaming answers -------------------------------------------------------------
 
 
-async def test_complete_renames_model_and_extracts_usage(
-    kind: str, backend: OpenAIBackend, mock: respx.MockRouter
-) -> None:
+async def test_complete_renames_model_and_extracts_usage(kind: str, backend: Shaped, mock: respx.MockRouter) -> None:
     upstream = completion_body(system_fingerprint="fp", extra_vllm_field={"kept": True})
     completions_route(mock, kind).mock(return_value=httpx.Response(200, json=upstream))
     result = await backend.complete(make_call())
@@ -331,7 +327,7 @@ async def test_complete_renames_model_and_extracts_usage(
     assert result.usage == TokenUsage(3, 5)
 
 
-async def test_complete_without_usage(kind: str, backend: OpenAIBackend, mock: respx.MockRouter) -> None:
+async def test_complete_without_usage(kind: str, backend: Shaped, mock: respx.MockRouter) -> None:
     upstream = completion_body()
     del upstream["usage"]
     completions_route(mock, kind).mock(return_value=httpx.Response(200, json=upstream))
@@ -343,7 +339,7 @@ async def test_complete_without_usage(kind: str, backend: OpenAIBackend, mock: r
 # --- streaming relay ---------------------------------------------------------------------
 
 
-async def test_stream_relays_every_chunk_renamed(kind: str, backend: OpenAIBackend, mock: respx.MockRouter) -> None:
+async def test_stream_relays_every_chunk_renamed(kind: str, backend: Shaped, mock: respx.MockRouter) -> None:
     payload = sse(*CHUNKS, USAGE_CHUNK)
     # Awkward network reads: mid-event, mid-"model", mid-[DONE].
     pieces = [payload[:10], payload[10:95], payload[95:96], payload[96:-7], payload[-7:]]
@@ -357,9 +353,7 @@ async def test_stream_relays_every_chunk_renamed(kind: str, backend: OpenAIBacke
     assert stream.usage == TokenUsage(3, 3)
 
 
-async def test_stream_without_done_raises_from_the_iterator(
-    kind: str, backend: OpenAIBackend, mock: respx.MockRouter
-) -> None:
+async def test_stream_without_done_raises_from_the_iterator(kind: str, backend: Shaped, mock: respx.MockRouter) -> None:
     completions_route(mock, kind).mock(return_value=sse_response([sse(*CHUNKS, done=False)]))
     stream = await backend.stream(make_call(stream=True))
     with pytest.raises(UpstreamProtocolError) as info:
@@ -376,7 +370,7 @@ async def test_stream_without_done_raises_from_the_iterator(
     ids=["nested", "flat"],
 )
 async def test_mid_stream_error_event_raises_with_the_message(
-    kind: str, backend: OpenAIBackend, mock: respx.MockRouter, error: dict[str, Any]
+    kind: str, backend: Shaped, mock: respx.MockRouter, error: dict[str, Any]
 ) -> None:
     completions_route(mock, kind).mock(return_value=sse_response([sse(CHUNKS[0], done=False), sse(error)]))
     stream = await backend.stream(make_call(stream=True))
@@ -387,7 +381,7 @@ async def test_mid_stream_error_event_raises_with_the_message(
     await stream.aclose()
 
 
-async def test_stream_cut_by_the_transport(kind: str, backend: OpenAIBackend, mock: respx.MockRouter) -> None:
+async def test_stream_cut_by_the_transport(kind: str, backend: Shaped, mock: respx.MockRouter) -> None:
     class Cut(httpx.AsyncByteStream):
         async def __aiter__(self) -> AsyncIterator[bytes]:
             yield sse(CHUNKS[0], done=False)
@@ -413,7 +407,7 @@ VLLM_FLAT_400 = {"object": "error", "message": "bad top_k", "type": "BadRequestE
     ids=["400-nested", "400-flat", "422-nested", "422-detail"],
 )
 async def test_request_errors_become_400_with_the_upstream_message(
-    kind: str, backend: OpenAIBackend, mock: respx.MockRouter, status: int, body: dict[str, Any], streaming: bool
+    kind: str, backend: Shaped, mock: respx.MockRouter, status: int, body: dict[str, Any], streaming: bool
 ) -> None:
     completions_route(mock, kind).mock(return_value=httpx.Response(status, json=body))
     err = await failure(backend, streaming)
@@ -423,7 +417,7 @@ async def test_request_errors_become_400_with_the_upstream_message(
     assert err.envelope()["error"]["message"] == "bad top_k"
 
 
-async def failure(backend: OpenAIBackend, streaming: bool) -> UpstreamError:
+async def failure(backend: Shaped, streaming: bool) -> UpstreamError:
     with pytest.raises(UpstreamError) as info:
         if streaming:
             stream = await backend.stream(make_call(stream=True))
@@ -454,7 +448,7 @@ async def failure(backend: OpenAIBackend, streaming: bool) -> UpstreamError:
 )
 async def test_status_mapping(
     kind: str,
-    backend: OpenAIBackend,
+    backend: Shaped,
     mock: respx.MockRouter,
     streaming: bool,
     status: int,
@@ -475,9 +469,7 @@ async def test_status_mapping(
 
 
 @pytest.mark.parametrize("streaming", [False, True], ids=["complete", "stream"])
-async def test_429_keeps_retry_after(
-    kind: str, backend: OpenAIBackend, mock: respx.MockRouter, streaming: bool
-) -> None:
+async def test_429_keeps_retry_after(kind: str, backend: Shaped, mock: respx.MockRouter, streaming: bool) -> None:
     completions_route(mock, kind).mock(
         return_value=httpx.Response(
             429, headers={"Retry-After": "7"}, json={"error": {"message": "slow down", "type": "rate_limit_error"}}
@@ -501,7 +493,7 @@ async def test_429_keeps_retry_after(
     ids=["connect", "reset", "connect-timeout", "read-timeout"],
 )
 async def test_transport_failures(
-    kind: str, backend: OpenAIBackend, mock: respx.MockRouter, streaming: bool, exc: Exception, expected: type
+    kind: str, backend: Shaped, mock: respx.MockRouter, streaming: bool, exc: Exception, expected: type
 ) -> None:
     completions_route(mock, kind).mock(side_effect=exc)
     err = await failure(backend, streaming)
@@ -514,16 +506,14 @@ async def test_transport_failures(
     "body", [b"not json at all", b'{"choices": "nope"}', b"[1, 2]", b""], ids=["garbage", "shape", "list", "empty"]
 )
 async def test_garbage_body_is_a_protocol_error(
-    kind: str, backend: OpenAIBackend, mock: respx.MockRouter, body: bytes
+    kind: str, backend: Shaped, mock: respx.MockRouter, body: bytes
 ) -> None:
     completions_route(mock, kind).mock(return_value=httpx.Response(200, content=body))
     with pytest.raises(UpstreamProtocolError):
         await backend.complete(make_call())
 
 
-async def test_garbage_stream_event_is_a_protocol_error(
-    kind: str, backend: OpenAIBackend, mock: respx.MockRouter
-) -> None:
+async def test_garbage_stream_event_is_a_protocol_error(kind: str, backend: Shaped, mock: respx.MockRouter) -> None:
     completions_route(mock, kind).mock(return_value=sse_response([b'data: {"usage":{oops\n\n', b"data: [DONE]\n\n"]))
     stream = await backend.stream(make_call(stream=True))
     with pytest.raises(UpstreamProtocolError):

@@ -299,10 +299,11 @@ def test_openai_payload_drops_neutral_nested_extra() -> None:
 
     config = OpenAIBackendConfig.model_validate({"type": "openai", "name": "o", "base_url": "http://o/v1"})
     backend = OpenAIBackend(config)
-    fields = backend.payload(
+    fields = backend._wire.completion_fields(
         UpstreamCall(
             _req(stream=True, stream_options={"include_usage": True, "continuous_usage_stats": False}), "m", "p", "r"
-        )
+        ),
+        backend.capabilities,
     )
     assert fields["stream_options"] == {"include_usage": True}
 
