@@ -119,7 +119,7 @@ server: {{host: 127.0.0.1, port: {port}, drain_timeout: 1}}
   - name: bench
     routes:
       - {{backend: upstream, model: bench}}
-    endpoints: [completions, chat, embeddings]
+    endpoints: [completions, chat, responses, embeddings]
 """)
 
 
