@@ -22,10 +22,10 @@ import logging
 import time
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
 
 from gateway.security.ratelimit.base import Limits, LimitStore, Reservation, Verdict, new_lease
 from gateway.security.ratelimit.memory import MemoryStore
+from gateway.store.redis_client import connect, where
 
 __all__ = ["RedisStore"]
 
@@ -129,14 +129,6 @@ _REASONS = {1: "requests", 2: "tokens", 3: "concurrency", 4: "too_large"}
 _MAX_UNRELEASED = 10_000  # pending releases kept through an outage (beyond: the oldest leases just expire)
 
 
-def _where(url: str) -> str:
-    """The store's address for logs, without credentials."""
-    parts = urlsplit(url)
-    if parts.scheme == "unix":
-        return f"redis at unix:{parts.path}"
-    return f"redis at {parts.hostname or 'localhost'}:{parts.port or 6379}"
-
-
 class RedisStore(LimitStore):
     """Counters in Redis, shared by every replica using the same ``url`` and ``prefix``.
 
@@ -156,18 +148,8 @@ class RedisStore(LimitStore):
         on_degraded: Callable[[bool], None] | None = None,
         on_error: Callable[[], None] | None = None,
     ) -> None:
-        import redis.asyncio as aioredis
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
-
         # No client-side retries: a failed call degrades at once instead of stalling requests.
-        self._redis: Any = aioredis.from_url(
-            url,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 0),
-            health_check_interval=0,
-        )
+        self._redis: Any = connect(url, timeout)
         self._acquire = self._redis.register_script(_ACQUIRE)
         self._release = self._redis.register_script(_RELEASE)
         self._peek = self._redis.register_script(_PEEK)
@@ -184,7 +166,7 @@ class RedisStore(LimitStore):
         self._unreleased: list[tuple[list[str], list[Any]]] = []  # releases Redis did not take yet
         self._renewer: asyncio.Task[None] | None = None
         self._clock = clock
-        self._where = _where(url)
+        self._where = where(url)
         self._on_degraded = on_degraded
         self._on_error = on_error
         self.fallback = MemoryStore(clock)

@@ -1,0 +1,163 @@
+"""Values in this process, bounded by count, bytes and age (see :mod:`gateway.store`)."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+
+from gateway.store.base import StoreStats, TenantStore
+
+__all__ = ["ENTRY_OVERHEAD", "MemoryStore"]
+
+# Bytes an entry costs beyond its value and key strings (the dict slot, the key tuple, the entry
+# object): counted against ``max_bytes`` so the bound is near what the process really holds.
+ENTRY_OVERHEAD = 200
+
+_Key = tuple[str, str]  # (tenant, key)
+
+
+class _Entry:
+    __slots__ = ("expires", "size", "value")
+
+    def __init__(self, value: bytes, expires: float, size: int) -> None:
+        self.value = value
+        self.expires = expires
+        self.size = size
+
+
+class MemoryStore(TenantStore):
+    """One process's values, least recently written or touched first.
+
+    Bounds: at most ``max_items`` values and ``max_bytes`` bytes (values, keys and
+    :data:`ENTRY_OVERHEAD` each); beyond either, the oldest are evicted. A value lives ``ttl``
+    seconds after its last write or touch; expired ones are dropped when met and from the front
+    at each write and each :meth:`stats`. ``on_evict(reason, count)`` hears every eviction:
+    ``expired``, ``items``, ``bytes``, or ``too_large`` (a value over ``max_bytes`` on its own,
+    never kept). Not thread-safe: one event loop; ``clock`` returns seconds (monotonic).
+    """
+
+    def __init__(
+        self,
+        namespace: str,
+        *,
+        ttl: float,
+        max_items: int,
+        max_bytes: int,
+        clock: Callable[[], float] = time.monotonic,
+        on_evict: Callable[[str, int], None] | None = None,
+    ) -> None:
+        self.namespace = namespace
+        self.ttl = ttl
+        self.max_items = max_items
+        self.max_bytes = max_bytes
+        self._clock = clock
+        self._on_evict = on_evict
+        self._entries: OrderedDict[_Key, _Entry] = OrderedDict()  # least recently used first
+        self._bytes = 0
+
+    def configure(self, *, ttl: float, max_items: int, max_bytes: int) -> None:
+        """New bounds (a config reload); values over them are evicted now, oldest first."""
+        self.ttl, self.max_items, self.max_bytes = ttl, max_items, max_bytes
+        self._sweep(self._clock())
+        self._enforce()
+
+    # --- the interface -----------------------------------------------------------------------
+    async def put(self, tenant: str, key: str, value: bytes) -> bool:
+        return self.put_now(tenant, key, value)
+
+    def put_now(self, tenant: str, key: str, value: bytes) -> bool:
+        """:meth:`put` without awaiting (callers already in the loop with nothing to wait for)."""
+        now = self._clock()
+        self._sweep(now)
+        slot = (tenant, key)
+        old = self._entries.pop(slot, None)
+        if old is not None:
+            self._bytes -= old.size
+        size = len(value) + len(tenant) + len(key) + ENTRY_OVERHEAD
+        if size > self.max_bytes:
+            self._evicted("too_large", 1)
+            return False
+        self._entries[slot] = _Entry(value, now + self.ttl, size)
+        self._bytes += size
+        self._enforce()
+        return True
+
+    async def get(self, tenant: str, keys: Sequence[str], *, touch: bool = False) -> list[bytes | None]:
+        return self.get_now(tenant, keys, touch=touch)
+
+    def get_now(self, tenant: str, keys: Sequence[str], *, touch: bool = False) -> list[bytes | None]:
+        """:meth:`get` without awaiting."""
+        now = self._clock()
+        entries = self._entries
+        out: list[bytes | None] = []
+        for key in keys:
+            slot = (tenant, key)
+            entry = entries.get(slot)
+            if entry is not None and entry.expires <= now:
+                self._drop(slot, entry)
+                self._evicted("expired", 1)
+                entry = None
+            if entry is None:
+                out.append(None)
+                continue
+            if touch:
+                entry.expires = now + self.ttl
+                entries.move_to_end(slot)
+            out.append(entry.value)
+        return out
+
+    async def delete(self, tenant: str, key: str) -> bool:
+        slot = (tenant, key)
+        entry = self._entries.get(slot)
+        if entry is None:
+            return False
+        self._drop(slot, entry)
+        return entry.expires > self._clock()  # an expired value was already gone
+
+    async def add(self, tenant: str, key: str, amount: float) -> float:
+        (current,) = self.get_now(tenant, [key])
+        total = (float(current) if current is not None else 0.0) + amount
+        self.put_now(tenant, key, repr(total).encode())
+        return total
+
+    def stats(self) -> StoreStats:
+        self._sweep(self._clock())
+        return StoreStats(len(self._entries), self._bytes, self.max_items, self.max_bytes)
+
+    # --- bounds ------------------------------------------------------------------------------
+    def _drop(self, slot: _Key, entry: _Entry) -> None:
+        del self._entries[slot]
+        self._bytes -= entry.size
+
+    def _sweep(self, now: float) -> None:
+        """Drop the expired values at the front (values share one ttl, so the front expires first)."""
+        entries = self._entries
+        dropped = 0
+        while entries:
+            slot, entry = next(iter(entries.items()))
+            if entry.expires > now:
+                break
+            self._drop(slot, entry)
+            dropped += 1
+        if dropped:
+            self._evicted("expired", dropped)
+
+    def _enforce(self) -> None:
+        entries = self._entries
+        dropped = 0
+        while len(entries) > self.max_items:
+            self._bytes -= entries.popitem(last=False)[1].size
+            dropped += 1
+        if dropped:
+            self._evicted("items", dropped)
+        dropped = 0
+        while self._bytes > self.max_bytes and entries:
+            self._bytes -= entries.popitem(last=False)[1].size
+            dropped += 1
+        if dropped:
+            self._evicted("bytes", dropped)
+
+    def _evicted(self, reason: str, count: int) -> None:
+        if self._on_evict is not None:
+            self._on_evict(reason, count)

@@ -1,0 +1,125 @@
+"""The in-memory tenant store: tenants apart, bounds by count, bytes and age (least recently used
+out first), every eviction heard with its reason, counters."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.store import MemoryStore, StoreStats
+from gateway.store.memory import ENTRY_OVERHEAD
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make(clock: Clock, evictions: list[tuple[str, int]], **bounds: int) -> MemoryStore:
+    options = {"ttl": 60.0, "max_items": 1000, "max_bytes": 1 << 20, **bounds}
+    return MemoryStore(
+        "t",
+        clock=clock,
+        on_evict=lambda reason, n: evictions.append((reason, n)),
+        **options,  # type: ignore[arg-type]
+    )
+
+
+async def test_a_tenant_never_reads_or_deletes_another_tenants_value() -> None:
+    store = make(Clock(), [])
+    await store.put("team-a", "resp_1", b"secret")
+    assert await store.get("team-a", ["resp_1"]) == [b"secret"]
+    assert await store.get("team-b", ["resp_1"]) == [None]
+    assert not await store.delete("team-b", "resp_1")
+    assert await store.get("team-a", ["resp_1"]) == [b"secret"]
+    assert await store.delete("team-a", "resp_1")
+    assert await store.get("team-a", ["resp_1"]) == [None]
+
+
+async def test_count_bound_evicts_the_least_recently_used_first() -> None:
+    evictions: list[tuple[str, int]] = []
+    store = make(Clock(), evictions, max_items=3)
+    for i in range(3):
+        await store.put("a", f"k{i}", b"v")
+    await store.get("a", ["k0"], touch=True)  # k0 is now the most recently used
+    await store.put("a", "k3", b"v")
+    assert await store.get("a", ["k0", "k1", "k2", "k3"]) == [b"v", None, b"v", b"v"]
+    assert evictions == [("items", 1)]
+    assert store.stats().items == 3
+
+
+async def test_byte_bound_counts_values_keys_and_bookkeeping() -> None:
+    evictions: list[tuple[str, int]] = []
+    one = 100 + len("a") + len("k0") + ENTRY_OVERHEAD
+    store = make(Clock(), evictions, max_bytes=3 * one + 60)
+    for i in range(3):
+        await store.put("a", f"k{i}", b"x" * 100)
+    assert store.stats() == StoreStats(3, 3 * one, 1000, 3 * one + 60)
+    await store.put("a", "k3", b"x" * 150)  # 50 more bytes: the oldest one must go
+    assert await store.get("a", ["k0", "k1"]) == [None, b"x" * 100]
+    assert evictions == [("bytes", 1)]
+    assert store.stats().bytes == 3 * one + 50
+
+
+async def test_a_value_over_the_byte_bound_is_never_kept_and_said_so() -> None:
+    evictions: list[tuple[str, int]] = []
+    store = make(Clock(), evictions, max_bytes=64 * 1024)
+    await store.put("a", "small", b"v")
+    assert not await store.put("a", "big", b"x" * (64 * 1024))
+    assert await store.get("a", ["big", "small"]) == [None, b"v"]
+    assert evictions == [("too_large", 1)]
+
+
+async def test_a_value_lives_ttl_after_its_last_write_or_touch() -> None:
+    clock, evictions = Clock(), []  # type: ignore[var-annotated]
+    store = make(clock, evictions)
+    await store.put("a", "old", b"1")
+    await store.put("a", "kept", b"2")
+    clock.t += 50
+    assert await store.get("a", ["kept"], touch=True) == [b"2"]
+    assert await store.get("a", ["old"]) == [b"1"]  # a plain read does not extend it
+    clock.t += 11
+    assert await store.get("a", ["old", "kept"]) == [None, b"2"]
+    assert evictions == [("expired", 1)]
+    clock.t += 50
+    assert store.stats().items == 0  # swept at a scrape, not only when read
+    assert evictions == [("expired", 1), ("expired", 1)]
+    assert not await store.delete("a", "kept")
+
+
+async def test_rewriting_a_value_replaces_its_bytes() -> None:
+    store = make(Clock(), [])
+    await store.put("a", "k", b"x" * 500)
+    await store.put("a", "k", b"y")
+    assert store.stats().bytes == 1 + 1 + 1 + ENTRY_OVERHEAD
+    assert store.stats().items == 1
+
+
+async def test_new_bounds_apply_at_once_oldest_out() -> None:
+    evictions: list[tuple[str, int]] = []
+    store = make(Clock(), evictions)
+    for i in range(5):
+        await store.put("a", f"k{i}", b"v")
+    store.configure(ttl=60.0, max_items=2, max_bytes=1 << 20)
+    assert await store.get("a", [f"k{i}" for i in range(5)]) == [None, None, None, b"v", b"v"]
+    assert evictions == [("items", 3)]
+
+
+async def test_counters_add_per_tenant() -> None:
+    clock = Clock()
+    store = make(clock, [])
+    assert await store.add("a", "spend", 1.5) == 1.5
+    assert await store.add("a", "spend", 2.25) == 3.75
+    assert await store.add("b", "spend", 1.0) == 1.0
+    clock.t += 61
+    assert await store.add("a", "spend", 1.0) == 1.0  # the window's counter expired
+
+
+@pytest.mark.parametrize("touch", [False, True])
+async def test_reads_of_missing_keys_are_none_in_order(touch: bool) -> None:
+    store = make(Clock(), [])
+    await store.put("a", "b", b"2")
+    assert await store.get("a", ["x", "b", "y"], touch=touch) == [None, b"2", None]
+    assert await store.get("a", []) == []
