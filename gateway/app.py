@@ -21,6 +21,7 @@ from backends.registry import build_backends
 from backends.transport.egress import warn_unverified
 from gateway.clock import Clock
 from gateway.configfile import ConfigError
+from gateway.conversations import ConversationStore
 from gateway.flow.admission import Admission, Limiter
 from gateway.flow.health import CircuitBreaker, HealthProber
 from gateway.flow.retry import RetryPolicy
@@ -31,8 +32,8 @@ from gateway.http.hardening import handler_args, register_secrets
 from gateway.http.middleware import expect_handler, request_middleware
 from gateway.http.openapi import openapi_handler
 from gateway.http.probes import ready
+from gateway.http.stored_responses import delete_response, list_input_items, retrieve_response
 from gateway.metrics import GatewayMetrics
-from gateway.responses_state import MemoryResponsesState, ResponsesState
 from gateway.security.auth import protect
 from gateway.security.guard import RequestGuard
 from gateway.state import STATE, GatewayState, models_body
@@ -53,6 +54,7 @@ def create_app(
     backends: Mapping[str, Backend] | None = None,
     clock: Clock | None = None,
     env: Mapping[str, str] | None = None,
+    workers: int = 1,
 ) -> web.Application:
     """The gateway for ``config``; ``env`` (default: the process's) holds the standard ``OTEL_*`` variables."""
     env = os.environ if env is None else env
@@ -67,7 +69,10 @@ def create_app(
     metrics = GatewayMetrics((m.name for m in config.models), built, keys=keys)
     clock = clock if clock is not None else Clock()
     guards = backend_guards(config, metrics, clock)
-    state = build_state(config, built, guards, metrics, clock, started_at=time.time())
+    # ``workers``: the processes serving this config (``gateway serve --workers N``); N in-memory
+    # conversation stores would split conversations, so then only a Redis one keeps them.
+    conversations = ConversationStore.from_config(config.responses, metrics, workers=workers)
+    state = build_state(config, built, guards, metrics, clock, started_at=time.time(), responses_state=conversations)
     guard = state.request_guard
     try:
         tracing = build_tracing(resolve(config, env), metrics.registry)
@@ -109,12 +114,13 @@ def build_state(
     started_at: float,
     request_guard: RequestGuard | None = None,
     admission: Admission | None = None,
-    responses_state: ResponsesState | None = None,
+    responses_state: ConversationStore | None = None,
 ) -> GatewayState:
     """Everything a request reads, from ``config`` over ready-made backends and their guards.
 
     ``create_app`` calls it once; ``gateway.reload`` again on SIGHUP, passing the running
-    request guard and admission when their config did not change (their counts carry over).
+    request guard and admission when their config did not change (their counts carry over), and
+    always the running conversation store (``responses_state``; None builds one from the config).
     """
     body = models_body(config.models, started_at)
     # Auth, cost caps, rate limits, audit: see gateway.security.guard (nothing per request when off).
@@ -130,7 +136,9 @@ def build_state(
         request_guard=request_guard,
         models_body=body,
         started_at=started_at,
-        responses_state=responses_state if responses_state is not None else MemoryResponsesState(),
+        responses_state=(
+            responses_state if responses_state is not None else ConversationStore.from_config(config.responses, metrics)
+        ),
     )
 
 
@@ -156,9 +164,17 @@ def _add_routes(app: web.Application, config: GatewayConfig, guard: RequestGuard
     metrics_digest = guard.keyring.metrics_digest if guard.keyring is not None else None
     app.router.add_get("/metrics", protect(handlers.metrics, metrics_digest) if metrics_digest else handlers.metrics)
     app.router.add_get("/openapi.json", openapi_handler(config, guard.keyring))
+    app.router.add_get("/v1/responses/{response_id}", retrieve_response)
+    app.router.add_delete("/v1/responses/{response_id}", delete_response)
+    app.router.add_get("/v1/responses/{response_id}/input_items", list_input_items)
+    app.on_cleanup.append(_close_conversations)
     if guard.store is not None:
         app.on_response_prepare.append(guard.on_prepare)
         app.on_cleanup.append(_close_guard)
+
+
+async def _close_conversations(app: web.Application) -> None:
+    await app[STATE].responses_state.close()
 
 
 async def _close_guard(app: web.Application) -> None:

@@ -26,6 +26,7 @@ from backends.chat_capabilities import CHAT_FIELDS
 from backends.registry import metric_collectors
 from backends.responses.capabilities import RESPONSES_PARAMS
 from gateway.metrics_families import MetricFamilies
+from gateway.store.base import StoreStats
 from schemas.endpoints import Endpoint
 
 __all__ = ["GATEWAY_SCOPE", "UNKNOWN", "GatewayMetrics"]
@@ -38,6 +39,15 @@ GATEWAY_SCOPE = "_gateway"  # the gateway-wide admission queue (backend names ca
 NONE = "_none"  # no backend was involved (validation error, unknown model)
 
 _KEY_REASONS = frozenset({"unauthenticated", "model", "cost_cap", "requests", "tokens", "too_large", "concurrency"})
+
+
+_EVICTIONS = frozenset({"expired", "items", "bytes", "too_large"})
+_STORED_OPS = frozenset({"retrieve", "delete", "input_items"})
+
+
+def _stat(stats: Callable[[], StoreStats | None], name: str) -> float:
+    now = stats()
+    return float(getattr(now, name)) if now is not None else 0.0
 
 
 def _adder(child: Counter | Gauge) -> _Add:
@@ -308,6 +318,26 @@ class GatewayMetrics(MetricFamilies):
 
     def ratelimit_degraded(self, degraded: bool) -> None:
         self.ratelimit_store_degraded.set(1 if degraded else 0)
+
+    # --- state stores (gateway.store) ----------------------------------------------------------------
+    def watch_store(self, store: str, stats: Callable[[], StoreStats | None]) -> None:
+        """Export an in-memory store's size and bounds, read from ``stats()`` at each scrape."""
+        if stats() is None:
+            return
+        self.store_items.labels(store).set_function(lambda: _stat(stats, "items"))
+        self.store_bytes.labels(store).set_function(lambda: _stat(stats, "bytes"))
+        self.store_limit.labels(store, "items").set_function(lambda: _stat(stats, "max_items"))
+        self.store_limit.labels(store, "bytes").set_function(lambda: _stat(stats, "max_bytes"))
+
+    def store_evicted(self, store: str, reason: str, count: int) -> None:
+        self.store_evictions.labels(store, reason if reason in _EVICTIONS else UNKNOWN).inc(count)
+
+    def store_error(self, store: str) -> None:
+        self.store_errors.labels(store).inc()
+
+    def stored_request(self, operation: str, status: int) -> None:
+        """``operation``: retrieve, delete or input_items (``gateway.http.stored_responses``)."""
+        self.stored_requests.labels(operation if operation in _STORED_OPS else UNKNOWN, str(status)).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -156,3 +156,41 @@ class MetricFamilies:
             "1 while the shared rate-limit store is unreachable and limits hold per replica, else 0.",
             registry=r,
         )
+        # --- state that outlives a request (gateway.store): labelled with fixed store names and reasons
+        self.store_items = Gauge(
+            "gateway_state_store_items",
+            "Values held by an in-memory state store (store=responses: stored responses), this process.",
+            ("store",),
+            registry=r,
+        )
+        self.store_bytes = Gauge(
+            "gateway_state_store_bytes",
+            "Bytes held by an in-memory state store (values, keys and bookkeeping), this process.",
+            ("store",),
+            registry=r,
+        )
+        self.store_limit = Gauge(
+            "gateway_state_store_limit",
+            "The bounds of an in-memory state store: bound=items or bytes.",
+            ("store", "bound"),
+            registry=r,
+        )
+        self.store_evictions = Counter(
+            "gateway_state_store_evictions",
+            "Values dropped by an in-memory state store, by reason: expired (ttl), items or bytes (the bound, "
+            "least recently used first), too_large (one value over max_bytes, never kept).",
+            ("store", "reason"),
+            registry=r,
+        )
+        self.store_errors = Counter(
+            "gateway_state_store_errors",
+            "Failed calls to a shared state store (Redis); each one answered 503 or left a response unstored.",
+            ("store",),
+            registry=r,
+        )
+        self.stored_requests = Counter(
+            "gateway_stored_response_requests",
+            "Requests to stored responses by operation (retrieve, delete, input_items) and HTTP status.",
+            ("operation", "status"),
+            registry=r,
+        )

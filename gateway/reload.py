@@ -82,6 +82,9 @@ def restart_needed(
         if key not in LIVE_SERVER_KEYS and getattr(old.server, key) != getattr(new.server, key):
             why = "needs a new listener" if key in ("host", "port") else "is read when the listener starts"
             problems.append((f"server.{key}", f"changed; it {why}: restart the gateway to apply it"))
+    for key in ("store", "store_prefix", "redis_timeout"):  # ttl and the memory bounds apply live
+        if getattr(old.responses, key) != getattr(new.responses, key):
+            problems.append((f"responses.{key}", "changed; the conversation store is opened at start: restart"))
     if old.auth != new.auth:
         problems.append(("auth", "changed; keys, their limits and the rate-limit store are set at start: restart"))
     elif new.auth is not None:
@@ -290,6 +293,7 @@ class Reloader:
         # --- the swap: synchronous, so no request sees half of it ----------------------------
         retiring = state.generation  # the new state brought its own: requests from now count there
         swap(state, new)
+        state.responses_state.configure(config.responses)  # new ttl and bounds; the conversations stay
         retiring.retire()
         self._older = [g for g in self._older if g.idle is not None and not g.idle.is_set()] + [retiring]
         old_prober, self._prober = self._prober if self._prober is not None else self._app[PROBER], prober

@@ -19,16 +19,20 @@ Contract (what an implementation guarantees, and may rely on):
   output, oldest first, each a plain JSON object as the client sent it / got it (``instructions``
   are never items: OpenAI does not carry them over). Unknown, expired or evicted: raise
   :func:`unknown_response` (404 ``param: previous_response_id``).
-- ``save`` is called once per stored turn, after the client has its answer (a non-stream) or
-  the stream's last event was written (or the client left). It must not raise for capacity
-  (evict instead) and must be quick: it runs on the request's task. ``turn.input_items`` are the
-  request's own items only (never the expanded history), each with an ``id``.
+- ``save`` is called once per stored turn, just *before* the client has its answer (a
+  non-stream's body, a stream's terminal event), or as soon as a client that left mid-stream is
+  known to be gone: a client (an agent loop) continues the moment it has the answer, possibly on
+  another worker, and must find the turn stored. It never raises (a store that failed or a turn
+  over the bounds is logged and counted instead) and is quick (one store write): it runs on the
+  request's task. ``turn.input_items`` are the request's own items only (never the expanded
+  history), each with an ``id``.
 - Everything is JSON-safe data (``dict``/``list``/``str``/numbers), so a Redis implementation
   stores it as it comes.
 
-:class:`MemoryResponsesState` is the trivial in-process implementation (bounded by count, oldest
-evicted first) the request path uses until the store (memory with bytes/TTL bounds, Redis for
-``--workers`` and replicas, ``GET``/``DELETE`` ``/v1/responses/{id}``) replaces it.
+:class:`gateway.conversations.ConversationStore` is the implementation a running gateway uses
+(``GatewayState.responses_state``: memory bounded by count, bytes and TTL, or Redis for ``--workers``
+and replicas; it also serves ``GET``/``DELETE /v1/responses/{id}``). :class:`MemoryResponsesState`
+is the trivial in-process one (bounded by count, oldest evicted first), for tests of the seam.
 """
 
 from __future__ import annotations
@@ -37,11 +41,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gateway.store.base import ANONYMOUS
 from schemas.errors import NotFoundError
 
 __all__ = ["NO_AUTH_TENANT", "FinishedTurn", "MemoryResponsesState", "ResponsesState", "unknown_response"]
 
-NO_AUTH_TENANT = ""  # auth off: every caller is the same tenant
+NO_AUTH_TENANT = ANONYMOUS  # auth off: every caller is the same tenant
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +66,10 @@ class ResponsesState(Protocol):
 
     async def save(self, tenant: str, turn: FinishedTurn) -> None:
         """Keep a turn that reached a terminal status (``store`` true); evicts rather than fails."""
+
+    def check_storable(self) -> None:
+        """Before any upstream call of a request with ``store`` true: raise the 400 naming ``store``
+        when it cannot be honoured (memory state in several ``--workers`` processes)."""
 
 
 def unknown_response(response_id: str) -> NotFoundError:
@@ -99,6 +108,9 @@ class MemoryResponsesState:
             items.extend(earlier.input_items)
             items.extend(earlier.response.get("output") or ())
         return items
+
+    def check_storable(self) -> None:
+        return None
 
     async def save(self, tenant: str, turn: FinishedTurn) -> None:
         key = (tenant, str(turn.response["id"]))

@@ -11,11 +11,11 @@ import orjson
 from aiohttp import web
 
 from backends.base import Backend
+from gateway.conversations import ConversationStore
 from gateway.flow.admission import Admission
 from gateway.flow.router import Router
 from gateway.flow.service import CompletionService
 from gateway.metrics import GatewayMetrics
-from gateway.responses_state import MemoryResponsesState, ResponsesState
 from gateway.security.guard import RequestGuard
 from schemas.config import GatewayConfig, ModelConfig
 
@@ -110,11 +110,12 @@ class GatewayState:
     admission: Admission
     # Auth, cost caps, rate limits and audit (gateway.security.guard).
     request_guard: RequestGuard
+    # Stored responses and conversations for POST /v1/responses (previous_response_id, store) and
+    # GET/DELETE /v1/responses/{id} (gateway.conversations); a reload keeps it.
+    responses_state: ConversationStore
     models_body: bytes
     started_at: float
     in_flight: InFlight = field(default_factory=InFlight)
-    # Conversation state for POST /v1/responses (previous_response_id, store); a reload keeps it.
-    responses_state: ResponsesState = field(default_factory=MemoryResponsesState)
     # The requests begun under this config; a reload swaps in the new state's.
     generation: Generation = field(default_factory=Generation)
     draining: bool = False

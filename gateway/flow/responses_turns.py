@@ -92,6 +92,8 @@ class ResponsesTurns:
         request = cast(ResponsesRequest, served)  # the Responses parse made it
         if omit_builtin_tools and request.tools:
             request.omit_builtin_tools()
+        if request.stores:
+            store.check_storable()  # refused by name before any upstream call when it cannot be kept
         previous = request.previous_response_id
         if previous is None:
             return request

@@ -34,6 +34,7 @@ from schemas.endpoints import ENDPOINT_PATHS, Endpoint
 from schemas.errors import ErrorEnvelope
 from schemas.responses import ResponsesRequest
 from schemas.responses_objects import ResponseObject, ResponseStreamEvent
+from schemas.stored_responses import INCLUDABLE, InputItemList, ResponseDeleted
 
 __all__ = ["build_openapi", "openapi_handler"]
 
@@ -81,7 +82,7 @@ _REASONS = {
     400: "Invalid request: malformed JSON, a field out of range, a rule broken, an unsupported field or a cost cap",
     401: "Missing or unknown API key",
     403: "The key may not use this model",
-    404: "Unknown model, or a model not served on this endpoint",
+    404: "Unknown model, or a model not served on this endpoint; a response id unknown to this key",
     408: "The request body arrived too slowly",
     413: "The request body is too large",
     415: "The request's Content-Encoding is not supported",
@@ -169,6 +170,64 @@ def _generation(spec: _Generation, model: str, headers: dict[str, Any], auth: bo
     }
 
 
+def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "schema": schema, "description": description}
+
+
+_RESPONSE_ID = {"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}
+_INCLUDE = _query(
+    "include",
+    {"type": "array", "items": {"type": "string", "enum": list(INCLUDABLE)}},
+    "Accepted as OpenAI's; a stored response is returned as answered (also sent as include[])",
+)
+
+
+def _stored_operations(auth: bool) -> dict[str, Any]:
+    """The stored-response endpoints (``gateway.http.stored_responses``)."""
+    refusals = _errors(400, *((401, 403) if auth else ()), 404, 503)
+
+    def answer(description: str, schema: dict[str, Any]) -> dict[str, Any]:
+        return {"200": {"description": description, "content": {"application/json": {"schema": schema}}}, **refusals}
+
+    return {
+        "/v1/responses/{response_id}": {
+            "get": {
+                "operationId": "getResponse",
+                "summary": "A response this key stored (store: true); another key's is a 404",
+                "parameters": [
+                    _RESPONSE_ID,
+                    _INCLUDE,
+                    _query("include_obfuscation", {"type": "boolean"}, "Only changes streamed events"),
+                    _query("stream", {"type": "boolean"}, "true is refused: stored responses are not replayed"),
+                    _query("starting_after", {"type": "integer", "minimum": 0}, "Refused (streamed retrieve only)"),
+                ],
+                "responses": answer("The Response object as it was answered", {"type": "object"}),
+            },
+            "delete": {
+                "operationId": "deleteResponse",
+                "summary": "Delete a response this key stored",
+                "parameters": [_RESPONSE_ID],
+                "responses": answer("Deleted", _ref("ResponseDeleted")),
+            },
+        },
+        "/v1/responses/{response_id}/input_items": {
+            "get": {
+                "operationId": "listInputItems",
+                "summary": "The input items of a response this key stored, a page at a time",
+                "parameters": [
+                    _RESPONSE_ID,
+                    _query("after", {"type": "string", "maxLength": 256}, "List the items after this item id"),
+                    _query("before", {"type": "string", "maxLength": 256}, "List the items before this item id"),
+                    _INCLUDE,
+                    _query("limit", {"type": "integer", "minimum": 1, "maximum": 100, "default": 20}, "Page size"),
+                    _query("order", {"type": "string", "enum": ["asc", "desc"], "default": "desc"}, "Item order"),
+                ],
+                "responses": answer("A page of input items", _ref("InputItemList")),
+            }
+        },
+    }
+
+
 def build_openapi(config: GatewayConfig, visible: list[str] | None = None) -> dict[str, Any]:
     """The document; ``visible`` are the model names the caller may see (default: every configured one)."""
     _, schemas = models_json_schema(
@@ -184,6 +243,8 @@ def build_openapi(config: GatewayConfig, visible: list[str] | None = None) -> di
             (ErrorEnvelope, "validation"),
             (ModelList, "validation"),
             (Health, "validation"),
+            (InputItemList, "validation"),
+            (ResponseDeleted, "validation"),
         ],
         ref_template=_REF,
     )
@@ -222,8 +283,9 @@ def build_openapi(config: GatewayConfig, visible: list[str] | None = None) -> di
             **(_errors(401) if auth is not None else {}),
         },
     }
+    stored = _stored_operations(auth is not None)
     if api_security:
-        for operation in generations.values():
+        for operation in [*generations.values(), *(op for ops in stored.values() for op in ops.values())]:
             operation["security"] = api_security
         models["security"] = api_security
     metrics: dict[str, Any] = {
@@ -247,6 +309,7 @@ def build_openapi(config: GatewayConfig, visible: list[str] | None = None) -> di
         "paths": {
             **{path: {"post": operation} for path, operation in generations.items()},
             "/v1/models": {"get": models},
+            **stored,
             "/health": {
                 "get": {
                     "operationId": "health",

@@ -99,7 +99,7 @@ def worker_main(args: argparse.Namespace) -> int:
     spread_starts()  # N workers must not all send their first request to the same route
     # vllm-pool backends: the control process runs them; this worker routes over their endpoints.
     built, pools = build_worker_backends(config.backends, index)
-    app = create_app(config, backends=built)
+    app = create_app(config, backends=built, workers=args.workers)
 
     # SIGHUP (forwarded by the control process) reloads the file in every worker, each taking
     # its share of the caps as at start.

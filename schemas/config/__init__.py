@@ -43,6 +43,7 @@ from schemas.config.pool import (
     ScoreWeights,
     VLLMPoolBackendConfig,
 )
+from schemas.config.responses import ResponsesConfig
 from schemas.config.server import PRIORITIES, AdmissionConfig, ServerConfig
 from schemas.config.telemetry import TelemetryConfig
 from schemas.config.workers import worker_problems
@@ -71,6 +72,7 @@ __all__ = [
     "PoolProbeConfig",
     "PoolRestartConfig",
     "PoolRoutingConfig",
+    "ResponsesConfig",
     "ResponsesModelConfig",
     "RetryConfig",
     "RouteConfig",

@@ -31,6 +31,15 @@ class CostCaps(_Strict):
     total_tokens: Annotated[int, Field(ge=1)] | None = None
 
 
+def memory_or_redis(value: SecretStr) -> SecretStr:
+    """A store setting: ``memory`` or a Redis URL (``auth.store``, ``responses.store``)."""
+    text = value.get_secret_value()
+    if text != "memory" and not text.startswith(_STORE_SCHEMES):
+        # The value itself is never echoed: it may hold a password.
+        raise ValueError("must be 'memory' or a redis://, rediss:// or unix:// URL")
+    return value
+
+
 def _sha256_of(secret: SecretStr | None, digest: str | None) -> str:
     if secret is not None:
         return hashlib.sha256(secret.get_secret_value().encode()).hexdigest()
@@ -105,11 +114,7 @@ class AuthConfig(_Strict):
     @field_validator("store")
     @classmethod
     def _store_url(cls, value: SecretStr) -> SecretStr:
-        text = value.get_secret_value()
-        if text != "memory" and not text.startswith(_STORE_SCHEMES):
-            # The value itself is never echoed: it may hold a password.
-            raise ValueError("must be 'memory' or a redis://, rediss:// or unix:// URL")
-        return value
+        return memory_or_redis(value)
 
     @model_validator(mode="after")
     def _distinct(self) -> AuthConfig:

@@ -12,6 +12,7 @@ from schemas.config.backends import BackendConfig
 from schemas.config.common import _Strict, unique_name
 from schemas.config.models import ModelConfig
 from schemas.config.pool import VLLMPoolBackendConfig
+from schemas.config.responses import ResponsesConfig
 from schemas.config.server import ServerConfig
 from schemas.config.telemetry import TelemetryConfig
 
@@ -26,6 +27,8 @@ class GatewayConfig(_Strict):
     caps: CostCaps = Field(default_factory=CostCaps)
     # OpenTelemetry traces; absent = off unless the standard OTEL_* variables turn them on.
     telemetry: TelemetryConfig | None = None
+    # Stored responses and conversations (``store: true``, ``previous_response_id``).
+    responses: ResponsesConfig = Field(default_factory=ResponsesConfig)
 
     @model_validator(mode="after")
     def _names_and_references(self) -> GatewayConfig:

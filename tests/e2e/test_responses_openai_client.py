@@ -22,6 +22,7 @@ import openai
 import pytest
 from pydantic import BaseModel
 
+from gateway.responses_state import NO_AUTH_TENANT
 from gateway.state import STATE
 from tests.conftest import MOCK_MODEL, OPENAI_MODEL, UPSTREAM_IDS, VLLM_MODEL, MakeGateway, RunningGateway, eventually
 from tests.fakes import Behaviour
@@ -230,8 +231,10 @@ async def test_client_leaving_cancels_upstream_and_stores_cancelled(gw: RunningG
     await eventually(lambda: gw.upstream.cancelled_streams == 1)
     rid = created["response"]["id"]
     state = gw.app[STATE].responses_state
-    history = await state.history("", rid)
+    history = await state.history(NO_AUTH_TENANT, rid)
     assert history[0]["role"] == "user"  # the turn was kept, ended, not left in_progress
+    async with aiohttp.ClientSession() as http, http.get(f"{gw.url}/v1/responses/{rid}") as got:
+        assert (await got.json())["status"] == "cancelled"
 
 
 async def test_metrics_say_responses(client: openai.AsyncOpenAI, gw: RunningGateway) -> None:

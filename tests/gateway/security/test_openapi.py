@@ -27,6 +27,8 @@ async def test_document_describes_the_endpoints(secure_gateway: MakeSecureGatewa
         "/v1/chat/completions",
         "/v1/responses",
         "/v1/models",
+        "/v1/responses/{response_id}",
+        "/v1/responses/{response_id}/input_items",
         "/health",
         "/metrics",
         "/openapi.json",

@@ -1,0 +1,192 @@
+"""The conversations ``store: true`` keeps: saved when a response ends, read by id, continued by
+``previous_response_id``, deleted; each visible to its tenant alone (see :mod:`gateway.store`).
+:class:`ConversationStore` implements the Responses handler's seam,
+:class:`gateway.responses_state.ResponsesState`, and serves the stored-response endpoints.
+
+Errors are the answers clients see: an id that does not exist, belongs to another tenant, was
+deleted, expired or evicted is the same 404 (the answer never tells them apart), and a store
+whose processes would not share conversations (memory with ``--workers`` N > 1) refuses by name
+whatever needs one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.conversations.records import Record, Turn, decode, encode, input_items
+from gateway.metrics import GatewayMetrics
+from gateway.responses_state import FinishedTurn, unknown_response
+from gateway.store import MemoryStore, RedisStore, StoreUnavailableError, TenantStore
+from schemas.config import ResponsesConfig
+from schemas.errors import InvalidRequestError, NotFoundError
+
+__all__ = ["NAMESPACE", "Conversation", "ConversationStore", "not_found"]
+
+log = logging.getLogger("gateway.conversations")
+
+NAMESPACE = "responses"
+_CHAINS = 4096  # chains remembered between a request's history() and its save() (saves a store read)
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    """The earlier turns ``previous_response_id`` names, oldest first (empty: a first turn)."""
+
+    turns: list[Turn] = field(default_factory=list)
+
+    @property
+    def chain(self) -> list[str]:
+        """The ids of the turns, oldest first: a response continuing them keeps this as its chain."""
+        return [turn.response_id for turn in self.turns]
+
+    def items(self) -> list[dict[str, Any]]:
+        """Every earlier input and output item in order: what goes upstream before the new input."""
+        return [item for turn in self.turns for item in turn.items]
+
+
+def not_found(response_id: str) -> NotFoundError:
+    return NotFoundError(f"Response with id '{response_id}' not found.", param="response_id", code="not_found")
+
+
+def _previous_not_found(response_id: str, missing: str) -> NotFoundError:
+    if missing == response_id:
+        return unknown_response(response_id)
+    # An earlier turn is gone: continuing without it would silently drop part of the conversation.
+    return NotFoundError(
+        f"Previous response with id '{response_id}' cannot be continued: response '{missing}' earlier in its "
+        "conversation is no longer stored (deleted, expired or evicted). Send the conversation as input instead.",
+        param="previous_response_id",
+        code="previous_response_not_found",
+    )
+
+
+class ConversationStore:
+    """Stored responses of every tenant, over one :class:`~gateway.store.TenantStore`.
+
+    ``unshared``: the number of worker processes that would each hold their own memory store
+    (0: the store is shared or there is one process); then every call that needs the store
+    raises a 400 naming ``store`` (or the field that needs it) instead of splitting conversations.
+    """
+
+    def __init__(self, store: TenantStore | None, *, unshared: int = 0) -> None:
+        self.store = store
+        self.unshared = unshared
+        self._chains: OrderedDict[tuple[str, str], list[str]] = OrderedDict()
+
+    @classmethod
+    def from_config(cls, config: ResponsesConfig, metrics: GatewayMetrics, *, workers: int = 1) -> ConversationStore:
+        """The store ``responses:`` describes, for a gateway of ``workers`` processes."""
+        url = config.store_url
+        if url is not None:
+            redis = RedisStore(
+                url,
+                NAMESPACE,
+                ttl=config.ttl,
+                prefix=config.store_prefix,
+                timeout=config.redis_timeout,
+                on_error=lambda: metrics.store_error(NAMESPACE),
+            )
+            return cls(redis)
+        if workers > 1:
+            return cls(None, unshared=workers)
+        memory = MemoryStore(
+            NAMESPACE,
+            ttl=config.ttl,
+            max_items=config.max_items,
+            max_bytes=config.max_bytes,
+            on_evict=lambda reason, count: metrics.store_evicted(NAMESPACE, reason, count),
+        )
+        metrics.watch_store(NAMESPACE, memory.stats)
+        return cls(memory)
+
+    def configure(self, config: ResponsesConfig) -> None:
+        """A reload's new ``ttl`` and bounds (the store itself, memory or Redis, is kept)."""
+        store = self.store
+        if isinstance(store, MemoryStore):
+            store.configure(ttl=config.ttl, max_items=config.max_items, max_bytes=config.max_bytes)
+        elif store is not None:
+            store.ttl = config.ttl
+
+    def _backing(self, param: str) -> TenantStore:
+        if self.store is None or self.unshared:
+            raise InvalidRequestError(
+                f"This gateway runs {self.unshared} worker processes that keep stored responses in memory, which "
+                "they do not share, so it cannot keep or continue conversations. Send 'store': false without "
+                "'previous_response_id', or have the operator set responses.store to a Redis URL.",
+                param=param,
+                code="store_not_shared",
+            )
+        return self.store
+
+    async def conversation(self, tenant: str, previous_response_id: str) -> Conversation:
+        """The turns ``previous_response_id`` continues (its chain, then itself), touched so that a
+        conversation in use is the last to expire or be evicted; 404 when any of them is gone."""
+        store = self._backing("previous_response_id")
+        (head,) = await store.get(tenant, [previous_response_id], touch=True)
+        if head is None:
+            raise _previous_not_found(previous_response_id, previous_response_id)
+        record = decode(head)
+        blobs = await store.get(tenant, record.chain, touch=True) if record.chain else []
+        turns: list[Turn] = []
+        for earlier, blob in zip(record.chain, blobs, strict=True):
+            if blob is None:
+                raise _previous_not_found(previous_response_id, earlier)
+            turns.append(decode(blob).turn(earlier))
+        turns.append(record.turn(previous_response_id))
+        self._remember(tenant, previous_response_id, [*record.chain, previous_response_id])
+        return Conversation(turns)
+
+    def check_storable(self) -> None:
+        """Refuse ``store: true`` up front when it could not be honoured (before any upstream call)."""
+        self._backing("store")
+
+    # --- the Responses handler's seam (gateway.responses_state.ResponsesState) ------------------
+    async def history(self, tenant: str, response_id: str) -> list[dict[str, Any]]:
+        return (await self.conversation(tenant, response_id)).items()
+
+    async def save(self, tenant: str, turn: FinishedTurn) -> None:
+        """Keep a turn after the one it continues; never raises (a store that failed or a turn over
+        the byte bound leaves it unstored: logged, and counted in the store's metrics)."""
+        response_id = str(turn.response["id"])
+        try:
+            store = self._backing("store")
+            chain = await self._chain(store, tenant, turn.previous_response_id)
+            kept = await store.put(tenant, response_id, encode(turn.response, input_items(turn.input_items), chain))
+        except (StoreUnavailableError, InvalidRequestError) as exc:
+            log.error("response %s was not stored: %s", response_id, exc.message)
+            return
+        if not kept:
+            log.warning("response %s was not stored: larger than responses.max_bytes", response_id)
+
+    async def _chain(self, store: TenantStore, tenant: str, previous: str | None) -> list[str]:
+        """The chain a turn continuing ``previous`` keeps: the one ``history`` just loaded, or read."""
+        if previous is None:
+            return []
+        chain = self._chains.pop((tenant, previous), None)
+        if chain is not None:
+            return chain
+        (blob,) = await store.get(tenant, [previous])
+        return [*decode(blob).chain, previous] if blob is not None else [previous]
+
+    def _remember(self, tenant: str, response_id: str, chain: list[str]) -> None:
+        self._chains[(tenant, response_id)] = chain
+        if len(self._chains) > _CHAINS:
+            self._chains.popitem(last=False)
+
+    async def get(self, tenant: str, response_id: str) -> Record:
+        """The stored response (404 when absent for this tenant)."""
+        (blob,) = await self._backing("response_id").get(tenant, [response_id])
+        if blob is None:
+            raise not_found(response_id)
+        return decode(blob)
+
+    async def delete(self, tenant: str, response_id: str) -> None:
+        if not await self._backing("response_id").delete(tenant, response_id):
+            raise not_found(response_id)
+
+    async def close(self) -> None:
+        if self.store is not None:
+            await self.store.close()

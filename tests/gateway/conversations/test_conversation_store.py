@@ -1,0 +1,171 @@
+"""Conversations over a tenant store: a chain loaded whole and in order, a missing link refused
+(never silently skipped), other tenants' ids answered as unknown ones, and memory stores that
+several workers would not share refusing by name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from gateway.conversations import Conversation, ConversationStore, Turn, input_items, new_id
+from gateway.conversations.records import decode, encode
+from gateway.conversations.window import estimate_tokens, fit
+from gateway.metrics import GatewayMetrics
+from gateway.responses_state import FinishedTurn
+from gateway.store import MemoryStore
+from schemas.config import ResponsesConfig
+from schemas.errors import InvalidRequestError, NotFoundError
+
+
+def _store() -> ConversationStore:
+    return ConversationStore(MemoryStore("responses", ttl=60, max_items=100, max_bytes=1 << 20))
+
+
+def _response(rid: str, text: str, model: str = "m") -> dict[str, Any]:
+    message = {"type": "message", "id": new_id("msg"), "role": "assistant", "status": "completed",
+               "content": [{"type": "output_text", "text": text, "annotations": []}]}  # fmt: skip
+    return {"id": rid, "object": "response", "status": "completed", "model": model, "output": [message]}
+
+
+async def _turns(store: ConversationStore, tenant: str, n: int) -> list[str]:
+    """``n`` chained turns: user says ``q{i}``, assistant answers ``a{i}``; their ids, in order."""
+    ids: list[str] = []
+    for i in range(n):
+        rid = new_id("resp")
+        await store.save(tenant, FinishedTurn(_response(rid, f"a{i}"), input_items(f"q{i}"), ids[-1] if ids else None))
+        ids.append(rid)
+    return ids
+
+
+def _texts(conversation: Conversation) -> list[str]:
+    return [part["text"] for item in conversation.items() for part in item["content"]]
+
+
+async def test_previous_response_id_loads_every_earlier_turn_in_order() -> None:
+    store = _store()
+    ids = await _turns(store, "a", 4)
+    conversation = await store.conversation("a", ids[-1])
+    assert conversation.chain == ids
+    assert _texts(conversation) == ["q0", "a0", "q1", "a1", "q2", "a2", "q3", "a3"]
+    middle = await store.conversation("a", ids[1])  # continuing from an earlier turn forks there
+    assert _texts(middle) == ["q0", "a0", "q1", "a1"]
+
+
+async def test_another_tenants_id_is_the_same_404_as_an_unknown_one() -> None:
+    store = _store()
+    (rid,) = await _turns(store, "team-a", 1)
+    answers = []
+    for tenant, wanted in (("team-b", rid), ("team-a", "resp_" + "0" * 48)):
+        with pytest.raises(NotFoundError) as caught:
+            await store.conversation(tenant, wanted)
+        answers.append(caught.value.envelope()["error"] | {"message": caught.value.message.replace(wanted, "ID")})
+        for call in (store.get, store.delete):
+            with pytest.raises(NotFoundError) as other:
+                await call(tenant, wanted)
+            assert other.value.status == 404 and other.value.param == "response_id"
+    assert answers[0] == answers[1]
+    assert answers[0]["code"] == "previous_response_not_found" and answers[0]["param"] == "previous_response_id"
+    assert (await store.get("team-a", rid)).response["id"] == rid
+
+
+async def test_a_conversation_missing_an_earlier_turn_is_refused_naming_it() -> None:
+    store = _store()
+    ids = await _turns(store, "a", 3)
+    await store.delete("a", ids[1])
+    with pytest.raises(NotFoundError) as caught:
+        await store.conversation("a", ids[2])
+    assert ids[1] in caught.value.message and caught.value.param == "previous_response_id"
+
+
+async def test_continuing_keeps_a_conversation_from_being_evicted_first() -> None:
+    memory = MemoryStore("responses", ttl=60, max_items=3, max_bytes=1 << 20)
+    store = ConversationStore(memory)
+    first = await _turns(store, "a", 1)
+    await _turns(store, "a", 1)
+    await store.conversation("a", first[0])  # read: touched
+    await _turns(store, "a", 1)
+    await _turns(store, "a", 1)  # four values, bound three: the untouched second one goes
+    assert (await store.get("a", first[0])).response["id"] == first[0]
+
+
+def test_input_items_are_named_and_in_list_form() -> None:
+    items = input_items(
+        [
+            {"role": "developer", "content": "be brief"},
+            {"type": "message", "role": "assistant", "content": "earlier"},
+            {"type": "function_call_output", "call_id": "c1", "output": "42"},
+            {"type": "message", "id": "msg_mine", "role": "user", "content": [{"type": "input_text", "text": "x"}]},
+        ]
+    )
+    assert [item["id"][:4] for item in items[:3]] == ["msg_", "msg_", "fco_"]
+    assert items[0]["content"] == [{"type": "input_text", "text": "be brief"}]
+    assert items[0]["type"] == "message" and items[0]["status"] == "completed"
+    assert items[1]["content"] == [{"type": "output_text", "text": "earlier", "annotations": []}]
+    assert items[2] == {"type": "function_call_output", "call_id": "c1", "output": "42", "id": items[2]["id"]}
+    assert items[3]["id"] == "msg_mine"
+    assert len({new_id("resp") for _ in range(1000)}) == 1000 and len(new_id("resp")) == 5 + 48
+
+
+async def test_the_chain_is_read_when_history_was_not_loaded_in_this_process() -> None:
+    store = _store()
+    ids = await _turns(store, "a", 2)
+    other = ConversationStore(store.store)  # another worker on the same (shared) store
+    rid = new_id("resp")
+    await other.save("a", FinishedTurn(_response(rid, "a2"), input_items("q2"), ids[-1]))
+    assert (await store.conversation("a", rid)).chain == [*ids, rid]
+
+
+async def test_a_store_that_fails_leaves_the_turn_unstored_without_raising(caplog: pytest.LogCaptureFixture) -> None:
+    store = ConversationStore(None, unshared=2)
+    await store.save("a", FinishedTurn(_response("resp_x", "hi"), [], None))
+    assert "resp_x was not stored" in caplog.text
+
+
+def test_a_stored_body_may_be_the_bytes_answered() -> None:
+    body = orjson.dumps(_response("resp_x", "hi"))
+    assert orjson.dumps(decode(encode(body, [], [])).response) == body
+
+
+async def test_memory_stores_in_several_workers_refuse_state_by_name() -> None:
+    metrics = GatewayMetrics(["m"], ["b"])
+    store = ConversationStore.from_config(ResponsesConfig(), metrics, workers=4)
+    with pytest.raises(InvalidRequestError) as caught:
+        store.check_storable()
+    assert caught.value.param == "store" and "4 worker processes" in caught.value.message
+    assert caught.value.code == "store_not_shared"
+    with pytest.raises(InvalidRequestError) as continued:
+        await store.conversation("a", "resp_x")
+    assert continued.value.param == "previous_response_id"
+    single = ConversationStore.from_config(ResponsesConfig(), metrics, workers=1)
+    single.check_storable()
+
+
+# --- truncation ------------------------------------------------------------------------------
+async def _conversation(n: int, size: int) -> Conversation:
+    store = _store()
+    ids = await _turns(store, "a", n)
+    conversation = await store.conversation("a", ids[-1])
+    big = [{"type": "message", "content": "x" * size}]
+    return Conversation([Turn(t.response_id, big, t.output) for t in conversation.turns])
+
+
+async def test_auto_drops_the_oldest_turns_until_it_fits() -> None:
+    conversation = await _conversation(5, 400)
+    per_turn = estimate_tokens(conversation.turns[0].items)
+    context = 3 * per_turn + 100 + 50
+    fitted = fit(conversation, 100, context=context, output_tokens=50, truncation="auto")
+    assert fitted.chain == conversation.chain[2:]
+    assert fit(conversation, 100, context=None, output_tokens=50, truncation="auto") is conversation
+    assert fit(conversation, 100, context=10**6, output_tokens=50, truncation="disabled") is conversation
+
+
+async def test_disabled_or_an_input_too_large_alone_is_a_400_naming_input() -> None:
+    conversation = await _conversation(3, 400)
+    with pytest.raises(InvalidRequestError) as caught:
+        fit(conversation, 100, context=300, output_tokens=50, truncation="disabled")
+    assert caught.value.param == "input" and "truncation" in caught.value.message
+    with pytest.raises(InvalidRequestError) as alone:
+        fit(conversation, 400, context=300, output_tokens=50, truncation="auto")
+    assert alone.value.param == "input" and alone.value.code == "context_length_exceeded"
