@@ -264,6 +264,11 @@ class Backend(ABC):
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Open pools and probe the upstream; called once before serving."""
 
+    def context_length(self, upstream_model: str) -> int | None:
+        """``upstream_model``'s context window in tokens (prompt and output together) when this
+        backend knows it (vLLM: ``max_model_len``), else None; Responses' ``truncation`` reads it."""
+        return None
+
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release everything; called once at shutdown."""
 

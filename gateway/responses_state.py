@@ -64,6 +64,10 @@ class ResponsesState(Protocol):
     async def history(self, tenant: str, response_id: str) -> list[dict[str, Any]]:
         """Every item of the conversation through ``response_id``, oldest first; 404 when unknown."""
 
+    async def turns(self, tenant: str, response_id: str) -> list[list[dict[str, Any]]]:
+        """:meth:`history` cut into turns (each turn's input items, then its output items), oldest
+        first: what ``truncation: auto`` drops whole."""
+
     async def save(self, tenant: str, turn: FinishedTurn) -> None:
         """Keep a turn that reached a terminal status (``store`` true); evicts rather than fails."""
 
@@ -93,6 +97,9 @@ class MemoryResponsesState:
         self._turns: OrderedDict[tuple[str, str], FinishedTurn] = OrderedDict()
 
     async def history(self, tenant: str, response_id: str) -> list[dict[str, Any]]:
+        return [item for turn in await self.turns(tenant, response_id) for item in turn]
+
+    async def turns(self, tenant: str, response_id: str) -> list[list[dict[str, Any]]]:
         turn = self._turns.get((tenant, response_id))
         if turn is None:
             raise unknown_response(response_id)
@@ -103,11 +110,7 @@ class MemoryResponsesState:
             chain.append(turn)
             previous = turn.previous_response_id
             turn = self._turns.get((tenant, previous)) if previous is not None else None
-        items: list[dict[str, Any]] = []
-        for earlier in reversed(chain):
-            items.extend(earlier.input_items)
-            items.extend(earlier.response.get("output") or ())
-        return items
+        return [[*earlier.input_items, *(earlier.response.get("output") or ())] for earlier in reversed(chain)]
 
     def check_storable(self) -> None:
         return None

@@ -53,6 +53,9 @@ class MockBackend(Backend):
         self.config = config
         self._delays = (config.first_token_delay_ms / 1000, config.token_delay_ms / 1000)
 
+    def context_length(self, upstream_model: str) -> int | None:
+        return MOCK_CONTEXT_LENGTH
+
     async def complete(self, call: UpstreamCall) -> CompletionResult:
         return complete_text(call)
 

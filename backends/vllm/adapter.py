@@ -115,6 +115,7 @@ class VLLMBackend(Backend):
         self._seen: VLLMVersion | None = None  # from the last new system_fingerprint
         self._confirmed_at = -_CONFIRM_AGE  # loop time of the last successful GET /version
         self.version: VLLMVersion | None = None
+        self._contexts: dict[str, int] = {}  # served model -> max_model_len (GET /v1/models)
         self.version_source = "unknown"  # "detected" | "fingerprint" | "pinned" | "unknown"
         self.dialect = VLLMDialect.of(None)
         self._use(self._pin, "pinned" if self._pin else "unknown")
@@ -158,6 +159,7 @@ class VLLMBackend(Backend):
             )
             return self.version
         self._stale = False
+        await self._read_contexts()
         version = None
         if resp.status == 200:
             self._confirmed_at = self._last_attempt
@@ -186,6 +188,30 @@ class VLLMBackend(Backend):
             self._use(version, "detected")
             log.info("vLLM backend %s: server version %s", self.name, version)
         return self.version
+
+    async def _read_contexts(self) -> None:
+        """``GET /v1/models``: each served model's ``max_model_len`` (:meth:`context_length`);
+        what it cannot read stays unknown."""
+        try:
+            async with asyncio.timeout(_DETECT_TIMEOUT):
+                resp = await self._wire.get(self.base_url + "/models")
+                try:
+                    data = await resp.read()
+                finally:
+                    resp.release()
+            answer: Any = orjson.loads(data) if resp.status == 200 else None
+        except Exception:  # best effort, as the docstring says: an old or proxied server may lack it
+            return
+        models = answer.get("data") if isinstance(answer, dict) else None
+        self._contexts = {
+            m["id"]: m["max_model_len"]
+            for m in (models if isinstance(models, list) else ())
+            if isinstance(m, dict) and isinstance(m.get("id"), str) and type(m.get("max_model_len")) is int
+            and m["max_model_len"] > 0
+        }  # fmt: skip
+
+    def context_length(self, upstream_model: str) -> int | None:
+        return self._contexts.get(upstream_model)
 
     async def _refresh(self) -> None:
         async with self._lock:

@@ -147,6 +147,9 @@ class ConversationStore:
     async def history(self, tenant: str, response_id: str) -> list[dict[str, Any]]:
         return (await self.conversation(tenant, response_id)).items()
 
+    async def turns(self, tenant: str, response_id: str) -> list[list[dict[str, Any]]]:
+        return [turn.items for turn in (await self.conversation(tenant, response_id)).turns]
+
     async def save(self, tenant: str, turn: FinishedTurn) -> None:
         """Keep a turn after the one it continues; never raises (a store that failed or a turn over
         the byte bound leaves it unstored: logged, and counted in the store's metrics)."""
@@ -154,6 +157,9 @@ class ConversationStore:
         try:
             store = self._backing("store")
             chain = await self._chain(store, tenant, turn.previous_response_id)
+            if response_id in chain:  # an upstream that reuses ids: storing it would loop the conversation
+                log.error("response %s was not stored: its conversation already holds that id", response_id)
+                return
             kept = await store.put(tenant, response_id, encode(turn.response, input_items(turn.input_items), chain))
         except (StoreUnavailableError, InvalidRequestError) as exc:
             log.error("response %s was not stored: %s", response_id, exc.message)

@@ -20,15 +20,18 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from pydantic import TypeAdapter, ValidationError
 
 from backends.base import Backend, CompletionStream, ResponsesTable
 from backends.responses.bridge import responses_table
 from backends.responses.events import ResponseEventStream
+from gateway.conversations.window import fit
 from gateway.responses_state import NO_AUTH_TENANT, FinishedTurn, ResponsesState
 from gateway.served import ServedRequest
+from schemas.endpoints import Endpoint
 from schemas.errors import InvalidRequestError
 from schemas.responses import ResponsesRequest
 from schemas.responses_items import InputItem, MessageItem
@@ -37,7 +40,22 @@ from schemas.responses_tools import BUILTIN_TOOL_TYPES
 if TYPE_CHECKING:
     from gateway.security.auth import ApiKey
 
-__all__ = ["OMITTED_HEADER", "ResponsesTurns", "own_items", "tenant_of"]
+
+class _Route(Protocol):
+    def context_length(self) -> int | None: ...
+
+
+class ModelEntry(Protocol):
+    """What :meth:`ResponsesTurns.begin` reads of the model (``gateway.flow.router.ModelEntry``,
+    which imports this module through ``endpoints``)."""
+
+    @property
+    def omit_builtin_tools(self) -> bool: ...
+    @property
+    def served(self) -> Mapping[Endpoint, Sequence[_Route]]: ...
+
+
+__all__ = ["OMITTED_HEADER", "ResponsesTurns", "StreamEnd", "own_items", "tenant_of"]
 
 log = logging.getLogger("gateway")
 
@@ -71,6 +89,13 @@ def _new_id(prefix: str) -> str:
     return f"{prefix}_{os.urandom(24).hex()}"
 
 
+def _context(entry: ModelEntry) -> int | None:
+    """The smallest known context window among the routes that may serve the request (failover
+    included), so the conversation sent fits whichever answers; None when none is known."""
+    windows = [w for route in entry.served.get(Endpoint.RESPONSES, ()) if (w := route.context_length()) is not None]
+    return min(windows) if windows else None
+
+
 def omitted_tools(request: ResponsesRequest, table: ResponsesTable | None) -> list[str]:
     """The built-in tools this attempt leaves out (the operator's ``omit``, on a backend that cannot run them)."""
     if not request.omits_builtin_tools or table is None:
@@ -86,18 +111,25 @@ class ResponsesTurns:
     """The Responses endpoint's hooks on the request path (module docstring). Stateless: the store is passed in."""
 
     async def begin(
-        self, served: ServedRequest, omit_builtin_tools: bool, store: ResponsesState, key: ApiKey | None
+        self, served: ServedRequest, entry: ModelEntry, store: ResponsesState, key: ApiKey | None
     ) -> ResponsesRequest:
-        """``omit_builtin_tools``: the model's ``responses.builtin_tools`` is ``omit``."""
+        """``entry``: the model (its ``responses.builtin_tools`` choice, its routes' context windows)."""
         request = cast(ResponsesRequest, served)  # the Responses parse made it
-        if omit_builtin_tools and request.tools:
+        if entry.omit_builtin_tools and request.tools:
             request.omit_builtin_tools()
         if request.stores:
             store.check_storable()  # refused by name before any upstream call when it cannot be kept
         previous = request.previous_response_id
         if previous is None:
             return request
-        history = await store.history(tenant_of(key), previous)
+        turns = fit(
+            await store.turns(tenant_of(key), previous),
+            request.prompt_estimate(),
+            context=_context(entry),
+            output_tokens=request.max_output_tokens or 1,
+            truncation=request.truncation,
+        )
+        history = [item for turn in turns for item in turn]
         try:
             earlier = _ITEMS.validate_python(history)
         except ValidationError:
@@ -142,3 +174,25 @@ class ResponsesTurns:
         request = cast(ResponsesRequest, served)
         if request.stores and isinstance(stream, ResponseEventStream):
             await self.end(request, stream.snapshot("cancelled"), store, key)
+
+
+class StreamEnd:
+    """A streamed turn's save, done once: by the handler just before it writes the stream's last
+    event (so a client that continues the moment it has ``response.completed`` finds the turn, on
+    any worker), or, for a stream cut short (the client left), when the handler ends."""
+
+    __slots__ = ("_args", "_done", "_turns")
+
+    def __init__(
+        self, turns: ResponsesTurns, served: ServedRequest, stream: CompletionStream, store: ResponsesState,
+        key: ApiKey | None,
+    ) -> None:  # fmt: skip
+        self._turns = turns
+        self._args = (served, stream, store, key)
+        self._done = False
+
+    async def __call__(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        await self._turns.end_stream(*self._args)

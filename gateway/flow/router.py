@@ -74,6 +74,11 @@ class Route:
     upstream_model: str
     weight: float
     guard: BackendGuard
+    context: int | None = None  # ``routes[].context_length``: the window in tokens, when configured
+
+    def context_length(self) -> int | None:
+        """The upstream model's context window: the configured one, else what the backend reports."""
+        return self.context if self.context is not None else self.backend.context_length(self.upstream_model)
 
 
 class Strategy(Protocol):
@@ -236,7 +241,9 @@ class Router:
 
     @staticmethod
     def _entry(model: ModelConfig, backends: Mapping[str, Backend], guards: Mapping[str, BackendGuard]) -> ModelEntry:
-        routes = tuple(Route(backends[r.backend], r.model, r.weight, guards[r.backend]) for r in model.routes)
+        routes = tuple(
+            Route(backends[r.backend], r.model, r.weight, guards[r.backend], r.context_length) for r in model.routes
+        )
         listed = set(model.endpoints) if model.endpoints is not None else None
         served: dict[Endpoint, tuple[Route, ...]] = {}
         for endpoint in Endpoint:

@@ -29,6 +29,7 @@ from backends.base import ROUTING_SESSION, CompletionStream
 from backends.errors import UpstreamError
 from gateway.accounting import RequestRecord
 from gateway.flow.endpoints import OPS, EndpointOps
+from gateway.flow.responses_turns import StreamEnd
 from gateway.flow.service import OpenedStream
 from gateway.http.hardening import read_body, redact
 from gateway.http.request_id import request_id_of
@@ -120,7 +121,7 @@ async def serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
             record.model = entry.name
             turns = ops.turns
             if turns is not None:  # Responses: the stored turns, the model's built-in tools policy
-                req = await turns.begin(req, entry.omit_builtin_tools, state.responses_state, record.key)
+                req = await turns.begin(req, entry, state.responses_state, record.key)
             if record.key is None:
                 guard.caps.check(req)  # no key: the deployment's caps alone
             else:
@@ -156,12 +157,15 @@ async def serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
                 except asyncio.CancelledError:
                     _cancelled(state)  # before an answer: a cancel while relaying one is _stream's to end
                 if req.stream:
-                    headers = turns.headers(req, opened.route.backend) if turns is not None else None
+                    headers = end = None
+                    if turns is not None:
+                        headers = turns.headers(req, opened.route.backend)
+                        end = StreamEnd(turns, req, opened.stream, state.responses_state, record.key)
                     try:
-                        response = await _stream(request, state, ops, entry.name, opened, record, headers)
+                        response = await _stream(request, state, ops, entry.name, opened, record, headers, end)
                     finally:
-                        if turns is not None:
-                            await turns.end_stream(req, opened.stream, state.responses_state, record.key)
+                        if end is not None:
+                            await end()  # a stream cut short: kept as it stood (cancelled)
                 else:
                     record.backend = route.backend.name
                     record.usage = result.usage
@@ -234,7 +238,10 @@ async def _stream(
     opened: OpenedStream,
     record: RequestRecord,
     headers: Mapping[str, str] | None = None,
+    end: Callable[[], Awaitable[None]] | None = None,
 ) -> web.StreamResponse:
+    """Relay ``opened``; ``end`` (Responses: the turn's save) is awaited just before the last event
+    is written, so the turn is stored before the client can act on its end."""
     metrics = state.metrics
     endpoint = ops.endpoint
     done = ops.done  # after the last event: chat's and completions' [DONE]; nothing for Responses
@@ -252,6 +259,8 @@ async def _stream(
         # When the upstream has already finished, the chunk, [DONE] and the end of the
         # body leave in one write (one syscall instead of three for short streams).
         if stream.finished:
+            if end is not None:
+                await end()
             await response.write_eof(opened.first + done)
             record.answered()  # finished: what the client does next is no disconnect
             record.relayed = (stream.relayed_events or 0) if counts else opened.first.count(_EVENT)
@@ -290,6 +299,8 @@ async def _stream(
             record.status = error.status
             metrics.stream_failed(model, backend, "internal", endpoint=endpoint)
             tail = _error_event(error, stream, ops)
+        if end is not None:
+            await end()
         await response.write_eof(tail)
         record.answered()  # finished: a cancel while the upstream is released below is no disconnect
     except asyncio.CancelledError:

@@ -15,6 +15,9 @@ class RouteConfig(_Strict):
     # The upstream's own model id.
     model: Annotated[str, Field(min_length=1)]
     weight: Annotated[float, Field(gt=0)] = 1.0
+    # The upstream model's context window in tokens, for Responses' ``truncation``; unset: what
+    # the backend reports (vLLM's ``max_model_len``), else unknown (the upstream decides).
+    context_length: Annotated[int, Field(ge=1)] | None = None
 
 
 class ResponsesModelConfig(_Strict):

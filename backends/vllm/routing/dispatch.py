@@ -254,6 +254,7 @@ class DispatchedBackend(Backend):
     """
 
     dispatcher: Dispatcher
+    _context_of: Callable[[str], int | None] | None = None  # a ready server's adapter's (take_tables)
     endpoints: frozenset[EndpointKind] = frozenset(
         {
             EndpointKind.COMPLETIONS,
@@ -271,6 +272,10 @@ class DispatchedBackend(Backend):
         self.chat_capabilities = adapter.chat_capabilities
         self.embedding_capabilities = adapter.embedding_capabilities
         self.rerank_capabilities = adapter.rerank_capabilities
+        self._context_of = adapter.context_length
+
+    def context_length(self, upstream_model: str) -> int | None:
+        return self._context_of(upstream_model) if self._context_of is not None else None
 
     def unknown_tables(self, tool_parser: str | None) -> None:
         """The tables that cannot fail open, until a server has told its version."""

@@ -345,3 +345,15 @@ async def test_vllm_extras_are_dropped_from_answers_unless_asked(mock: respx.Moc
     assert "token_ids" not in plain and "prompt_token_ids" not in plain
     assert asked["token_ids"] == [5] and asked["prompt_token_ids"] == [1] and "prompt_logprobs" not in asked
     await backend.close()
+
+
+async def test_start_reads_each_models_context_window(mock: respx.MockRouter) -> None:
+    mock.get(VERSION_URL).mock(return_value=httpx.Response(200, json={"version": "0.32.0"}))
+    models = [{"id": "m", "object": "model", "max_model_len": 4096}, {"id": "odd", "max_model_len": "big"}]
+    mock.get(URL + "/models").mock(return_value=httpx.Response(200, json={"object": "list", "data": models}))
+    backend = make()
+    assert backend.context_length("m") is None  # unknown until the server said
+    await backend.start()
+    assert backend.context_length("m") == 4096 and backend.context_length("odd") is None
+    assert backend.context_length("other") is None
+    await backend.close()

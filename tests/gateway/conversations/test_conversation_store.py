@@ -9,9 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.conversations import Conversation, ConversationStore, Turn, input_items, new_id
+from gateway.conversations import Conversation, ConversationStore, input_items, new_id
 from gateway.conversations.records import decode, encode
-from gateway.conversations.window import estimate_tokens, fit
 from gateway.metrics import GatewayMetrics
 from gateway.responses_state import FinishedTurn
 from gateway.store import MemoryStore
@@ -142,30 +141,9 @@ async def test_memory_stores_in_several_workers_refuse_state_by_name() -> None:
     single.check_storable()
 
 
-# --- truncation ------------------------------------------------------------------------------
-async def _conversation(n: int, size: int) -> Conversation:
+async def test_an_id_its_conversation_already_holds_is_not_stored(caplog: pytest.LogCaptureFixture) -> None:
     store = _store()
-    ids = await _turns(store, "a", n)
-    conversation = await store.conversation("a", ids[-1])
-    big = [{"type": "message", "content": "x" * size}]
-    return Conversation([Turn(t.response_id, big, t.output) for t in conversation.turns])
-
-
-async def test_auto_drops_the_oldest_turns_until_it_fits() -> None:
-    conversation = await _conversation(5, 400)
-    per_turn = estimate_tokens(conversation.turns[0].items)
-    context = 3 * per_turn + 100 + 50
-    fitted = fit(conversation, 100, context=context, output_tokens=50, truncation="auto")
-    assert fitted.chain == conversation.chain[2:]
-    assert fit(conversation, 100, context=None, output_tokens=50, truncation="auto") is conversation
-    assert fit(conversation, 100, context=10**6, output_tokens=50, truncation="disabled") is conversation
-
-
-async def test_disabled_or_an_input_too_large_alone_is_a_400_naming_input() -> None:
-    conversation = await _conversation(3, 400)
-    with pytest.raises(InvalidRequestError) as caught:
-        fit(conversation, 100, context=300, output_tokens=50, truncation="disabled")
-    assert caught.value.param == "input" and "truncation" in caught.value.message
-    with pytest.raises(InvalidRequestError) as alone:
-        fit(conversation, 400, context=300, output_tokens=50, truncation="auto")
-    assert alone.value.param == "input" and alone.value.code == "context_length_exceeded"
+    (first,) = await _turns(store, "a", 1)
+    await store.save("a", FinishedTurn(_response(first, "again"), input_items("q"), first))  # an upstream's reused id
+    assert "already holds that id" in caplog.text
+    assert _texts(await store.conversation("a", first)) == ["q0", "a0"]  # the first turn as it was
