@@ -19,7 +19,7 @@ from gateway.pool_cli import add_pool_parser, pool_command
 from gateway.tracing.settings import trace_problems
 from gateway.workers.cpus import available_cpus
 from gateway.workers.worker import add_worker_parser, worker_main
-from schemas.config import GatewayConfig, ServerConfig, worker_problems
+from schemas.config import GatewayConfig, ServerConfig, worker_notes, worker_problems
 
 __all__ = ["main"]
 
@@ -78,6 +78,8 @@ def _check(path: str, workers: int = 1) -> int:
         print(f"{path}: not servable with {workers} workers:", *problems, sep="\n  ", file=sys.stderr)
         return 1
     print(f"{path}: OK ({len(config.backends)} backends, {len(config.models)} models)")
+    for note in worker_notes(config, workers):
+        print(f"  note: {note}")
     if workers > 1:
         from backends.registry import shared_configs
 

@@ -24,7 +24,7 @@ from gateway.configfile import ConfigError, load_config
 from gateway.workers.caps import overshoots, split_caps
 from gateway.workers.channel import ControlClient
 from gateway.workers.pools import PoolFeed, same_pools
-from schemas.config import GatewayConfig
+from schemas.config import GatewayConfig, worker_notes
 
 __all__ = ["add_worker_parser", "worker_main"]
 
@@ -81,6 +81,8 @@ def worker_main(args: argparse.Namespace) -> int:
     started = config
     for cap in overshoots(config, args.workers) if index == 0 else ():
         log.warning("%s is below --workers %d: each worker gets 1, so up to %d run at once", cap, *[args.workers] * 2)
+    for note in worker_notes(config, args.workers) if index == 0 else ():
+        log.warning("%s", note)
     config = split_caps(config, args.workers, index)
     sock = socket.socket(fileno=args.fd)
     loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop

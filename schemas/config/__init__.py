@@ -46,7 +46,7 @@ from schemas.config.pool import (
 from schemas.config.responses import ResponsesConfig
 from schemas.config.server import PRIORITIES, AdmissionConfig, ServerConfig
 from schemas.config.telemetry import TelemetryConfig
-from schemas.config.workers import worker_problems
+from schemas.config.workers import worker_notes, worker_problems
 
 __all__ = [
     "BACKEND_TYPES",
@@ -86,5 +86,6 @@ __all__ = [
     "UpstreamLimitsConfig",
     "VLLMBackendConfig",
     "VLLMPoolBackendConfig",
+    "worker_notes",
     "worker_problems",
 ]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from schemas.config.gateway import GatewayConfig
 
-__all__ = ["worker_problems"]
+__all__ = ["worker_notes", "worker_problems"]
 
 
 def worker_problems(config: GatewayConfig, workers: int) -> list[str]:
@@ -32,3 +32,18 @@ def worker_problems(config: GatewayConfig, workers: int) -> list[str]:
                 "auth.store set to a Redis URL (the in-memory store would allow each worker the whole limit)"
             )
     return problems
+
+
+def worker_notes(config: GatewayConfig, workers: int) -> list[str]:
+    """What ``workers`` processes change without making ``config`` unservable, each naming its YAML path.
+
+    ``responses.store: memory`` is one process's: N workers would split conversations, so the
+    gateway serves Responses without them (requests that need one are refused by name).
+    """
+    if workers <= 1 or config.responses.store_url is not None:
+        return []
+    return [
+        f"responses.store: memory with {workers} workers keeps no conversations (the processes would not share "
+        "them): Responses requests with store true or previous_response_id get 400 store_not_shared; set "
+        "responses.store to a Redis URL to keep them"
+    ]

@@ -17,9 +17,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import aiohttp
+import pytest
 
-from gateway.conversations import ConversationStore, input_items, new_id
-from gateway.responses_state import FinishedTurn
+from gateway.cli import main
+from gateway.conversations import ConversationStore, new_id
 from gateway.store import ANONYMOUS, RedisStore
 from tests.conftest import free_port
 from tests.gateway.security.conftest import RedisServer
@@ -74,33 +75,56 @@ async def _every_worker(
     return seen
 
 
-async def test_every_worker_sees_the_conversations_across_a_restart_and_a_reload(
+async def _continue_on_every_worker(
+    session: aiohttp.ClientSession, url: str, previous: str, proc: asyncio.subprocess.Process
+) -> str:
+    """Continue ``previous`` over fresh connections until both workers did it; the last turn's id."""
+    seen: set[str] = set()
+    deadline = time.monotonic() + 60
+    while len(seen) < 2:
+        assert proc.returncode is None, "gateway exited"
+        assert time.monotonic() < deadline, "both workers did not continue the conversation"
+        body = {"model": "m", "input": "and then?", "previous_response_id": previous, "max_output_tokens": 4,
+                "truncation": "auto"}  # the workers may take turns unevenly: a long conversation  # fmt: skip
+        try:
+            async with session.post(url + "/v1/responses", json=body, headers={"Connection": "close"}) as resp:
+                answer = await resp.json()
+                assert resp.status == 200, answer
+                seen.add(resp.headers["x-request-id"][:16])
+                previous = answer["id"]
+        except aiohttp.ClientConnectionError:
+            await asyncio.sleep(0.1)
+    return previous
+
+
+async def test_every_worker_continues_the_conversations_across_a_restart_and_a_reload(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
     prefix = f"w{time.monotonic_ns()}"
-    writer = ConversationStore(RedisStore(redis_server.url, "responses", ttl=600, prefix=prefix))
-    rid = new_id("resp")
-    response = {"id": rid, "object": "response", "status": "completed", "model": "m", "output": []}
-    await writer.save(ANONYMOUS, FinishedTurn(response, input_items("kept"), None))
+    reader = ConversationStore(RedisStore(redis_server.url, "responses", ttl=600, prefix=prefix))
     try:
         async with serve(tmp_path, redis_server.url, prefix) as (proc, url), aiohttp.ClientSession() as http:
-            answers = await _every_worker(http, url, f"/v1/responses/{rid}", proc)
-            assert {status for status, _ in answers.values()} == {200}
-            assert all(body["id"] == rid for _, body in answers.values())
+            body = {"model": "m", "input": "remember 42", "max_output_tokens": 4}
+            async with http.post(url + "/v1/responses", json=body) as resp:
+                first = (await resp.json())["id"]
+            last = await _continue_on_every_worker(http, url, first, proc)
             victim = _children(proc.pid)[0]
             os.kill(victim, signal.SIGKILL)
             deadline = time.monotonic() + 60
             while not (len(_children(proc.pid)) == 2 and victim not in _children(proc.pid)):
                 assert time.monotonic() < deadline, "the killed worker did not come back"
                 await asyncio.sleep(0.1)
-            answers = await _every_worker(http, url, f"/v1/responses/{rid}/input_items", proc)
-            assert {status for status, _ in answers.values()} == {200}
+            last = await _continue_on_every_worker(http, url, last, proc)
             proc.send_signal(signal.SIGHUP)
             await asyncio.sleep(1.0)
-            answers = await _every_worker(http, url, f"/v1/responses/{rid}", proc)
+            last = await _continue_on_every_worker(http, url, last, proc)
+            answers = await _every_worker(http, url, f"/v1/responses/{first}/input_items", proc)
             assert {status for status, _ in answers.values()} == {200}
+        history = await reader.history(ANONYMOUS, last)  # one conversation, every turn in order
+        texts = [item["content"][0]["text"] for item in history if item.get("role") == "user"]
+        assert texts[0] == "remember 42" and len(texts) >= 7 and set(texts[1:]) == {"and then?"}
     finally:
-        await writer.close()
+        await reader.close()
 
 
 async def test_memory_store_with_two_workers_refuses_by_name(tmp_path: Path) -> None:
@@ -111,3 +135,15 @@ async def test_memory_store_with_two_workers_refuses_by_name(tmp_path: Path) -> 
         error = body["error"]
         assert isinstance(error, dict) and error["code"] == "store_not_shared"
         assert "2 worker processes" in error["message"] and "Redis" in error["message"]
+
+
+def test_check_config_says_what_memory_does_with_several_workers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "gw.yaml"
+    path.write_text(CONFIG.format(port=0, store="memory", prefix="gateway"))
+    assert main(["check-config", str(path), "--workers", "2"]) == 0  # served, not refused
+    assert "responses.store: memory with 2 workers keeps no conversations" in capsys.readouterr().out
+    path.write_text(CONFIG.format(port=0, store="redis://127.0.0.1:6379/0", prefix="gateway"))
+    assert main(["check-config", str(path), "--workers", "2"]) == 0
+    assert "responses.store" not in capsys.readouterr().out
