@@ -5,7 +5,7 @@ every field the client set, nested explicit ``null`` kept (OpenAI reads a missin
 ``strict`` differently from ``strict: null``), top-level ``null`` dropped (the default), with
 ``model`` the route's upstream id and ``input`` the expanded conversation (the gateway resolved
 ``previous_response_id`` from its own store: it is never sent upstream, where the id would not
-exist after a route change).
+exist after a route change; every Response relayed back names it as the client sent it).
 
 :func:`relay_response_body` relays a non-streamed Response: parsed once (shape check, usage, the
 object for the store), the upstream's bytes with only ``model`` swapped where that is provably
@@ -64,6 +64,10 @@ def relay_response_body(data: bytes, call: ResponsesCall, backend: str) -> Compl
     usage = usage_of(obj.get("usage"), "input_tokens", "output_tokens")
     upstream = obj.get("model")
     obj["model"] = call.public_model
+    previous = call.request.previous_response_id
+    if previous is not None:  # resolved here, never sent: the answer names it as the client did
+        obj["previous_response_id"] = previous
+        return CompletionResult(dumps_exact(obj, backend), usage, answer=obj)
     if type(upstream) is str and data.count(b'"model"') == 1 and b"\\u006" not in data:
         value = orjson.dumps(upstream)
         for key in (b'"model":', b'"model": '):
@@ -84,6 +88,8 @@ class NativeResponseEvents(UpstreamEvents[bytes], ResponseEventStream):
         super().__init__(resp, backend, sep=b"\n\n", max_event=max_event)
         self._public = call.public_model
         self._asked = orjson.dumps(call.upstream_model)  # the id sent: how a Response names it, usually
+        # Resolved by the gateway and not sent: every Response in the stream names it as the client did.
+        self._previous = call.request.previous_response_id
         self._seq = 0  # the number the next event gets (the upstream's last + 1)
         # The latest lifecycle Response and the finished items: their JSON, read only when a
         # snapshot is needed (the store, a failure midway), so a stream that ends well parses one event.
@@ -131,7 +137,7 @@ class NativeResponseEvents(UpstreamEvents[bytes], ResponseEventStream):
             self._items.append(data)
             self._count(raw)
             return raw
-        if head.startswith(
+        if self._previous is None and head.startswith(
             (b'{"type":"response.created"', b'{"type":"response.in_progress"', b'{"type":"response.queued"')
         ):
             if data.count(b'"model"') == 1:
@@ -201,6 +207,9 @@ class NativeResponseEvents(UpstreamEvents[bytes], ResponseEventStream):
             if isinstance(response, dict):
                 upstream = response.get("model")
                 response["model"] = self._public
+                if self._previous is not None:
+                    response["previous_response_id"] = self._previous
+                    upstream = object()  # not a str: _written serialises the event anew
                 self._response = response
                 if kind in _TERMINAL:
                     self.final = response
