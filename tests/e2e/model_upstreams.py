@@ -24,10 +24,12 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+import openai
 import orjson
+import pytest_asyncio
 from aiohttp import web
 
 from backends.mock.chat import chat_chunks, complete_chat
@@ -35,8 +37,18 @@ from gateway.app import create_app
 from gateway.configfile import parse_config
 from schemas.chat import ChatCompletionRequest
 from tests.conftest import serve_app
+from tests.e2e.chat_upstreams import GoldenChatUpstream
 
-__all__ = ["HTTP_KINDS", "KINDS", "ResponsesGateway", "SimulatedUpstream", "model_of", "start_responses_gateway"]
+__all__ = [
+    "HTTP_KINDS",
+    "KINDS",
+    "ResponsesGateway",
+    "SimulatedUpstream",
+    "model_of",
+    "resp_client",
+    "resp_gateway",
+    "start_responses_gateway",
+]
 
 HTTP_KINDS = ("openai", "vllm", "tgi", "ollama", "llamacpp")
 KINDS = (*HTTP_KINDS, "mock")
@@ -148,30 +160,8 @@ def _ollama_message(message: dict[str, Any]) -> dict[str, Any]:
 
 
 @dataclass
-class SimulatedUpstream:
-    """One backend type's native chat server on loopback, its model the mock's simulator."""
-
-    kind: str
-    requests: list[dict[str, Any]] = field(default_factory=list)  # native request bodies, in order
-    url: str = ""
-    _runner: web.AppRunner | None = None
-
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_post("/api/chat" if self.kind == "ollama" else "/v1/chat/completions", self._chat)
-        app.router.add_get("/{tail:.*}", self._get)
-        self._runner, self.url = await serve_app(app)
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-
-    async def _get(self, request: web.Request) -> web.Response:
-        if request.path == "/version":
-            return web.json_response({"version": "0.32.0"})
-        if request.path.endswith("/models"):
-            return web.json_response({"object": "list", "data": [{"id": "upstream", "object": "model"}]})
-        return web.json_response({"version": "0.12.0"})  # Ollama's /api/version; TGI/llama.cpp /health
+class SimulatedUpstream(GoldenChatUpstream):
+    """One backend type's native chat server on loopback (``GoldenChatUpstream``'s), its model the mock's simulator."""
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body: dict[str, Any] = orjson.loads(await request.read())
@@ -227,14 +217,28 @@ _TIMEOUT = "{connect: 2, first_byte: 20, total: 30, stream_idle: 20}"
 
 def _config(urls: dict[str, str], extra_models: str) -> str:
     backends = [
-        f"  - {{name: b-openai, type: openai, base_url: {urls['openai']}/v1, api_key: sk-e2e, timeout: {_TIMEOUT}}}",
-        f"  - {{name: b-vllm, type: vllm, base_url: {urls['vllm']}/v1, tool_parser: hermes, timeout: {_TIMEOUT}}}",
+        f"  - {{name: b-openai, type: openai, base_url: {urls['openai']}, api_key: sk-e2e, timeout: {_TIMEOUT}}}",
+        f"  - {{name: b-vllm, type: vllm, base_url: {urls['vllm']}, tool_parser: hermes, timeout: {_TIMEOUT}}}",
         *(f"  - {{name: b-{k}, type: {k}, base_url: {urls[k]}, timeout: {_TIMEOUT}}}" for k in NATIVE_KINDS),
         "  - {name: b-mock, type: mock}",
     ]  # fmt: skip
     models = [f"  - {{name: {model_of(k)}, routes: [{{backend: b-{k}, model: up-{k}}}]}}" for k in KINDS]
     head = "server: {host: 127.0.0.1, port: 0}\nbackends:\n"
     return head + "\n".join([*backends, "models:", *models]) + "\n" + extra_models
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def resp_gateway() -> AsyncIterator[ResponsesGateway]:
+    """One gateway of :func:`start_responses_gateway` per test module."""
+    async with start_responses_gateway() as gateway:
+        yield gateway
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def resp_client(resp_gateway: ResponsesGateway) -> AsyncIterator[openai.AsyncOpenAI]:
+    """The openai client on ``resp_gateway``."""
+    async with openai.AsyncOpenAI(base_url=f"{resp_gateway.url}/v1", api_key="x", max_retries=0, timeout=30) as c:
+        yield c
 
 
 @asynccontextmanager
@@ -249,7 +253,7 @@ async def start_responses_gateway(extra_models: str = "") -> AsyncIterator[Respo
         inner += "  - {name: up-openai, routes: [{backend: sim, model: up-openai}]}\n"
         runner, openai_url = await serve_app(create_app(parse_config(inner, "<openai stand-in>", env={})))
         runners.append(runner)
-        urls = {"openai": openai_url, **{kind: up.url for kind, up in upstreams.items()}}
+        urls = {"openai": openai_url + "/v1", **{kind: up.base_url for kind, up in upstreams.items()}}
         app = create_app(parse_config(_config(urls, extra_models), "<responses e2e config>", env={}))
         runner, url = await serve_app(app)
         runners.append(runner)

@@ -11,18 +11,17 @@ agent with a non-strict tool works there.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import openai
 import pytest
-import pytest_asyncio
 
-from tests.e2e.model_upstreams import KINDS, ResponsesGateway, model_of, start_responses_gateway
+from tests.e2e.model_upstreams import KINDS, model_of
 
 agents = pytest.importorskip("agents")
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
+agents.set_tracing_disabled(True)  # the SDK would export its traces to OpenAI
 
 ASK = 'Call get_weather with {"city": "Paris"}'
 CALLED: list[str] = []
@@ -40,19 +39,6 @@ def _weather(city: str) -> str:
 
 strict_tool = agents.function_tool(_weather, name_override="get_weather")
 loose_tool = agents.function_tool(_weather, name_override="get_weather", strict_mode=False)
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def resp_gateway() -> AsyncIterator[ResponsesGateway]:
-    agents.set_tracing_disabled(True)  # the SDK would export its traces to OpenAI
-    async with start_responses_gateway() as gateway:
-        yield gateway
-
-
-@pytest_asyncio.fixture(loop_scope="module")
-async def client(resp_gateway: ResponsesGateway) -> AsyncIterator[openai.AsyncOpenAI]:
-    async with openai.AsyncOpenAI(base_url=f"{resp_gateway.url}/v1", api_key="x", max_retries=0, timeout=30) as c:
-        yield c
 
 
 def agent_for(kind: str, client: openai.AsyncOpenAI, tool: Any) -> Any:
@@ -74,24 +60,24 @@ def check_run(result: Any, kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-async def test_an_agent_run_that_needs_its_tool(client: openai.AsyncOpenAI, kind: str) -> None:
+async def test_an_agent_run_that_needs_its_tool(resp_client: openai.AsyncOpenAI, kind: str) -> None:
     CALLED.clear()
-    result = await agents.Runner.run(agent_for(kind, client, tool_for(kind)), ASK, max_turns=4)
+    result = await agents.Runner.run(agent_for(kind, resp_client, tool_for(kind)), ASK, max_turns=4)
     check_run(result, kind)
     assert len(result.raw_responses) == 2  # the call, then the answer to its output
 
 
 @pytest.mark.parametrize("kind", KINDS)
-async def test_a_streamed_agent_run(client: openai.AsyncOpenAI, kind: str) -> None:
+async def test_a_streamed_agent_run(resp_client: openai.AsyncOpenAI, kind: str) -> None:
     CALLED.clear()
-    result = agents.Runner.run_streamed(agent_for(kind, client, tool_for(kind)), ASK, max_turns=4)
+    result = agents.Runner.run_streamed(agent_for(kind, resp_client, tool_for(kind)), ASK, max_turns=4)
     kinds = [event.type async for event in result.stream_events()]
     assert "raw_response_event" in kinds and "run_item_stream_event" in kinds
     check_run(result, kind)
 
 
-async def test_a_strict_tool_is_refused_by_name_on_ollama(client: openai.AsyncOpenAI) -> None:
+async def test_a_strict_tool_is_refused_by_name_on_ollama(resp_client: openai.AsyncOpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as err:
-        await agents.Runner.run(agent_for("ollama", client, strict_tool), ASK, max_turns=4)
+        await agents.Runner.run(agent_for("ollama", resp_client, strict_tool), ASK, max_turns=4)
     body: Any = err.value.body
     assert body["code"] == "unsupported_parameter" and body["param"] == "tools"

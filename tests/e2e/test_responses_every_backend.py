@@ -10,15 +10,13 @@ continued with ``previous_response_id``. What a backend type cannot honour is re
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import openai
 import pytest
-import pytest_asyncio
 from pydantic import BaseModel
 
-from tests.e2e.model_upstreams import HTTP_KINDS, KINDS, ResponsesGateway, model_of, start_responses_gateway
+from tests.e2e.model_upstreams import HTTP_KINDS, KINDS, ResponsesGateway, model_of
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -52,18 +50,6 @@ class Weather(BaseModel):
     degrees: int
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def resp_gateway() -> AsyncIterator[ResponsesGateway]:
-    async with start_responses_gateway() as gateway:
-        yield gateway
-
-
-@pytest_asyncio.fixture(loop_scope="module")
-async def client(resp_gateway: ResponsesGateway) -> AsyncIterator[openai.AsyncOpenAI]:
-    async with openai.AsyncOpenAI(base_url=f"{resp_gateway.url}/v1", api_key="x", max_retries=0, timeout=30) as c:
-        yield c
-
-
 def _strip(obj: Any) -> Any:
     """A Response without what differs between two calls (ids, time; the stream helper's ``parsed``)."""
     if isinstance(obj, dict):
@@ -74,18 +60,18 @@ def _strip(obj: Any) -> Any:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-async def test_create(client: openai.AsyncOpenAI, kind: str) -> None:
-    resp = await client.responses.create(model=model_of(kind), input="Say hello", max_output_tokens=40)
+async def test_create(resp_client: openai.AsyncOpenAI, kind: str) -> None:
+    resp = await resp_client.responses.create(model=model_of(kind), input="Say hello", max_output_tokens=40)
     assert resp.object == "response" and resp.model == model_of(kind) and resp.id.startswith("resp_")
     assert resp.status in ("completed", "incomplete") and resp.output_text
     assert resp.usage is not None and resp.usage.total_tokens == resp.usage.input_tokens + resp.usage.output_tokens
 
 
 @pytest.mark.parametrize("kind", KINDS)
-async def test_stream_helper_builds_the_same_response_as_create(client: openai.AsyncOpenAI, kind: str) -> None:
+async def test_stream_helper_builds_the_same_response_as_create(resp_client: openai.AsyncOpenAI, kind: str) -> None:
     kwargs: dict[str, Any] = {"model": model_of(kind), "input": "Say hello", "max_output_tokens": 200, "temperature": 0}
-    plain = await client.responses.create(**kwargs)
-    async with client.responses.stream(**kwargs) as stream:
+    plain = await resp_client.responses.create(**kwargs)
+    async with resp_client.responses.stream(**kwargs) as stream:
         events = [event async for event in stream]
         final = await stream.get_final_response()
     assert events[0].type == "response.created" and events[-1].type == "response.completed"
@@ -95,20 +81,20 @@ async def test_stream_helper_builds_the_same_response_as_create(client: openai.A
 
 
 @pytest.mark.parametrize("kind", KINDS)
-async def test_parse_with_a_pydantic_model(client: openai.AsyncOpenAI, kind: str) -> None:
-    parsed = await client.responses.parse(model=model_of(kind), input="The weather in Paris?", text_format=Weather)
+async def test_parse_with_a_pydantic_model(resp_client: openai.AsyncOpenAI, kind: str) -> None:
+    parsed = await resp_client.responses.parse(model=model_of(kind), input="The weather in Paris?", text_format=Weather)
     assert isinstance(parsed.output_parsed, Weather)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 async def test_tool_round_trip_with_previous_response_id(
-    client: openai.AsyncOpenAI, resp_gateway: ResponsesGateway, kind: str
+    resp_client: openai.AsyncOpenAI, resp_gateway: ResponsesGateway, kind: str
 ) -> None:
     tool = weather_tool(strict=STRICT_OK[kind])
-    first = await client.responses.create(model=model_of(kind), input=ASK, tools=[tool], **ONE_CALL[kind])
+    first = await resp_client.responses.create(model=model_of(kind), input=ASK, tools=[tool], **ONE_CALL[kind])
     (call,) = [item for item in first.output if item.type == "function_call"]
     assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris", "unit": "c"}
-    second = await client.responses.create(
+    second = await resp_client.responses.create(
         model=model_of(kind),
         previous_response_id=first.id,
         input=[{"type": "function_call_output", "call_id": call.call_id, "output": "21 degrees"}],
@@ -124,9 +110,9 @@ async def test_tool_round_trip_with_previous_response_id(
 
 
 @pytest.mark.parametrize("kind", KINDS)
-async def test_streamed_tool_call(client: openai.AsyncOpenAI, kind: str) -> None:
+async def test_streamed_tool_call(resp_client: openai.AsyncOpenAI, kind: str) -> None:
     tool = weather_tool(strict=STRICT_OK[kind])
-    async with client.responses.stream(model=model_of(kind), input=ASK, tools=[tool], **ONE_CALL[kind]) as stream:
+    async with resp_client.responses.stream(model=model_of(kind), input=ASK, tools=[tool], **ONE_CALL[kind]) as stream:
         kinds = [event.type async for event in stream]
         final = await stream.get_final_response()
     assert "response.function_call_arguments.done" in kinds
@@ -149,11 +135,11 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
 
 @pytest.mark.parametrize(("kind", "extra", "param"), REFUSED, ids=[f"{k}-{p}" for k, _, p in REFUSED])
 async def test_what_a_backend_cannot_honour_is_refused_by_name(
-    client: openai.AsyncOpenAI, resp_gateway: ResponsesGateway, kind: str, extra: dict[str, Any], param: str
+    resp_client: openai.AsyncOpenAI, resp_gateway: ResponsesGateway, kind: str, extra: dict[str, Any], param: str
 ) -> None:
     before = len(resp_gateway.sent(kind)) if kind in resp_gateway.upstreams else 0
     with pytest.raises(openai.BadRequestError) as err:
-        await client.responses.create(**{"model": model_of(kind), "input": ASK, **extra})
+        await resp_client.responses.create(**{"model": model_of(kind), "input": ASK, **extra})
     body: Any = err.value.body
     assert body["code"] == "unsupported_parameter", body
     assert body["param"] == param, body
@@ -167,10 +153,10 @@ async def test_every_http_kind_was_reached(resp_gateway: ResponsesGateway) -> No
 
 
 @pytest.mark.parametrize("kind", KINDS)
-async def test_a_streamed_continuation_names_its_previous_response(client: openai.AsyncOpenAI, kind: str) -> None:
+async def test_a_streamed_continuation_names_its_previous_response(resp_client: openai.AsyncOpenAI, kind: str) -> None:
     """On ``openai`` the gateway resolves the id and does not send it; the answer still names it."""
-    first = await client.responses.create(model=model_of(kind), input="Remember lighthouse.", max_output_tokens=20)
-    async with client.responses.stream(
+    first = await resp_client.responses.create(model=model_of(kind), input="Remember lighthouse.", max_output_tokens=20)
+    async with resp_client.responses.stream(
         model=model_of(kind), input="Which word?", previous_response_id=first.id, max_output_tokens=20
     ) as stream:
         events = [event async for event in stream]

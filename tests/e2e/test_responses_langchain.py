@@ -4,14 +4,12 @@ invoke, stream, ``bind_tools`` (a tool call, then its result sent back and answe
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from pydantic import BaseModel, Field
 
-from tests.e2e.model_upstreams import KINDS, ResponsesGateway, model_of, start_responses_gateway
+from tests.e2e.model_upstreams import KINDS, ResponsesGateway, model_of
 
 langchain_openai = pytest.importorskip("langchain_openai")
 messages = pytest.importorskip("langchain_core.messages")
@@ -30,12 +28,6 @@ class Weather(BaseModel):
 
     city: str
     celsius: float
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def resp_gateway() -> AsyncIterator[ResponsesGateway]:
-    async with start_responses_gateway() as gateway:
-        yield gateway
 
 
 def chat_model(gateway: ResponsesGateway, kind: str, **options: Any) -> Any:
