@@ -164,3 +164,28 @@ async def test_a_streamed_continuation_names_its_previous_response(resp_client: 
     lifecycle = [e for e in events if e.type in ("response.created", "response.in_progress", "response.completed")]
     assert len(lifecycle) == 3 and all(e.response.previous_response_id == first.id for e in lifecycle)
     assert final.previous_response_id == first.id
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_retrieve_input_items_and_delete(resp_client: openai.AsyncOpenAI, kind: str) -> None:
+    """The conversation the gateway keeps, whatever backend served the turn."""
+    tool = weather_tool(strict=STRICT_OK[kind])
+    first = await resp_client.responses.create(model=model_of(kind), input=ASK, tools=[tool], **ONE_CALL[kind])
+    (call,) = [item for item in first.output if item.type == "function_call"]
+    answer = {"type": "function_call_output", "call_id": call.call_id, "output": "21 degrees"}
+    second = await resp_client.responses.create(
+        model=model_of(kind), previous_response_id=first.id, input=[answer], tools=[tool]
+    )
+    got = await resp_client.responses.retrieve(second.id)
+    assert _strip(got.model_dump()) == _strip(second.model_dump()) and got.id == second.id
+    items = [item async for item in resp_client.responses.input_items.list(second.id, order="asc")]
+    assert [item.type for item in items] == ["function_call_output"]  # this turn's input, not the chain's
+    assert items[0].call_id == call.call_id  # type: ignore[union-attr]
+    first_items = [item async for item in resp_client.responses.input_items.list(first.id)]
+    assert [item.type for item in first_items] == ["message"]
+    deleted = await resp_client.responses.delete(second.id)
+    assert deleted is None  # the SDK's delete returns nothing on success
+    with pytest.raises(openai.NotFoundError):
+        await resp_client.responses.retrieve(second.id)
+    with pytest.raises(openai.NotFoundError):
+        await resp_client.responses.create(model=model_of(kind), previous_response_id=second.id, input="and now?")
