@@ -22,6 +22,7 @@ the client gets, numbered after the upstream's last event.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -40,6 +41,7 @@ __all__ = ["NativeResponseEvents", "native_payload", "relay_response_body"]
 _MAX_EVENT = 8 * 1024 * 1024  # limits.max_event_bytes' default
 # Events worth a parse: a whole Response (its model name), a finished item (kept), an error.
 _MARKERS = (b'"response":', b"response.output_item.done", b'"error"')
+_NUMBER = re.compile(rb" ?(\d{1,18})")  # a sequence number, after its key
 _TERMINAL = frozenset({"response.completed", "response.incomplete"})
 
 
@@ -164,13 +166,8 @@ class NativeResponseEvents(UpstreamEvents[bytes], ResponseEventStream):
     def _count(self, block: bytes) -> None:
         self.relayed_events += block.count(b'.delta"')
         at = block.rfind(b'"sequence_number":')
-        if at >= 0:
-            digits = block[at + 18 : at + 40].lstrip(b" ")
-            end = 0
-            while end < len(digits) and digits[end : end + 1].isdigit():
-                end += 1
-            if end:
-                self._seq = int(digits[:end]) + 1
+        if at >= 0 and (number := _NUMBER.match(block, at + 18)) is not None:
+            self._seq = int(number[1]) + 1
 
     def _parsed(self, raw: bytes) -> bytes:
         """Events parsed one by one: renamed, kept for the store, an upstream failure raised."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -114,7 +114,7 @@ class ResponsesTurns:
         self, served: ServedRequest, entry: ModelEntry, store: ResponsesState, key: ApiKey | None
     ) -> ResponsesRequest:
         """``entry``: the model (its ``responses.builtin_tools`` choice, its routes' context windows)."""
-        request = cast(ResponsesRequest, served)  # the Responses parse made it
+        request: ResponsesRequest = served  # type: ignore[assignment]  # the Responses parse made it
         if entry.omit_builtin_tools and request.tools:
             request.omit_builtin_tools()
         if request.stores:
@@ -144,7 +144,7 @@ class ResponsesTurns:
         return expanded
 
     def headers(self, served: ServedRequest, backend: Backend) -> dict[str, str]:
-        request = cast(ResponsesRequest, served)
+        request: ResponsesRequest = served  # type: ignore[assignment]  # (not cast(): a call per use)
         if not request.omits_builtin_tools:  # the common case: nothing to say
             return {}
         omitted = omitted_tools(request, responses_table(backend))
@@ -161,7 +161,7 @@ class ResponsesTurns:
     async def end(
         self, served: ServedRequest, answer: dict[str, Any] | None, store: ResponsesState, key: ApiKey | None
     ) -> None:
-        request = cast(ResponsesRequest, served)
+        request: ResponsesRequest = served  # type: ignore[assignment]  # (not cast(): a call per use)
         if not request.stores or answer is None or "id" not in answer:
             return
         turn = FinishedTurn(answer, request.stored_input or own_items(request), request.previous_response_id)
@@ -171,7 +171,7 @@ class ResponsesTurns:
         self, served: ServedRequest, stream: CompletionStream, store: ResponsesState, key: ApiKey | None
     ) -> None:
         """A stream's turn: its final Response, or where it stood when the client left (``cancelled``)."""
-        request = cast(ResponsesRequest, served)
+        request: ResponsesRequest = served  # type: ignore[assignment]  # (not cast(): a call per use)
         if request.stores and isinstance(stream, ResponseEventStream):
             await self.end(request, stream.snapshot("cancelled"), store, key)
 
