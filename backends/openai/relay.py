@@ -159,6 +159,8 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
         self._finish_key = b'"finish_reason":"'  # and of a finish reason, and the bytes after it (:meth:`_learn`)
         self._finish_tail = b"}]"
         self._peeled = False  # the stream's first event was parsed apart (:meth:`_split`)
+        self._fused: bytes | None = None  # the choice end, "}" and the next event's start (:meth:`_learn`)
+        self._fused_end = self._fused_finish = b""
         self._open: set[Any] = set()  # choices seen in parsed events without their finish_reason yet
         self._ended: set[Any] = set()  # choices whose finish_reason came
         self._usage_event: bytes | None = None  # the client's usage chunk, held until the end
@@ -250,6 +252,18 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
         change) when the two names differ in length. The event count is also what the relay
         reports as relayed (``relayed_events``): the handler does not scan the block again.
         """
+        fused = self._fused
+        if fused is not None:  # one count frames the events and vouches for each (the usual read)
+            events = block.count(fused) + 1
+            if (
+                block.count(b"\n") == 2 * events
+                and block.startswith(b"data: {")
+                and (
+                    block.endswith(self._fused_end)
+                    or (block.endswith(self._fused_finish) and self._finishes_here(block, events, events - 1))
+                )
+            ):
+                return self._swap(block, events)
         if block.startswith(b"data: {"):
             between = b"}\n\ndata: {"
         elif block.startswith(b"data:{"):
@@ -263,10 +277,14 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
         if end is None:  # the first read: the upstream's spelling, from its first event (no scan more)
             end = _choice_end_of(block)
             if end is not None:
-                self._learn(end)
+                self._learn(end, block, 0)
         held = -1 if end is None else block.count(end)
         if held != events and not self._finishes_here(block, events, held):
             return self._split(block, events, held)
+        return self._swap(block, events)
+
+    def _swap(self, block: bytes, events: int) -> bytes:
+        """``events`` framed, vouched events: the upstream's model key swapped, when each has it once."""
         for old in (self._old, self._old_spaced):
             grow = len(self._new) - len(old)
             if grow:
@@ -322,7 +340,7 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
                 return head + self._process_slow(block[last:])
         learned = _choice_end_of(block)
         if learned is not None and learned != end:
-            self._learn(learned)
+            self._learn(learned, block, 0)
             return self._rename(block)
         if events > 1 and not self._peeled:
             # A stream's first event may end its choice apart from the rest (vLLM's role chunk has
@@ -335,16 +353,23 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
                 head = self._process_slow(block[:at])
                 if self._pending is not None or self._done_early:
                     return head
-                self._learn(learned)
+                self._learn(learned, block, at)
                 return head + self._rename(block[at:])
         return self._process_slow(block)
 
-    def _learn(self, end: bytes) -> None:
-        """The upstream's spelling of an ordinary choice's end, and of a finishing one's key and tail."""
+    def _learn(self, end: bytes, block: bytes, start: int) -> None:
+        """The upstream's spelling of an ordinary choice's end, and of a finishing one's key and tail,
+        from the event at ``start``; when that event ends with its choices (``...]}``, vLLM's layout),
+        the separator between two such events is counted instead (:meth:`_rename`'s first check)."""
         self._choice_end = end
         null = end.index(b"null") + 4
         self._finish_key = end[: null - 4] + b'"'
         self._finish_tail = end[null:]
+        at = block.find(end, start)
+        ends_with_choices = block.startswith(b"}\n\n", at + len(end)) and block.startswith(b"data: {", start)
+        self._fused = end + b"}\n\ndata: {" if ends_with_choices else None
+        self._fused_end = end + b"}\n\n"
+        self._fused_finish = self._finish_tail + b"}\n\n"
 
     def _process_slow(self, block: bytes) -> bytes:
         out: list[bytes] = []
