@@ -12,6 +12,7 @@ native request bodies it got.
 - ``vllm``, ``tgi``, ``llamacpp``: ``POST /v1/chat/completions`` (TGI's grammar
   ``response_format: {"type": "json", "value": schema}`` read as a ``json_schema`` format);
 - ``ollama``: ``POST /api/chat`` (arguments as objects, ``format`` a schema, NDJSON streams);
+- ``vllm-pool``: one worker the gateway starts, ``sim_vllm_worker.py`` (the ``vllm`` kind's server);
 - ``openai``: OpenAI's own ``POST /v1/responses``, served by a second gateway whose only backend is
   the ``mock`` (so the outer gateway relays a native Responses upstream, as it does for OpenAI).
 
@@ -21,12 +22,17 @@ gateway's own ``mock`` backend), every model on the ``responses`` endpoint.
 
 from __future__ import annotations
 
+import json
+import random
+import sys
 import time
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import openai
 import orjson
 import pytest_asyncio
@@ -51,7 +57,7 @@ __all__ = [
 ]
 
 HTTP_KINDS = ("openai", "vllm", "tgi", "ollama", "llamacpp")
-KINDS = (*HTTP_KINDS, "mock")
+KINDS = (*HTTP_KINDS, "vllm-pool", "mock")
 NATIVE_KINDS = ("tgi", "ollama", "llamacpp")
 _CHAT_KEYS = frozenset(
     {"messages", "tools", "tool_choice", "parallel_tool_calls", "response_format", "max_tokens",
@@ -213,6 +219,25 @@ class ResponsesGateway:
 
 
 _TIMEOUT = "{connect: 2, first_byte: 20, total: 30, stream_idle: 20}"
+_WORKER = Path(__file__).with_name("sim_vllm_worker.py")
+
+
+def _pool_backend() -> list[str]:
+    """One ``vllm-pool`` worker: ``sim_vllm_worker.py`` in place of ``vllm serve``, a hermes tool parser."""
+    low = random.randrange(20_000, 59_000)
+    return [
+        "  - name: b-vllm-pool",
+        "    type: vllm-pool",
+        "    model: up-vllm-pool",
+        f"    command: {json.dumps([sys.executable, str(_WORKER)])}",
+        '    vllm_args: ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]',
+        f"    port_range: [{low}, {low + 40}]",
+        "    workers: 1",
+        "    startup_timeout: 20",
+        "    stop_timeout: 2",
+        "    routing: {wait_for_ready: 20}",
+        f"    timeout: {_TIMEOUT}",
+    ]
 
 
 def _config(urls: dict[str, str], extra_models: str) -> str:
@@ -221,10 +246,19 @@ def _config(urls: dict[str, str], extra_models: str) -> str:
         f"  - {{name: b-vllm, type: vllm, base_url: {urls['vllm']}, tool_parser: hermes, timeout: {_TIMEOUT}}}",
         *(f"  - {{name: b-{k}, type: {k}, base_url: {urls[k]}, timeout: {_TIMEOUT}}}" for k in NATIVE_KINDS),
         "  - {name: b-mock, type: mock}",
+        *_pool_backend(),
     ]  # fmt: skip
     models = [f"  - {{name: {model_of(k)}, routes: [{{backend: b-{k}, model: up-{k}}}]}}" for k in KINDS]
     head = "server: {host: 127.0.0.1, port: 0}\nbackends:\n"
     return head + "\n".join([*backends, "models:", *models]) + "\n" + extra_models
+
+
+async def _pool_ready(url: str) -> None:
+    """One request through the pool: it waits for the worker, whose version the pool then knows (until
+    then a pool refuses what depends on the version, e.g. a strict tool, rather than fail open)."""
+    body = {"model": model_of("vllm-pool"), "input": "warm up", "max_output_tokens": 2}
+    async with aiohttp.ClientSession() as session, session.post(f"{url}/v1/responses", json=body) as resp:
+        assert resp.status == 200, await resp.text()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -257,6 +291,7 @@ async def start_responses_gateway(extra_models: str = "") -> AsyncIterator[Respo
         app = create_app(parse_config(_config(urls, extra_models), "<responses e2e config>", env={}))
         runner, url = await serve_app(app)
         runners.append(runner)
+        await _pool_ready(url)
         yield ResponsesGateway(url, upstreams)
     finally:
         for runner in reversed(runners):

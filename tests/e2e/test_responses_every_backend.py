@@ -105,8 +105,9 @@ async def test_tool_round_trip_with_previous_response_id(
         assert second.output_text  # the simulator's words; the upstream request is checked where it is recorded
         return
     assert second.output_text == "Tool said: 21 degrees"  # the model read the tool's result
-    sent = resp_gateway.sent(kind)[-1]["messages"]
-    assert [m["role"] for m in sent] == ["user", "assistant", "tool"]  # the stored turn went upstream first
+    if kind in resp_gateway.upstreams:  # (the pool's worker is a process of its own)
+        sent = resp_gateway.sent(kind)[-1]["messages"]
+        assert [m["role"] for m in sent] == ["user", "assistant", "tool"]  # the stored turn went upstream first
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -120,6 +121,7 @@ async def test_streamed_tool_call(resp_client: openai.AsyncOpenAI, kind: str) ->
     assert json.loads(call.arguments) == {"city": "Paris", "unit": "c"}
 
 
+SELF_HOSTED = [kind for kind in KINDS if kind != "openai"]
 # What a backend type cannot honour, and the field its 400 names (nothing goes upstream).
 REFUSED: list[tuple[str, dict[str, Any], str]] = [
     ("ollama", {"tools": [weather_tool(strict=True)]}, "tools"),  # nothing in Ollama holds arguments to a schema
@@ -128,8 +130,8 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
      "tool_choice"),  # llama.cpp reads a named choice as "auto"
     ("tgi", {"tools": [weather_tool()], "text": {"format": {"type": "json_object"}}},
      "text.format"),  # TGI: grammar and tools are mutually exclusive
-    *((kind, {"tools": [{"type": "web_search"}]}, "tools") for kind in ("vllm", "tgi", "ollama", "llamacpp", "mock")),
-    *((kind, {"background": True}, "background") for kind in ("vllm", "tgi", "ollama", "llamacpp", "mock")),
+    *((kind, {"tools": [{"type": "web_search"}]}, "tools") for kind in SELF_HOSTED),
+    *((kind, {"background": True}, "background") for kind in SELF_HOSTED),
 ]  # fmt: skip
 
 
