@@ -25,6 +25,7 @@ from schemas.errors import UnsupportedParameterError
 from schemas.rerank import RERANK_NEUTRAL_VALUES, RerankRequest
 
 __all__ = [
+    "BINARY_REASON",
     "EMBEDDING_FIELDS",
     "RERANK_FIELDS",
     "PoolingCapabilities",
@@ -39,6 +40,8 @@ EMBEDDING_FIELDS: tuple[str, ...] = tuple(EmbeddingRequest.model_fields)
 RERANK_FIELDS: tuple[str, ...] = tuple(RerankRequest.model_fields)
 
 Forms = Callable[[Any], Iterator[tuple[str, str]]]
+# Why ``encoding_format`` ``bytes`` / ``bytes_only`` is refused everywhere but on vLLM.
+BINARY_REASON = "binary answers (application/octet-stream) are vLLM's"
 
 
 def embedding_forms(request: EmbeddingRequest) -> Iterator[tuple[str, str]]:

@@ -30,20 +30,32 @@ from pathlib import Path
 
 from backends.capabilities import ALL_FIELDS, Capabilities
 from backends.chat_capabilities import CHAT_FIELDS, ChatCapabilities
-from backends.mock.capabilities import MOCK_CAPABILITIES, MOCK_CHAT, MOCK_RESPONSES
-from backends.mock.pooling import MOCK_EMBEDDINGS, MOCK_RERANK
-from backends.native.llamacpp_capabilities import LLAMACPP_CAPABILITIES, LLAMACPP_CHAT, LLAMACPP_RESPONSES
-from backends.native.llamacpp_embed import LLAMACPP_EMBEDDINGS
-from backends.native.ollama_capabilities import OLLAMA_CAPABILITIES, OLLAMA_CHAT, OLLAMA_RESPONSES
-from backends.native.ollama_embed import OLLAMA_EMBEDDINGS
-from backends.native.tei import TEI_EMBEDDINGS, TEI_RERANK
+from backends.mock.capabilities import MOCK_CAPABILITIES, MOCK_CHAT, MOCK_EMBEDDINGS, MOCK_RERANK, MOCK_RESPONSES
+from backends.native.llamacpp_capabilities import (
+    LLAMACPP_CAPABILITIES,
+    LLAMACPP_CHAT,
+    LLAMACPP_EMBEDDINGS,
+    LLAMACPP_RESPONSES,
+)
+from backends.native.ollama_capabilities import OLLAMA_CAPABILITIES, OLLAMA_CHAT, OLLAMA_EMBEDDINGS, OLLAMA_RESPONSES
+from backends.native.tei_capabilities import TEI_EMBEDDINGS, TEI_RERANK
 from backends.native.tgi_capabilities import TGI_CAPABILITIES, TGI_CHAT, TGI_RESPONSES
-from backends.openai.capabilities import OPENAI_CAPABILITIES, OPENAI_CHAT, OPENAI_RESPONSES
-from backends.openai.pooling import OPENAI_EMBEDDINGS, OPENAI_RERANK
+from backends.openai.capabilities import (
+    OPENAI_CAPABILITIES,
+    OPENAI_CHAT,
+    OPENAI_EMBEDDINGS,
+    OPENAI_RERANK,
+    OPENAI_RESPONSES,
+)
 from backends.pooling_capabilities import PoolingCapabilities
 from backends.responses.capabilities import GATEWAY_FIELDS, RESPONSES_FIELDS, ResponsesCapabilities
-from backends.vllm.capabilities import capabilities_for, vllm_chat_capabilities, vllm_responses_capabilities
-from backends.vllm.pooling import POOLING_BOUNDARIES, vllm_pooling_tables
+from backends.vllm.capabilities import (
+    POOLING_BOUNDARIES,
+    capabilities_for,
+    vllm_chat_capabilities,
+    vllm_pooling_tables,
+    vllm_responses_capabilities,
+)
 from backends.vllm.versions import BOUNDARIES, CHAT_BOUNDARIES, VLLMChatFeatures, VLLMFeatures
 
 __all__ = [

@@ -29,10 +29,10 @@ from backends.base import (
     UpstreamCall,
 )
 from backends.chat_capabilities import ChatCapabilities
-from backends.mock.capabilities import MOCK_CAPABILITIES, MOCK_CHAT, MOCK_RESPONSES
+from backends.mock.capabilities import MOCK_CAPABILITIES, MOCK_CHAT, MOCK_EMBEDDINGS, MOCK_RERANK, MOCK_RESPONSES
 from backends.mock.chat import chat_result, chat_stream
 from backends.mock.completions import FINGERPRINT, MOCK_CONTEXT_LENGTH, MockStream, complete_text, stream_text
-from backends.mock.pooling import MOCK_EMBEDDINGS, MOCK_RERANK, mock_embed, mock_rerank
+from backends.mock.pooling import mock_embed, mock_rerank
 from backends.pooling_capabilities import PoolingCapabilities
 from schemas.config import MockBackendConfig
 from schemas.endpoints import Endpoint

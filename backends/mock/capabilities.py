@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from backends.capabilities import Capabilities, Level
 from backends.chat_capabilities import VLLM_CHAT_EXTRAS, ChatCapabilities
+from backends.pooling_capabilities import BINARY_REASON, PoolingRule, embedding_table, rerank_table
 from backends.responses.capabilities import ResponsesCapabilities
 from schemas.completions import VLLM_EXTRA_FIELDS
+from schemas.embeddings import VLLM_EMBEDDING_EXTRAS
+from schemas.rerank import VLLM_RERANK_EXTRAS
 
-__all__ = ["MOCK_CAPABILITIES", "MOCK_CHAT", "MOCK_RESPONSES"]
+__all__ = ["MOCK_CAPABILITIES", "MOCK_CHAT", "MOCK_DIMENSIONS", "MOCK_EMBEDDINGS", "MOCK_RERANK", "MOCK_RESPONSES"]
 
-N, U = Level.NATIVE, Level.UNSUPPORTED
+N, T, U = Level.NATIVE, Level.TRANSLATED, Level.UNSUPPORTED
 
 # --- completions (backends.mock.completions) ------------------------------------------------
 
@@ -38,3 +41,22 @@ MOCK_CHAT = ChatCapabilities.build(
 # --- responses: through the chat translator (the chat simulator), so derived from the chat table ---------
 
 MOCK_RESPONSES = ResponsesCapabilities.bridged(MOCK_CHAT)
+
+# --- embeddings and rerank (backends.mock.pooling): deterministic vectors, no vLLM extras ----
+
+MOCK_DIMENSIONS = 256  # the mock's vector size
+
+MOCK_EMBEDDINGS = embedding_table(
+    N,
+    dict.fromkeys(VLLM_EMBEDDING_EXTRAS, U),
+    {"input=token_ids": N, "encoding_format=base64": N, "encoding_format=bytes": U, "encoding_format=bytes_only": U},
+    reasons={"encoding_format=bytes": BINARY_REASON, "encoding_format=bytes_only": BINARY_REASON},
+    rules=(
+        PoolingRule(
+            "dimensions",
+            f"at most {MOCK_DIMENSIONS} (the mock's vector size)",
+            lambda r: r.dimensions is not None and r.dimensions > MOCK_DIMENSIONS,
+        ),
+    ),
+)
+MOCK_RERANK = rerank_table(N, dict.fromkeys(VLLM_RERANK_EXTRAS, U), {"documents=object": T})

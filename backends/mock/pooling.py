@@ -1,4 +1,5 @@
-"""The mock's embeddings and rerank: deterministic vectors and scores, no model.
+"""The mock's embeddings and rerank: deterministic vectors and scores, no model
+(tables: ``backends.mock.capabilities``).
 
 A vector is the input's words (or token ids) hashed into :data:`MOCK_DIMENSIONS` signed buckets
 and normalised (feature hashing): the same text always gets the same vector, and texts that share
@@ -14,35 +15,11 @@ import math
 import struct
 
 from backends.base import CompletionResult, EmbeddingCall, RerankCall, TokenUsage
-from backends.capabilities import Level
 from backends.emulation.rerank import rerank_answer
 from backends.emulation.vectors import base64_vectors, embedding_list
-from backends.pooling_capabilities import PoolingRule, embedding_table, rerank_table
-from schemas.embeddings import VLLM_EMBEDDING_EXTRAS
-from schemas.rerank import VLLM_RERANK_EXTRAS
+from backends.mock.capabilities import MOCK_DIMENSIONS
 
-__all__ = ["MOCK_DIMENSIONS", "MOCK_EMBEDDINGS", "MOCK_RERANK", "mock_embed", "mock_rerank", "mock_vector"]
-
-MOCK_DIMENSIONS = 256
-N, U = Level.NATIVE, Level.UNSUPPORTED
-
-MOCK_EMBEDDINGS = embedding_table(
-    N,
-    dict.fromkeys(VLLM_EMBEDDING_EXTRAS, U),
-    {"input=token_ids": N, "encoding_format=base64": N, "encoding_format=bytes": U, "encoding_format=bytes_only": U},
-    reasons={
-        "encoding_format=bytes": "binary answers are vLLM's",
-        "encoding_format=bytes_only": "binary answers are vLLM's",
-    },
-    rules=(
-        PoolingRule(
-            "dimensions",
-            f"at most {MOCK_DIMENSIONS} (the mock's vector size)",
-            lambda r: r.dimensions is not None and r.dimensions > MOCK_DIMENSIONS,
-        ),
-    ),
-)
-MOCK_RERANK = rerank_table(N, dict.fromkeys(VLLM_RERANK_EXTRAS, U), {"documents=object": Level.TRANSLATED})
+__all__ = ["mock_embed", "mock_rerank", "mock_vector"]
 
 
 def _words(item: str | list[int]) -> list[str]:

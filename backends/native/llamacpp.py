@@ -43,9 +43,9 @@ from backends.native.common import (
     upstream_failed,
     upstream_max_tokens,
 )
-from backends.native.llamacpp_capabilities import LLAMACPP_CAPABILITIES, LLAMACPP_RESPONSES
+from backends.native.llamacpp_capabilities import LLAMACPP_CAPABILITIES, LLAMACPP_EMBEDDINGS, LLAMACPP_RESPONSES
 from backends.native.llamacpp_chat import LlamaCppChat
-from backends.native.llamacpp_embed import LLAMACPP_EMBEDDINGS, llamacpp_embed_answer, llamacpp_embed_payload
+from backends.native.llamacpp_embed import llamacpp_embed_answer, llamacpp_embed_payload
 from backends.native.pooling import PartVectors
 from backends.pooling_capabilities import PoolingCapabilities
 from schemas.completions import CompletionRequest

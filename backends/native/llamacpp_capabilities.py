@@ -6,9 +6,11 @@ from backends.capabilities import AUDIT_USER_NOTE, Level
 from backends.chat_capabilities import ChatCapabilities, Exclusive
 from backends.emulation.fanout_plan import FANOUT_RULES
 from backends.native.common import ECHO_LOGPROBS_RULE, NativeCapabilities
+from backends.pooling_capabilities import BINARY_REASON, embedding_table
 from backends.responses.capabilities import ResponsesCapabilities
+from schemas.embeddings import VLLM_EMBEDDING_EXTRAS
 
-__all__ = ["LLAMACPP_CAPABILITIES", "LLAMACPP_CHAT", "LLAMACPP_RESPONSES"]
+__all__ = ["LLAMACPP_CAPABILITIES", "LLAMACPP_CHAT", "LLAMACPP_EMBEDDINGS", "LLAMACPP_RESPONSES"]
 
 N, T, E, U = Level.NATIVE, Level.TRANSLATED, Level.EMULATED, Level.UNSUPPORTED
 
@@ -63,3 +65,17 @@ LLAMACPP_CHAT = ChatCapabilities.build(
 # --- responses: through the chat translator (llama.cpp's chat endpoint), so derived from the chat table ---------
 
 LLAMACPP_RESPONSES = ResponsesCapabilities.bridged(LLAMACPP_CHAT)
+
+# --- embeddings (llama-server --embedding: backends.native.llamacpp_embed): floats only --------
+
+LLAMACPP_EMBEDDINGS = embedding_table(
+    N,
+    {**dict.fromkeys(VLLM_EMBEDDING_EXTRAS, U), "user": E, "dimensions": U},
+    {"input=token_ids": N, "encoding_format=base64": E, "encoding_format=bytes": U, "encoding_format=bytes_only": U},
+    reasons={
+        "dimensions": "llama.cpp's server cannot shorten embeddings",
+        "encoding_format=bytes": BINARY_REASON,
+        "encoding_format=bytes_only": BINARY_REASON,
+    },
+    notes={"user": AUDIT_USER_NOTE, "encoding_format=base64": "the gateway encodes the server's floats"},
+)

@@ -40,9 +40,9 @@ from backends.native.common import (
     upstream_failed,
     upstream_max_tokens,
 )
-from backends.native.ollama_capabilities import OLLAMA_CAPABILITIES, OLLAMA_RESPONSES
+from backends.native.ollama_capabilities import OLLAMA_CAPABILITIES, OLLAMA_EMBEDDINGS, OLLAMA_RESPONSES
 from backends.native.ollama_chat import OllamaChat
-from backends.native.ollama_embed import OLLAMA_EMBEDDINGS, ollama_embed_answer, ollama_embed_payload
+from backends.native.ollama_embed import ollama_embed_answer, ollama_embed_payload
 from backends.native.pooling import PartVectors
 from backends.pooling_capabilities import PoolingCapabilities
 from schemas.completions import CompletionRequest

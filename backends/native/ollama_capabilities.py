@@ -6,9 +6,11 @@ from backends.capabilities import AUDIT_USER_NOTE, Level
 from backends.chat_capabilities import ChatCapabilities
 from backends.emulation.fanout_plan import FANOUT_RULES
 from backends.native.common import ECHO_LOGPROBS_RULE, TOKEN_PROMPT_RULE, NativeCapabilities, empty_prompt_rule
+from backends.pooling_capabilities import BINARY_REASON, embedding_table
 from backends.responses.capabilities import ResponsesCapabilities
+from schemas.embeddings import VLLM_EMBEDDING_EXTRAS
 
-__all__ = ["OLLAMA_CAPABILITIES", "OLLAMA_CHAT", "OLLAMA_RESPONSES"]
+__all__ = ["OLLAMA_CAPABILITIES", "OLLAMA_CHAT", "OLLAMA_EMBEDDINGS", "OLLAMA_RESPONSES"]
 
 N, T, E, U = Level.NATIVE, Level.TRANSLATED, Level.EMULATED, Level.UNSUPPORTED
 
@@ -61,3 +63,19 @@ OLLAMA_CHAT = ChatCapabilities.build(
 # --- responses: through the chat translator (Ollama's /api/chat), so derived from the chat table ---------
 
 OLLAMA_RESPONSES = ResponsesCapabilities.bridged(OLLAMA_CHAT)
+
+# --- embeddings (native /api/embed: backends.native.ollama_embed): text only, floats only ----
+
+_TEXT_ONLY = "the server embeds text only; token ids are never detokenised by the gateway (send the text)"
+
+OLLAMA_EMBEDDINGS = embedding_table(
+    T,
+    {**dict.fromkeys(VLLM_EMBEDDING_EXTRAS, U), "user": E, "encoding_format": T},
+    {"input=token_ids": U, "encoding_format=base64": E, "encoding_format=bytes": U, "encoding_format=bytes_only": U},
+    reasons={
+        "input=token_ids": _TEXT_ONLY,
+        "encoding_format=bytes": BINARY_REASON,
+        "encoding_format=bytes_only": BINARY_REASON,
+    },
+    notes={"user": AUDIT_USER_NOTE, "encoding_format=base64": "the gateway encodes the server's floats"},
+)

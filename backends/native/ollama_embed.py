@@ -5,6 +5,7 @@ truncates an over-long input by default, OpenAI refuses it: false keeps OpenAI's
 from Ollama, relayed); ``dimensions`` as given. Text only: token-id input is refused by name
 (``input``), never detokenised. Answer ``{"embeddings": [[...]], "prompt_eval_count"}``; floats
 only, so ``base64`` is the gateway's. Batches are cut at ``embeddings.max_inputs_per_call``.
+Its table: ``backends.native.ollama_capabilities``.
 """
 
 from __future__ import annotations
@@ -13,30 +14,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from backends.base import TokenUsage
-from backends.capabilities import AUDIT_USER_NOTE, Level
 from backends.emulation.vectors import check_vectors
 from backends.native.common import count
 from backends.native.pooling import PartVectors
-from backends.pooling_capabilities import embedding_table
-from schemas.embeddings import VLLM_EMBEDDING_EXTRAS, EmbeddingRequest
+from schemas.embeddings import EmbeddingRequest
 
-__all__ = ["OLLAMA_EMBEDDINGS", "ollama_embed_answer", "ollama_embed_payload"]
-
-T, E, U = Level.TRANSLATED, Level.EMULATED, Level.UNSUPPORTED
-TEXT_ONLY = "the server embeds text only; token ids are never detokenised by the gateway (send the text)"
-NOT_BINARY = "binary answers (application/octet-stream) are vLLM's"
-
-OLLAMA_EMBEDDINGS = embedding_table(
-    T,
-    {**dict.fromkeys(VLLM_EMBEDDING_EXTRAS, U), "user": E, "encoding_format": T},
-    {"input=token_ids": U, "encoding_format=base64": E, "encoding_format=bytes": U, "encoding_format=bytes_only": U},
-    reasons={
-        "input=token_ids": TEXT_ONLY,
-        "encoding_format=bytes": NOT_BINARY,
-        "encoding_format=bytes_only": NOT_BINARY,
-    },
-    notes={"user": AUDIT_USER_NOTE, "encoding_format=base64": "the gateway encodes the server's floats"},
-)
+__all__ = ["ollama_embed_answer", "ollama_embed_payload"]
 
 
 def ollama_embed_payload(request: EmbeddingRequest, model: str, texts: Sequence[Any]) -> dict[str, Any]:

@@ -9,6 +9,7 @@
   Usage from TEI's ``x-compute-tokens`` header, else the gateway's estimate.
 
 Errors are ``{"error", "error_type"}`` with the HTTP status (``backends.errors`` reads them).
+Its tables: ``backends.native.tei_capabilities``.
 """
 
 from __future__ import annotations
@@ -19,42 +20,24 @@ from typing import Any, ClassVar
 import orjson
 
 from backends.base import Backend, Call, CompletionResult, EmbeddingCall, RerankCall, TokenUsage
-from backends.capabilities import AUDIT_USER_NOTE, Capabilities, Level
+from backends.capabilities import Capabilities, Level
 from backends.emulation.rerank import rerank_answer, upstream_scores
 from backends.emulation.vectors import gather
 from backends.errors import UpstreamProtocolError, error_from_upstream_body
 from backends.native.common import count
-from backends.native.ollama_embed import NOT_BINARY
 from backends.native.pooling import PartVectors, embed_in_parts, openai_shaped_vectors
+from backends.native.tei_capabilities import TEI_EMBEDDINGS, TEI_RERANK
 from backends.openai.pooling import pooling_usage
-from backends.pooling_capabilities import PoolingCapabilities, embedding_table, rerank_table
+from backends.pooling_capabilities import PoolingCapabilities
 from backends.transport import make_transport
 from backends.transport.base import HTTPTransport, get_ok, send_ok
 from schemas.config import TEIBackendConfig
-from schemas.embeddings import VLLM_EMBEDDING_EXTRAS
 from schemas.endpoints import POOLING_ENDPOINTS, Endpoint
-from schemas.rerank import VLLM_RERANK_EXTRAS
 
-__all__ = ["TEI_EMBEDDINGS", "TEI_RERANK", "TEIBackend"]
+__all__ = ["TEIBackend"]
 
-N, T, E, U = Level.NATIVE, Level.TRANSLATED, Level.EMULATED, Level.UNSUPPORTED
-
-TEI_EMBEDDINGS = embedding_table(
-    N,
-    {**dict.fromkeys(VLLM_EMBEDDING_EXTRAS, U), "user": N},
-    {"input=token_ids": N, "encoding_format=base64": N, "encoding_format=bytes": U, "encoding_format=bytes_only": U},
-    reasons={"encoding_format=bytes": NOT_BINARY, "encoding_format=bytes_only": NOT_BINARY},
-)
-TEI_RERANK = rerank_table(
-    N,
-    {**dict.fromkeys(VLLM_RERANK_EXTRAS, U), "model": T, "documents": T, "top_n": E, "return_documents": T,
-     "max_tokens_per_doc": U, "user": E},
-    {"documents=object": T},
-    reasons={"max_tokens_per_doc": "TEI truncates whole pairs only (--auto-truncate), not each document"},
-    notes={"user": AUDIT_USER_NOTE, "top_n": "TEI scores every document; the gateway keeps the top n"},
-)  # fmt: skip
 # No completions: a table that refuses every field, for the parts of the gateway that read one.
-_NO_COMPLETIONS = Capabilities.of(U)
+_NO_COMPLETIONS = Capabilities.of(Level.UNSUPPORTED)
 
 
 class TEIBackend(Backend):

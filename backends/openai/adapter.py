@@ -29,11 +29,15 @@ from backends.base import (
 from backends.capabilities import Capabilities
 from backends.chat_capabilities import ChatCapabilities
 from backends.errors import UpstreamError, error_from_upstream_body
-from backends.openai.capabilities import OPENAI_CAPABILITIES, OPENAI_CHAT, OPENAI_RESPONSES
-from backends.openai.chat import ChatStreamRelay, MaxTokensField, chat_payload, relay_chat_body
-from backends.openai.pooling import (
+from backends.openai.capabilities import (
+    OPENAI_CAPABILITIES,
+    OPENAI_CHAT,
     OPENAI_EMBEDDINGS,
     OPENAI_RERANK,
+    OPENAI_RESPONSES,
+)
+from backends.openai.chat import ChatStreamRelay, MaxTokensField, chat_payload, relay_chat_body
+from backends.openai.pooling import (
     embedding_payload,
     relay_embeddings,
     rerank_payload,

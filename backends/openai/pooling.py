@@ -1,4 +1,5 @@
-"""The OpenAI family's embeddings and rerank translator (also under vLLM's: ``backends.vllm.pooling``).
+"""The OpenAI family's embeddings and rerank translator (also under vLLM's: ``backends.vllm.pooling``);
+its tables are in ``backends.openai.capabilities``.
 
 Embeddings (``POST {base_url}/embeddings``): the request as the client sent it (fields set,
 nulls dropped, neutral values of unsupported fields dropped), ``model`` mapped to the route's;
@@ -18,68 +19,14 @@ from typing import Any
 import orjson
 
 from backends.base import CompletionResult, EmbeddingCall, RerankCall, TokenUsage
-from backends.capabilities import Level
 from backends.emulation.rerank import rerank_answer, upstream_scores
 from backends.errors import UpstreamProtocolError
 from backends.openai.relay import relay_completion_body
-from backends.pooling_capabilities import PoolingCapabilities, PoolingRule, embedding_table, rerank_table
-from schemas.embeddings import VLLM_EMBEDDING_EXTRAS, EmbeddingRequest
-from schemas.rerank import VLLM_RERANK_EXTRAS
+from backends.pooling_capabilities import PoolingCapabilities
 
-__all__ = [
-    "BINARY_REASON",
-    "OPENAI_EMBEDDINGS",
-    "OPENAI_MAX_REQUEST_TOKENS",
-    "OPENAI_MAX_TOKENS_PER_INPUT",
-    "OPENAI_RERANK",
-    "embedding_payload",
-    "pooling_usage",
-    "relay_embeddings",
-    "rerank_payload",
-    "rerank_result",
-]
+__all__ = ["embedding_payload", "pooling_usage", "relay_embeddings", "rerank_payload", "rerank_result"]
 
-N, T, E, U = Level.NATIVE, Level.TRANSLATED, Level.EMULATED, Level.UNSUPPORTED
-OPENAI_MAX_TOKENS_PER_INPUT = 8192  # OpenAI's embedding models
-OPENAI_MAX_REQUEST_TOKENS = 300_000  # OpenAI: tokens summed over a request's inputs
-BINARY_REASON = "binary answers (application/octet-stream) are vLLM's"
 _MAX_COUNT = 1 << 32
-
-
-def _longest_ids(request: EmbeddingRequest) -> int:
-    return max(len(ids) for ids in request.inputs) if request.token_ids else 0
-
-
-def _total_ids(request: EmbeddingRequest) -> int:
-    return sum(len(ids) for ids in request.inputs) if request.token_ids else 0
-
-
-OPENAI_EMBEDDINGS = embedding_table(
-    N,
-    dict.fromkeys(VLLM_EMBEDDING_EXTRAS, U),
-    {"input=token_ids": N, "encoding_format=base64": N, "encoding_format=bytes": U, "encoding_format=bytes_only": U},
-    reasons={"encoding_format=bytes": BINARY_REASON, "encoding_format=bytes_only": BINARY_REASON},
-    rules=(
-        PoolingRule(
-            "input",
-            f"at most {OPENAI_MAX_TOKENS_PER_INPUT} tokens per input on OpenAI's API",
-            lambda r: _longest_ids(r) > OPENAI_MAX_TOKENS_PER_INPUT,
-        ),
-        PoolingRule(
-            "input",
-            f"at most {OPENAI_MAX_REQUEST_TOKENS} tokens per request on OpenAI's API",
-            lambda r: _total_ids(r) > OPENAI_MAX_REQUEST_TOKENS,
-        ),
-    ),
-)
-
-# An OpenAI-compatible server's rerank (Jina's shape): query, documents, top_n; the rest is ours.
-OPENAI_RERANK = rerank_table(
-    N,
-    {**dict.fromkeys(VLLM_RERANK_EXTRAS, U), "return_documents": T, "max_tokens_per_doc": U, "user": U},
-    {"documents=object": T},
-    reasons={"max_tokens_per_doc": "Cohere's v2 field; OpenAI-compatible rerank servers have no such field"},
-)
 
 
 def pooling_usage(obj: Any) -> TokenUsage | None:

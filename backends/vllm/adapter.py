@@ -55,7 +55,12 @@ from backends.openai.relay import usage_of
 from backends.openai.wire import OpenAIWire
 from backends.pooling_capabilities import PoolingCapabilities
 from backends.transport.base import HTTPTransport, UpstreamResponse
-from backends.vllm.capabilities import VLLM_CAPABILITIES, vllm_chat_capabilities, vllm_responses_capabilities
+from backends.vllm.capabilities import (
+    VLLM_CAPABILITIES,
+    vllm_chat_capabilities,
+    vllm_pooling_tables,
+    vllm_responses_capabilities,
+)
 from backends.vllm.chat import normalise_chat_body, replication, translate_chat
 from backends.vllm.dialect import (
     GUIDED_TO_STRUCTURED,
@@ -66,7 +71,7 @@ from backends.vllm.dialect import (
     normalise_body,
     vllm_error,
 )
-from backends.vllm.pooling import binary_embeddings, vllm_pooling_error, vllm_pooling_tables
+from backends.vllm.pooling import binary_embeddings, vllm_pooling_error
 from backends.vllm.stream import VLLMChatStreamRelay, VLLMStreamRelay
 from backends.vllm.versions import VLLMChatFeatures, VLLMFeatures, VLLMVersion, parse_version
 from schemas.chat import ChatCompletionRequest

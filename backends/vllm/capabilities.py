@@ -15,10 +15,20 @@ from functools import lru_cache
 
 from backends.capabilities import EMPTY_PROMPT, Capabilities, Level, Rule, empty_prompt
 from backends.chat_capabilities import CHAT_FIELDS, OPENAI_ONLY_FIELDS, ChatCapabilities
+from backends.pooling_capabilities import PoolingCapabilities, embedding_table, rerank_table
 from backends.responses.capabilities import ResponsesCapabilities
-from backends.vllm.versions import CHAT_BOUNDARIES, VLLM_MAX_LOGPROBS, VLLMChatFeatures, VLLMFeatures
+from backends.vllm.versions import CHAT_BOUNDARIES, VLLM_MAX_LOGPROBS, VLLMChatFeatures, VLLMFeatures, VLLMVersion
+from schemas.embeddings import VLLM_EMBEDDING_EXTRAS
+from schemas.rerank import VLLM_RERANK_EXTRAS
 
-__all__ = ["VLLM_CAPABILITIES", "capabilities_for", "vllm_chat_capabilities", "vllm_responses_capabilities"]
+__all__ = [
+    "POOLING_BOUNDARIES",
+    "VLLM_CAPABILITIES",
+    "capabilities_for",
+    "vllm_chat_capabilities",
+    "vllm_pooling_tables",
+    "vllm_responses_capabilities",
+]
 
 N, T, E, U = Level.NATIVE, Level.TRANSLATED, Level.EMULATED, Level.UNSUPPORTED
 
@@ -215,3 +225,82 @@ def vllm_chat_capabilities(features: VLLMChatFeatures) -> ChatCapabilities:
 def vllm_responses_capabilities(features: VLLMChatFeatures) -> ResponsesCapabilities:
     """The Responses table of one vLLM server: through its chat dialect, so derived from its chat table."""
     return ResponsesCapabilities.bridged(vllm_chat_capabilities(features))
+
+
+# --- embeddings and rerank (translator: backends.vllm.pooling) -------------------------------
+# vLLM ignores unknown pooling fields (HTTP 200, the field dropped): a base64 answer in float32 for
+# a client that asked float16 would decode to garbage, so an extra a version lacks is refused.
+# First versions: 0.32.0 from its wheel (``vllm/entrypoints/pooling``); the earlier ones from vLLM's
+# pull requests (the encoding options landed in October 2025: 0.12.0 is the first release sure to
+# have them). An unknown version gets the extras every pooling server has had
+# (``truncate_prompt_tokens``, ``add_special_tokens``, ``dimensions``), nothing that could fail open.
+
+# First version with each pooling extra (the key is the field, or ``field=form``).
+POOLING_BOUNDARIES: dict[str, VLLMVersion] = {
+    "embed_dtype": VLLMVersion(0, 12, 0),
+    "endianness": VLLMVersion(0, 12, 0),
+    "encoding_format=bytes": VLLMVersion(0, 12, 0),
+    "encoding_format=bytes_only": VLLMVersion(0, 12, 0),
+    "use_activation": VLLMVersion(0, 12, 0),
+    "priority": VLLMVersion(0, 12, 0),
+    "truncation_side": VLLMVersion(0, 32, 0),
+    "padding": VLLMVersion(0, 32, 0),
+    "cache_salt": VLLMVersion(0, 32, 0),
+    "max_tokens_per_query": VLLMVersion(0, 32, 0),
+    "max_tokens_per_doc": VLLMVersion(0, 32, 0),
+    "instruction": VLLMVersion(0, 32, 0),
+}
+# ``normalize``: honoured from 0.10.2 until 0.32 refused it ("use use_activation instead").
+NORMALIZE_SINCE, NORMALIZE_UNTIL = VLLMVersion(0, 10, 2), VLLMVersion(0, 32, 0)
+
+
+def _missing(key: str, version: VLLMVersion | None) -> str | None:
+    """Why ``key`` is refused on ``version`` (None: honoured)."""
+    first = POOLING_BOUNDARIES[key]
+    if version is None:
+        return _UNKNOWN + f"the gateway cannot tell whether it has {key.split('=')[-1]} (vLLM >= {first})"
+    if version < first:
+        return f"vLLM {version} has no {key.split('=')[-1]} (first in {first})"
+    return None
+
+
+def _normalize_reason(version: VLLMVersion | None) -> str | None:
+    if version is None:
+        return _UNKNOWN + "the gateway cannot tell whether it has normalize"
+    if version >= NORMALIZE_UNTIL:
+        return f"vLLM {version} removed normalize; use use_activation (false: not normalised)"
+    if version < NORMALIZE_SINCE:
+        return f"vLLM {version} has no normalize (first in {NORMALIZE_SINCE})"
+    return None
+
+
+@lru_cache(maxsize=32)
+def vllm_pooling_tables(version: VLLMVersion | None) -> tuple[PoolingCapabilities, PoolingCapabilities]:
+    """The embeddings and rerank tables of one vLLM version (cached)."""
+    levels: dict[str, Level] = dict.fromkeys(VLLM_EMBEDDING_EXTRAS, N)
+    forms: dict[str, Level] = {"input=token_ids": N, "encoding_format=base64": N}
+    reasons: dict[str, str] = {}
+    for key in (k for k in POOLING_BOUNDARIES if k.split("=")[0] in levels or "=" in k):
+        why = _missing(key, version)
+        if why is None:
+            if "=" in key:
+                forms[key] = N
+            continue
+        reasons[key] = why
+        if "=" in key:
+            forms[key] = U
+        else:
+            levels[key] = U
+    normalize = _normalize_reason(version)
+    if normalize is not None:
+        levels["normalize"], reasons["normalize"] = U, normalize
+    embeddings = embedding_table(N, levels, forms, reasons=reasons)
+
+    rerank_levels: dict[str, Level] = {**dict.fromkeys(VLLM_RERANK_EXTRAS, N), "return_documents": T}
+    rerank_reasons: dict[str, str] = {}
+    for name in (*VLLM_RERANK_EXTRAS, "max_tokens_per_doc"):
+        why = _missing(name, version) if name in POOLING_BOUNDARIES else None
+        if why is not None:
+            rerank_levels[name], rerank_reasons[name] = U, why
+    rerank = rerank_table(N, rerank_levels, {"documents=object": T}, reasons=rerank_reasons)
+    return embeddings, rerank

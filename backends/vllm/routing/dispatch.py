@@ -40,8 +40,7 @@ from backends.base import (
     UpstreamCall,
 )
 from backends.errors import UpstreamError, retryable
-from backends.vllm.capabilities import vllm_chat_capabilities
-from backends.vllm.pooling import vllm_pooling_tables
+from backends.vllm.capabilities import vllm_chat_capabilities, vllm_pooling_tables
 from backends.vllm.routing.balancer import Balancer, Endpoint
 from backends.vllm.routing.prefix import request_keys
 from backends.vllm.routing.score import RoutedRequest
