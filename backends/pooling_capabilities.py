@@ -46,7 +46,10 @@ BINARY_REASON = "binary answers (application/octet-stream) are vLLM's"
 
 def embedding_forms(request: EmbeddingRequest) -> Iterator[tuple[str, str]]:
     """``(field, form)`` for the value forms an embeddings request uses."""
-    yield "input", input_kind(request)
+    if request.input is not None:
+        yield "input", input_kind(request)
+    elif request.batched_messages:
+        yield "messages", "batch"
     if request.encoding_format is not None:
         yield "encoding_format", request.encoding_format
 

@@ -26,12 +26,11 @@ from schemas.chat_messages import (
     FunctionTool,
     NamedCustomChoice,
     NamedFunctionChoice,
-    RefusalPart,
     ResponseFormat,
-    TextPart,
     Tool,
     ToolChoice,
     ToolMessage,
+    message_text,
     message_upstream_fields,
 )
 from schemas.chat_messages import FunctionCallChoice as FunctionCallChoice
@@ -373,7 +372,7 @@ class ChatCompletionRequest(_Strict):
     def prompt_estimate(self) -> int:
         """~4 characters a token over the messages (text, tool calls), the tools and the response
         format, plus OpenAI's few tokens of framing per message."""
-        chars = sum(len(_message_text(m)) for m in self.messages)
+        chars = sum(len(message_text(m)) for m in self.messages)
         for extra in (self.tools, self.response_format, self.functions):
             if extra is not None:
                 chars += len(str(extra))
@@ -381,7 +380,7 @@ class ChatCompletionRequest(_Strict):
 
     def routing_text(self) -> str:
         """The conversation's leading part (roles and texts in order), for prefix routing."""
-        return "".join(f"<{m.role}>{_message_text(m)}" for m in self.messages)
+        return "".join(f"<{m.role}>{message_text(m)}" for m in self.messages)
 
 
 # Each rule after the message check, in order, with the fields without which it cannot fail.
@@ -419,25 +418,3 @@ def _field_serializer(name: str) -> SchemaSerializer:
         serializer = TypeAdapter(kind).serializer
         _FIELD_SERIALIZERS[name] = serializer
     return serializer
-
-
-def _message_text(message: ChatMessage) -> str:
-    """A message's text: string content, text/refusal parts, tool-call names and arguments.
-
-    Attributes are read by type, never with ``getattr(..., default)``: a pydantic model's
-    missing attribute costs an ``AttributeError`` (microseconds, on every request's estimate).
-    """
-    content = message.content  # every role has one
-    if isinstance(content, str):
-        text = content
-    elif content is None:
-        text = ""
-    else:
-        text = "".join(
-            part.text if isinstance(part, TextPart) else part.refusal if isinstance(part, RefusalPart) else ""
-            for part in content
-        )
-    if isinstance(message, AssistantMessage) and message.tool_calls:
-        for call in message.tool_calls:
-            text += str(call)
-    return text

@@ -47,6 +47,7 @@ __all__ = [
     "ToolChoice",
     "ToolMessage",
     "UserMessage",
+    "message_text",
     "message_upstream_fields",
 ]
 
@@ -208,6 +209,28 @@ def message_upstream_fields(message: ChatMessage) -> dict[str, Any]:
     return message.__pydantic_serializer__.to_python(  # type: ignore[no-any-return]
         message, by_alias=True, exclude_unset=True, exclude_none=True
     )
+
+
+def message_text(message: ChatMessage) -> str:
+    """A message's text: string content, text/refusal parts, tool-call names and arguments.
+
+    Attributes are read by type, never with ``getattr(..., default)``: a pydantic model's
+    missing attribute costs an ``AttributeError`` (microseconds, on every request's estimate).
+    """
+    content = message.content  # every role has one
+    if isinstance(content, str):
+        text = content
+    elif content is None:
+        text = ""
+    else:
+        text = "".join(
+            part.text if isinstance(part, TextPart) else part.refusal if isinstance(part, RefusalPart) else ""
+            for part in content
+        )
+    if isinstance(message, AssistantMessage) and message.tool_calls:
+        for call in message.tool_calls:
+            text += str(call)
+    return text
 
 
 # --- tools the model may call ----------------------------------------------------------------

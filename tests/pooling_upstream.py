@@ -3,7 +3,7 @@
 One aiohttp app on loopback:
 
 - ``POST /v1/embeddings``: OpenAI's shape (the ``openai``, ``vllm``, ``llamacpp`` and ``tei``
-  backends), text or token-id inputs, ``encoding_format`` float or base64 (``floats_only``: always
+  backends), text or token-id inputs, vLLM's ``messages`` (:func:`conversation_texts`), ``encoding_format`` float or base64 (``floats_only``: always
   floats, as an old llama.cpp), ``dimensions`` (leading values), usage counting words or ids;
 - ``POST /api/embed``: Ollama's shape;
 - ``POST /v1/rerank``: vLLM's (and Jina's) shape; ``POST /rerank``: TEI's, with ``x-compute-tokens``.
@@ -38,6 +38,12 @@ def fake_vector(item: str | list[int], dims: int = 8) -> list[float]:
     raw = [(digest[i] - 128) / 128 for i in range(dims)]
     packer = struct.Struct(f"<{dims}f")
     return list(packer.unpack(packer.pack(*raw)))
+
+
+def conversation_texts(messages: list[Any]) -> list[str]:
+    """vLLM's chat-style input as the fake embeds it: each conversation's contents joined by newlines."""
+    batch = messages if isinstance(messages[0], list) else [messages]
+    return ["\n".join(str(m.get("content")) for m in conversation) for conversation in batch]
 
 
 def tokens(item: str | list[int]) -> int:
@@ -108,7 +114,7 @@ class PoolingUpstream:
         body = await self._seen(request)
         if request.path in self.golden:
             return web.Response(body=self.golden[request.path], content_type="application/json")
-        value = body["input"]
+        value = body["input"] if "input" in body else conversation_texts(body["messages"])
         inputs = [value] if isinstance(value, str) or (value and isinstance(value[0], int)) else value
         refused = self._refusal(inputs)
         if refused is not None:

@@ -249,6 +249,15 @@ POOLING_BOUNDARIES: dict[str, VLLMVersion] = {
     "max_tokens_per_query": VLLMVersion(0, 32, 0),
     "max_tokens_per_doc": VLLMVersion(0, 32, 0),
     "instruction": VLLMVersion(0, 32, 0),
+    # Chat-style embeddings: messages from 0.6.4 (vLLM #9759), add_generation_prompt from 0.11.0
+    # (#23931); chat_template_kwargs reached the template (#45173), a batch of conversations and
+    # continue_final_message are known from 0.32.0's wheel on.
+    "messages": VLLMVersion(0, 6, 4),
+    "chat_template": VLLMVersion(0, 6, 4),
+    "add_generation_prompt": VLLMVersion(0, 11, 0),
+    "continue_final_message": VLLMVersion(0, 32, 0),
+    "chat_template_kwargs": VLLMVersion(0, 32, 0),
+    "messages=batch": VLLMVersion(0, 32, 0),
 }
 # ``normalize``: honoured from 0.10.2 until 0.32 refused it ("use use_activation instead").
 NORMALIZE_SINCE, NORMALIZE_UNTIL = VLLMVersion(0, 10, 2), VLLMVersion(0, 32, 0)
@@ -257,10 +266,11 @@ NORMALIZE_SINCE, NORMALIZE_UNTIL = VLLMVersion(0, 10, 2), VLLMVersion(0, 32, 0)
 def _missing(key: str, version: VLLMVersion | None) -> str | None:
     """Why ``key`` is refused on ``version`` (None: honoured)."""
     first = POOLING_BOUNDARIES[key]
+    what = "a batch of conversations in messages" if key == "messages=batch" else key.split("=")[-1]
     if version is None:
-        return _UNKNOWN + f"the gateway cannot tell whether it has {key.split('=')[-1]} (vLLM >= {first})"
+        return _UNKNOWN + f"the gateway cannot tell whether it has {what} (vLLM >= {first})"
     if version < first:
-        return f"vLLM {version} has no {key.split('=')[-1]} (first in {first})"
+        return f"vLLM {version} has no {what} (first in {first})"
     return None
 
 

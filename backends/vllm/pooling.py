@@ -20,7 +20,7 @@ from backends.openai.pooling import pooling_usage
 
 __all__ = ["binary_embeddings", "vllm_pooling_error"]
 
-_POOLING_PARAMS = {"input_tokens": "input", "prompt": "input", "messages": "input"}
+_POOLING_PARAMS = {"input_tokens": "input", "prompt": "input"}
 
 
 def vllm_pooling_error(status: int, body: bytes, retry_after: str | None, backend: str) -> UpstreamStatusError:

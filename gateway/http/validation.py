@@ -76,7 +76,7 @@ def parse_embedding_request(body: bytes) -> EmbeddingRequest:
     try:
         return EmbeddingRequest.model_validate_json(body)
     except ValidationError as exc:
-        raise _to_client_error(exc, body, _completions_param) from None  # param: the field (``input``)
+        raise _to_client_error(exc, body, _embedding_param) from None
 
 
 def parse_rerank_request(body: bytes) -> RerankRequest:
@@ -108,6 +108,13 @@ def _completions_param(loc: tuple[int | str, ...], body: bytes) -> str | None:
     if head == "stream_options" and len(loc) > 1 and isinstance(loc[1], str):
         return f"stream_options.{loc[1]}"
     return head
+
+
+def _embedding_param(loc: tuple[int | str, ...], body: bytes) -> str | None:
+    """The field (``input``); in vLLM's chat-style ``messages``, the path as for chat."""
+    if loc and loc[0] == "messages":
+        return _chat_param(loc, body)
+    return _completions_param(loc, body)
 
 
 def _chat_param(loc: tuple[int | str, ...], body: bytes) -> str | None:
