@@ -11,13 +11,20 @@ decided, into either a finished OpenAI body or a stream of ready-to-send SSE eve
 - embeddings (``POST /v1/embeddings``) and rerank (``POST /v1/rerank``): :meth:`Backend.embed`
   with an :data:`EmbeddingCall`, :meth:`Backend.rerank` with a :data:`RerankCall`, non-streamed,
   on backends whose :attr:`Backend.endpoints` include them (their tables:
-  :attr:`Backend.embedding_capabilities`, :attr:`Backend.rerank_capabilities`).
+  :attr:`Backend.embedding_capabilities`, :attr:`Backend.rerank_capabilities`);
 - responses (``POST /v1/responses``): a family with a native endpoint (:attr:`Backend.responses_native`:
   ``openai``, ``vllm``) implements :meth:`Backend.responses` / :meth:`Backend.responses_stream`
   with a :data:`ResponsesCall` (a :class:`~schemas.responses.ResponsesRequest`); every other
   family serving chat is served through its chat translator (``backends.responses.bridge``,
   picked by the request path). A Responses stream yields Responses events (``event:``/``data:``,
-  ``sequence_number`` from 0), never ``[DONE]``.
+  ``sequence_number`` from 0), never ``[DONE]``;
+  :attr:`Backend.embedding_capabilities`, :attr:`Backend.rerank_capabilities`);
+- vLLM's tokenizer API (``POST /tokenize``, ``POST /detokenize``): :meth:`Backend.tokenize` with a
+  :data:`TokenizeCall`, :meth:`Backend.detokenize` with a :data:`DetokenizeCall`, where
+  :attr:`Backend.endpoints` include them (the vLLM family).
+
+What an upstream reports about its models (vLLM: ``max_model_len``, ``root``), learnt at start-up,
+is :meth:`Backend.model_info`, for ``GET /v1/models``.
 
 Each backend family has one translator per endpoint behind these methods. Adapters never
 see raw client JSON and raise only ``schemas.errors``/``backends.errors`` types.
@@ -39,9 +46,10 @@ from backends.capabilities import Capabilities
 from schemas.chat import ChatCompletionRequest
 from schemas.completions import CompletionRequest
 from schemas.embeddings import EmbeddingRequest
-from schemas.endpoints import POOLING_ENDPOINTS, Endpoint
+from schemas.endpoints import POOLING_ENDPOINTS, TOKENIZER_ENDPOINTS, Endpoint
 from schemas.rerank import RerankRequest
 from schemas.responses import ResponsesRequest
+from schemas.tokenize import DetokenizeRequest, TokenizeRequest
 
 if TYPE_CHECKING:
     from backends.chat_capabilities import ChatCapabilities
@@ -56,6 +64,7 @@ __all__ = [
     "ChatCall",
     "CompletionResult",
     "CompletionStream",
+    "DetokenizeCall",
     "EmbeddingCall",
     "Reconfigurable",
     "ReconfigureReport",
@@ -63,11 +72,21 @@ __all__ = [
     "ResponsesCall",
     "ResponsesTable",
     "TokenUsage",
+    "TokenizeCall",
     "UpstreamCall",
     "usage_of",
 ]
 
-Req = TypeVar("Req", CompletionRequest, ChatCompletionRequest, EmbeddingRequest, RerankRequest, ResponsesRequest)
+Req = TypeVar(
+    "Req",
+    CompletionRequest,
+    ChatCompletionRequest,
+    EmbeddingRequest,
+    RerankRequest,
+    ResponsesRequest,
+    TokenizeRequest,
+    DetokenizeRequest,
+)
 
 
 # The client's conversation for routing (the ``x-session-id`` header; None without it): set by the
@@ -142,6 +161,18 @@ class RerankCall(Call[RerankRequest]):
 
 class ResponsesCall(Call[ResponsesRequest]):
     """A Responses attempt."""
+
+    __slots__ = ()
+
+
+class TokenizeCall(Call[TokenizeRequest]):
+    """A ``/tokenize`` attempt."""
+
+    __slots__ = ()
+
+
+class DetokenizeCall(Call[DetokenizeRequest]):
+    """A ``/detokenize`` attempt."""
 
     __slots__ = ()
 
@@ -276,8 +307,9 @@ class Backend(ABC):
     def default_endpoints(self) -> frozenset[Endpoint]:
         """What a model on this backend is served on when its config lists no ``endpoints``: the
         generation endpoints, or the pooling ones where it serves nothing else (tei, a pooling pool)."""
-        generation = self.endpoints - POOLING_ENDPOINTS
-        return generation or self.endpoints
+        own = self.endpoints - TOKENIZER_ENDPOINTS  # served wherever a backend has them (the router)
+        generation = own - POOLING_ENDPOINTS
+        return generation or own
 
     async def complete(self, call: UpstreamCall) -> CompletionResult:
         """A non-streaming completion (only where :attr:`endpoints` has ``completions``)."""
@@ -310,6 +342,19 @@ class Backend(ABC):
     async def responses_stream(self, call: ResponsesCall) -> CompletionStream:
         """Start a streamed Response, Responses events (only where :attr:`responses_native`)."""
         raise NotImplementedError(f"{type(self).__name__} has no native responses endpoint")
+
+    async def tokenize(self, call: TokenizeCall) -> CompletionResult:
+        """vLLM's ``/tokenize`` answer (only where :attr:`endpoints` has ``tokenize``)."""
+        raise NotImplementedError(f"{type(self).__name__} serves no tokenize endpoint")
+
+    async def detokenize(self, call: DetokenizeCall) -> CompletionResult:
+        """vLLM's ``/detokenize`` answer (only where :attr:`endpoints` has ``detokenize``)."""
+        raise NotImplementedError(f"{type(self).__name__} serves no detokenize endpoint")
+
+    def model_info(self, upstream_model: str) -> dict[str, Any] | None:
+        """What the upstream reported about ``upstream_model`` (vLLM: ``max_model_len``, ``root``) when
+        it started or reconnected; None when nothing is known. Never calls the upstream."""
+        return None
 
     async def health(self) -> bool:
         """Whether the upstream answers; used by probes (default: assume healthy)."""

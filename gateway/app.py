@@ -36,7 +36,7 @@ from gateway.http.stored_responses import delete_response, list_input_items, ret
 from gateway.metrics import GatewayMetrics
 from gateway.security.auth import protect
 from gateway.security.guard import RequestGuard
-from gateway.state import STATE, GatewayState, models_body
+from gateway.state import STATE, GatewayState
 from gateway.tracing import SettingsError, TracingRuntime, resolve, trace_problems
 from gateway.tracing import build as build_tracing
 from schemas.config import GatewayConfig
@@ -122,10 +122,9 @@ def build_state(
     request guard and admission when their config did not change (their counts carry over), and
     always the running conversation store (``responses_state``; None builds one from the config).
     """
-    body = models_body(config.models, started_at)
     # Auth, cost caps, rate limits, audit: see gateway.security.guard (nothing per request when off).
     if request_guard is None:
-        request_guard = RequestGuard.from_config(config, metrics, body)
+        request_guard = RequestGuard.from_config(config, metrics)
     return GatewayState(
         config=config,
         backends=built,
@@ -134,7 +133,6 @@ def build_state(
         service=CompletionService(metrics, clock),
         admission=admission if admission is not None else Admission(config.server.admission, metrics),
         request_guard=request_guard,
-        models_body=body,
         started_at=started_at,
         responses_state=(
             responses_state if responses_state is not None else ConversationStore.from_config(config.responses, metrics)
@@ -158,7 +156,9 @@ def _add_routes(app: web.Application, config: GatewayConfig, guard: RequestGuard
     for endpoint, path in ENDPOINT_PATHS.items():
         for each in (path, *ENDPOINT_ALIASES.get(endpoint, ())):
             app.router.add_post(each, handlers.HANDLERS[endpoint], expect_handler=expect_handler)
-    app.router.add_get("/v1/models", guard.list_models if guard.keyring is not None else handlers.list_models)
+    app.router.add_get("/v1/models", handlers.list_models)
+    app.router.add_get("/v1/models/{model:.+}", handlers.retrieve_model)  # ids may hold slashes (org/name)
+    app.router.add_get("/version", handlers.version)
     app.router.add_get("/health", handlers.health)
     app.router.add_get("/ready", ready)  # readiness, separate from liveness: gateway.http.probes
     metrics_digest = guard.keyring.metrics_digest if guard.keyring is not None else None

@@ -17,6 +17,7 @@ from pydantic.json_schema import GenerateJsonSchema
 from gateway.configfile import ConfigError, endpoint_config_problems, load_config
 from gateway.pool_cli import add_pool_parser, pool_command
 from gateway.tracing.settings import trace_problems
+from gateway.version import PYTHON_VERSION, gateway_version
 from gateway.workers.cpus import available_cpus
 from gateway.workers.worker import add_worker_parser, worker_main
 from schemas.config import GatewayConfig, ServerConfig, worker_notes, worker_problems
@@ -28,6 +29,7 @@ log = logging.getLogger("gateway")
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gateway", description="OpenAI Completions gateway.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {gateway_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve the API described by a YAML config")
     serve.add_argument("--config", "-c", required=True, help="path to the gateway YAML")
@@ -151,7 +153,9 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     enable_reload(app, args.config, server_overrides=overrides)  # SIGHUP re-reads the config: gateway.reload
     log.info(
-        "gateway serving %d model(s) over %d backend(s) on http://%s:%d",
+        "gateway %s (Python %s) serving %d model(s) over %d backend(s) on http://%s:%d",
+        gateway_version(),
+        PYTHON_VERSION,
         len(config.models),
         len(config.backends),
         server.host,
@@ -183,7 +187,14 @@ def _serve_workers(args: argparse.Namespace, server: ServerConfig, config: Gatew
     except OSError as exc:
         print(f"cannot listen on {server.host}:{server.port}: {exc}", file=sys.stderr)
         return 1
-    log.info("gateway control process: %d workers on http://%s:%d", args.workers, server.host, server.port)
+    log.info(
+        "gateway %s (Python %s) control process: %d workers on http://%s:%d",
+        gateway_version(),
+        PYTHON_VERSION,
+        args.workers,
+        server.host,
+        server.port,
+    )
     control = Control(
         args.config,
         args.workers,

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from gateway.version import PYTHON_VERSION, gateway_version
+
 __all__ = ["MetricFamilies"]
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -21,6 +23,13 @@ class MetricFamilies:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
         r = registry
+        self.build_info = Gauge(
+            "gateway_build_info",
+            "Always 1: the gateway's version and the Python it runs on, as labels.",
+            ("version", "python"),
+            registry=r,
+        )
+        self.build_info.labels(gateway_version(), PYTHON_VERSION).set(1)
         self.requests = Counter(
             "gateway_requests",
             "Requests answered, by model, backend, HTTP status and endpoint (completions, chat).",

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import orjson
 from aiohttp import web
 
 from backends.base import Backend
@@ -17,12 +15,12 @@ from gateway.flow.router import Router
 from gateway.flow.service import CompletionService
 from gateway.metrics import GatewayMetrics
 from gateway.security.guard import RequestGuard
-from schemas.config import GatewayConfig, ModelConfig
+from schemas.config import GatewayConfig
 
 if TYPE_CHECKING:
     from gateway.tracing import Tracing
 
-__all__ = ["STATE", "GatewayState", "InFlight", "models_body"]
+__all__ = ["STATE", "GatewayState", "InFlight"]
 
 _CANCEL_GRACE = 2.0  # seconds cancelled handlers get to write their last words
 
@@ -92,12 +90,6 @@ class InFlight:
             await asyncio.wait(tasks, timeout=grace)
 
 
-def models_body(models: Iterable[ModelConfig], created: float) -> bytes:
-    """The body of ``GET /v1/models`` (auth off; with auth, each key has its own)."""
-    data = [{"id": m.name, "object": "model", "created": int(created), "owned_by": "gateway"} for m in models]
-    return orjson.dumps({"object": "list", "data": data})
-
-
 @dataclass
 class GatewayState:
     """Built in one phase by ``create_app``: every part is there before the first request."""
@@ -113,7 +105,6 @@ class GatewayState:
     # Stored responses and conversations for POST /v1/responses (previous_response_id, store) and
     # GET/DELETE /v1/responses/{id} (gateway.conversations); a reload keeps it.
     responses_state: ConversationStore
-    models_body: bytes
     started_at: float
     in_flight: InFlight = field(default_factory=InFlight)
     # The requests begun under this config; a reload swaps in the new state's.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["ENDPOINT_ALIASES", "ENDPOINT_PATHS", "POOLING_ENDPOINTS", "Endpoint"]
+__all__ = ["ENDPOINT_ALIASES", "ENDPOINT_PATHS", "POOLING_ENDPOINTS", "TOKENIZER_ENDPOINTS", "Endpoint"]
 
 
 class Endpoint(StrEnum):
@@ -13,6 +13,8 @@ class Endpoint(StrEnum):
     EMBEDDINGS = "embeddings"  # POST /v1/embeddings
     RERANK = "rerank"  # POST /v1/rerank (Jina/Cohere shape; also /v2/rerank and /rerank)
     RESPONSES = "responses"  # POST /v1/responses
+    TOKENIZE = "tokenize"  # POST /tokenize (vLLM's API)
+    DETOKENIZE = "detokenize"  # POST /detokenize (vLLM's API)
 
 
 ENDPOINT_PATHS: dict[Endpoint, str] = {
@@ -21,6 +23,8 @@ ENDPOINT_PATHS: dict[Endpoint, str] = {
     Endpoint.EMBEDDINGS: "/v1/embeddings",
     Endpoint.RERANK: "/v1/rerank",
     Endpoint.RESPONSES: "/v1/responses",
+    Endpoint.TOKENIZE: "/tokenize",
+    Endpoint.DETOKENIZE: "/detokenize",
 }
 
 # More paths of the same endpoint (vLLM serves rerank on all three; Cohere's v2 SDK posts to /v2/rerank).
@@ -30,3 +34,7 @@ ENDPOINT_ALIASES: dict[Endpoint, tuple[str, ...]] = {Endpoint.RERANK: ("/v2/rera
 # ``endpoints`` lists them, or when its backends serve nothing else (tei, a pooling vllm-pool):
 # an embedding model never defaults onto completions or chat, nor a generation model onto these.
 POOLING_ENDPOINTS: frozenset[Endpoint] = frozenset({Endpoint.EMBEDDINGS, Endpoint.RERANK})
+
+# The model's tokenizer (vLLM's API): nothing is generated, so a model is served on them by every
+# route whose backend has them, whatever its ``endpoints`` lists.
+TOKENIZER_ENDPOINTS: frozenset[Endpoint] = frozenset({Endpoint.TOKENIZE, Endpoint.DETOKENIZE})

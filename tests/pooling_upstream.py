@@ -3,10 +3,12 @@
 One aiohttp app on loopback:
 
 - ``POST /v1/embeddings``: OpenAI's shape (the ``openai``, ``vllm``, ``llamacpp`` and ``tei``
-  backends), text or token-id inputs, vLLM's ``messages`` (:func:`conversation_texts`), ``encoding_format`` float or base64 (``floats_only``: always
+  backends), text or token-id inputs, vLLM's ``messages`` (:func:`conversation_texts`),
+  ``encoding_format`` float or base64 (``floats_only``: always
   floats, as an old llama.cpp), ``dimensions`` (leading values), usage counting words or ids;
 - ``POST /api/embed``: Ollama's shape;
-- ``POST /v1/rerank``: vLLM's (and Jina's) shape; ``POST /rerank``: TEI's, with ``x-compute-tokens``.
+- ``POST /v1/rerank``: vLLM's (and Jina's) shape; ``POST /rerank``: TEI's, with ``x-compute-tokens``;
+- ``GET /v1/models`` (vLLM's, with ``max_model_len``), ``POST /tokenize`` and ``/detokenize`` (a word a token).
 
 Vectors are :func:`fake_vector` of each input (float32 values, so base64 is exact), so a test
 can tell which input each vector belongs to. ``max_batch`` refuses calls with more inputs (413,
@@ -46,6 +48,14 @@ def conversation_texts(messages: list[Any]) -> list[str]:
     return ["\n".join(str(m.get("content")) for m in conversation) for conversation in batch]
 
 
+MAX_MODEL_LEN = 512  # what the fake vLLM reports for its model
+
+
+def word_id(word: str) -> int:
+    """The fake tokenizer's id of one word."""
+    return int.from_bytes(hashlib.sha256(word.encode()).digest()[:2], "little")
+
+
 def tokens(item: str | list[int]) -> int:
     return len(item.split()) if isinstance(item, str) else len(item)
 
@@ -76,6 +86,9 @@ class PoolingUpstream:
         app.router.add_post("/v1/rerank", self._rerank)
         app.router.add_post("/rerank", self._tei_rerank)
         app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/tokenize", self._tokenize)
+        app.router.add_post("/detokenize", self._detokenize)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -89,6 +102,26 @@ class PoolingUpstream:
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
+
+    async def _models(self, request: web.Request) -> web.Response:
+        """vLLM's listing: every model ``up-<type>``, with vLLM's ``root`` and ``max_model_len``."""
+        data = [{"id": "up-vllm", "object": "model", "owned_by": "vllm", "root": "/models/up-vllm", "parent": None,
+                 "max_model_len": MAX_MODEL_LEN}]  # fmt: skip
+        return web.json_response({"object": "list", "data": data})
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's /tokenize, words as tokens: a prompt's, or each message's content (chat-style)."""
+        body = await self._seen(request)
+        text = body["prompt"] if "prompt" in body else "\n".join(conversation_texts(body["messages"]))
+        ids = [word_id(w) for w in text.split()]
+        answer: dict[str, Any] = {"count": len(ids), "max_model_len": MAX_MODEL_LEN, "tokens": ids, "token_strs": None}
+        if body.get("return_token_strs"):
+            answer["token_strs"] = text.split()
+        return web.json_response(answer)
+
+    async def _detokenize(self, request: web.Request) -> web.Response:
+        body = await self._seen(request)
+        return web.json_response({"prompt": " ".join(f"t{i}" for i in body["tokens"])})
 
     async def _seen(self, request: web.Request) -> Any:
         body = orjson.loads(await request.read())

@@ -35,14 +35,14 @@ from backends.mock.completions import FINGERPRINT, MOCK_CONTEXT_LENGTH, MockStre
 from backends.mock.pooling import mock_embed, mock_rerank
 from backends.pooling_capabilities import PoolingCapabilities
 from schemas.config import MockBackendConfig
-from schemas.endpoints import Endpoint
+from schemas.endpoints import TOKENIZER_ENDPOINTS, Endpoint
 
 __all__ = ["FINGERPRINT", "MOCK_CAPABILITIES", "MOCK_CONTEXT_LENGTH", "MockBackend", "MockStream"]
 
 
 class MockBackend(Backend):
     kind: ClassVar[str] = "mock"
-    endpoints: frozenset[Endpoint] = frozenset(Endpoint)
+    endpoints: frozenset[Endpoint] = frozenset(Endpoint) - TOKENIZER_ENDPOINTS  # the mock has no tokenizer
     chat_capabilities: ChatCapabilities | None = MOCK_CHAT
     embedding_capabilities: PoolingCapabilities | None = MOCK_EMBEDDINGS
     rerank_capabilities: PoolingCapabilities | None = MOCK_RERANK

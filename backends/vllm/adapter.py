@@ -39,9 +39,11 @@ from backends.base import (
     ChatCall,
     CompletionResult,
     CompletionStream,
+    DetokenizeCall,
     EmbeddingCall,
     RerankCall,
     ResponsesTable,
+    TokenizeCall,
     UpstreamCall,
 )
 from backends.capabilities import Capabilities
@@ -77,7 +79,7 @@ from backends.vllm.versions import VLLMChatFeatures, VLLMFeatures, VLLMVersion, 
 from schemas.chat import ChatCompletionRequest
 from schemas.completions import CompletionRequest
 from schemas.config import VLLMBackendConfig
-from schemas.endpoints import Endpoint
+from schemas.endpoints import TOKENIZER_ENDPOINTS, Endpoint
 from schemas.errors import UnsupportedParameterError
 
 __all__ = ["VLLMBackend"]
@@ -97,8 +99,9 @@ _GUIDES = (*GUIDED_TO_STRUCTURED, "structured_outputs")
 class VLLMBackend(Backend):
     kind: ClassVar[str] = "vllm"
     default_capabilities: ClassVar[Capabilities] = VLLM_CAPABILITIES
-    endpoints: frozenset[Endpoint] = frozenset(
-        {Endpoint.COMPLETIONS, Endpoint.CHAT, Endpoint.EMBEDDINGS, Endpoint.RERANK, Endpoint.RESPONSES}
+    endpoints: frozenset[Endpoint] = (
+        frozenset({Endpoint.COMPLETIONS, Endpoint.CHAT, Endpoint.EMBEDDINGS, Endpoint.RERANK, Endpoint.RESPONSES})
+        | TOKENIZER_ENDPOINTS
     )
     # Responses through the chat dialect (the table derives from the version's chat table: _use).
     responses_native: ClassVar[bool] = False
@@ -120,8 +123,8 @@ class VLLMBackend(Backend):
         self._seen: VLLMVersion | None = None  # from the last new system_fingerprint
         self._confirmed_at = -_CONFIRM_AGE  # loop time of the last successful GET /version
         self.version: VLLMVersion | None = None
-        self._contexts: dict[str, int] = {}  # served model -> max_model_len (GET /v1/models)
         self.version_source = "unknown"  # "detected" | "fingerprint" | "pinned" | "unknown"
+        self._models: dict[str, dict[str, Any]] = {}  # GET /v1/models: id -> {max_model_len, root}
         self.dialect = VLLMDialect.of(None)
         self._use(self._pin, "pinned" if self._pin else "unknown")
 
@@ -164,7 +167,7 @@ class VLLMBackend(Backend):
             )
             return self.version
         self._stale = False
-        await self._read_contexts()
+        await self._read_models()  # reachable: a (re)started server may serve another model or length
         version = None
         if resp.status == 200:
             self._confirmed_at = self._last_attempt
@@ -194,9 +197,9 @@ class VLLMBackend(Backend):
             log.info("vLLM backend %s: server version %s", self.name, version)
         return self.version
 
-    async def _read_contexts(self) -> None:
-        """``GET /v1/models``: each served model's ``max_model_len`` (:meth:`context_length`);
-        what it cannot read stays unknown."""
+    async def _read_models(self) -> None:
+        """``GET /v1/models``: each served model's ``max_model_len`` (:meth:`context_length`) and ``root``
+        (:meth:`model_info`); what it cannot read stays as it was."""
         try:
             async with asyncio.timeout(_DETECT_TIMEOUT):
                 resp = await self._wire.get(self.base_url + "/models")
@@ -204,19 +207,31 @@ class VLLMBackend(Backend):
                     data = await resp.read()
                 finally:
                     resp.release()
-            answer: Any = orjson.loads(data) if resp.status == 200 else None
-        except Exception:  # best effort, as the docstring says: an old or proxied server may lack it
+            listing: Any = orjson.loads(data) if resp.status == 200 else None
+        except Exception as exc:  # optional: a failed listing never stops start-up (nor a reconnect)
+            log.info("vLLM backend %s: GET /v1/models failed (%s); models keep what was known", self.name, exc)
             return
-        models = answer.get("data") if isinstance(answer, dict) else None
-        self._contexts = {
-            m["id"]: m["max_model_len"]
-            for m in (models if isinstance(models, list) else ())
-            if isinstance(m, dict) and isinstance(m.get("id"), str) and type(m.get("max_model_len")) is int
-            and m["max_model_len"] > 0
-        }  # fmt: skip
+        entries = listing.get("data") if isinstance(listing, dict) else None
+        if not isinstance(entries, list):
+            return
+        models: dict[str, dict[str, Any]] = {}
+        for entry in entries:
+            if isinstance(entry, dict) and isinstance(entry.get("id"), str):
+                length, root = entry.get("max_model_len"), entry.get("root")
+                info: dict[str, Any] = {}
+                if type(length) is int and length > 0:
+                    info["max_model_len"] = length
+                if type(root) is str:
+                    info["root"] = root
+                models[entry["id"]] = info
+        self._models = models
+
+    def model_info(self, upstream_model: str) -> dict[str, Any] | None:
+        return self._models.get(upstream_model)
 
     def context_length(self, upstream_model: str) -> int | None:
-        return self._contexts.get(upstream_model)
+        info = self._models.get(upstream_model)
+        return None if info is None else info.get("max_model_len")
 
     async def _refresh(self) -> None:
         async with self._lock:
@@ -497,6 +512,26 @@ class VLLMBackend(Backend):
         self._refuse(table.refusal(call.request, self.name, self.kind))
         data, _ = await self._send_pooling(self._wire.rerank_url, rerank_payload(call, table), call)
         return rerank_result(data, call, self.name)
+
+    # --- vLLM's tokenizer API: POST /tokenize, /detokenize on the server's root ---------------------
+    async def tokenize(self, call: TokenizeCall) -> CompletionResult:
+        return await self._tokenizer("/tokenize", call)
+
+    async def detokenize(self, call: DetokenizeCall) -> CompletionResult:
+        return await self._tokenizer("/detokenize", call)
+
+    async def _tokenizer(self, path: str, call: TokenizeCall | DetokenizeCall) -> CompletionResult:
+        """The answer as vLLM wrote it (it names no model); nothing generated, no tokens counted."""
+        fields = call.request.upstream_fields()
+        fields["model"] = call.upstream_model
+        data, _ = await self._send_pooling(self._root + path, fields, call)
+        try:
+            answer = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            answer = None
+        if not isinstance(answer, dict):
+            raise UpstreamProtocolError(f"the upstream's {path} answer is not a JSON object", backend=self.name)
+        return CompletionResult(data, None)
 
     async def health(self) -> bool:
         return await self._wire.healthy(self._root + "/health")

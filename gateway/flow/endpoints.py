@@ -24,9 +24,11 @@ from backends.base import (
     ChatCall,
     CompletionResult,
     CompletionStream,
+    DetokenizeCall,
     EmbeddingCall,
     RerankCall,
     ResponsesCall,
+    TokenizeCall,
     UpstreamCall,
 )
 from backends.responses.bridge import bridged_responses, bridged_responses_stream, responses_table
@@ -97,8 +99,20 @@ def _rerank(backend: Backend, call: RerankCall) -> Awaitable[CompletionResult]:
     return backend.rerank(call)
 
 
+def _no_refusal(backend: Backend, request: Any) -> UnsupportedParameterError | None:
+    return None  # the tokenizer's fields are vLLM's own, on vLLM routes only
+
+
+def _tokenize(backend: Backend, call: TokenizeCall) -> Awaitable[CompletionResult]:
+    return backend.tokenize(call)
+
+
+def _detokenize(backend: Backend, call: DetokenizeCall) -> Awaitable[CompletionResult]:
+    return backend.detokenize(call)
+
+
 def _no_stream(backend: Backend, call: Call[Any]) -> Awaitable[CompletionStream]:
-    # The pooling endpoints' schemas have no ``stream``: the handler never opens one for them.
+    # The pooling and tokenizer endpoints' schemas have no ``stream``: the handler never opens one for them.
     raise AssertionError(f"{type(call).__name__} is never streamed")
 
 
@@ -169,5 +183,7 @@ OPS: Mapping[Endpoint, EndpointOps] = MappingProxyType(
             failure=_responses_failure,
             turns=ResponsesTurns(),
         ),
+        Endpoint.TOKENIZE: EndpointOps(Endpoint.TOKENIZE, _no_refusal, TokenizeCall, _tokenize, _no_stream),
+        Endpoint.DETOKENIZE: EndpointOps(Endpoint.DETOKENIZE, _no_refusal, DetokenizeCall, _detokenize, _no_stream),
     }
 )

@@ -40,7 +40,7 @@ from gateway.flow.health import CircuitBreaker
 from gateway.flow.retry import RetryPolicy
 from gateway.served import ServedRequest
 from schemas.config import GatewayConfig, ModelConfig
-from schemas.endpoints import ENDPOINT_PATHS, Endpoint
+from schemas.endpoints import ENDPOINT_PATHS, TOKENIZER_ENDPOINTS, Endpoint
 from schemas.errors import NotFoundError, UnsupportedParameterError
 
 __all__ = [
@@ -193,9 +193,19 @@ class ModelEntry:
 
 
 def _not_served(entry: ModelEntry, ops: EndpointOps) -> NotFoundError:
+    if ops.endpoint in TOKENIZER_ENDPOINTS:
+        backends = ", ".join(dict.fromkeys(f"'{r.backend.name}' (type {r.backend.kind})" for r in entry.routes))
+        return NotFoundError(
+            f"The model '{entry.name}' has no {ops.path} endpoint: its backend(s) {backends} expose no tokenizer; "
+            f"POST {ops.path} is vLLM's API, served for models on vllm and vllm-pool routes.",
+            param="model",
+            code="model_not_supported_on_endpoint",
+        )
     # OpenAI's wording for a chat model on /v1/completions, with the endpoints named.
     here = ops.path.lstrip("/")
-    there = " or ".join(ENDPOINT_PATHS[e].lstrip("/") for e in Endpoint if e in entry.served)
+    there = " or ".join(
+        ENDPOINT_PATHS[e].lstrip("/") for e in Endpoint if e in entry.served and e not in TOKENIZER_ENDPOINTS
+    )
     return NotFoundError(
         f"The model '{entry.name}' is not supported in the {here} endpoint: it is served on {there}. "
         f"Did you mean to use {there}?",
@@ -249,12 +259,15 @@ class Router:
         for endpoint in Endpoint:
             # Unlisted: what each route's backend serves by default (generation, or pooling where
             # it serves nothing else), so an embedding model never lands on chat, nor the reverse.
+            # The tokenizer's endpoints generate nothing: served wherever a route's backend has them.
+            tokenizer = endpoint in TOKENIZER_ENDPOINTS
             able = tuple(
                 r
                 for r in routes
-                if endpoint in r.backend.endpoints and (listed is not None or endpoint in r.backend.default_endpoints)
+                if endpoint in r.backend.endpoints
+                and (tokenizer or listed is not None or endpoint in r.backend.default_endpoints)
             )
-            allowed = listed if listed is not None else {endpoint}
+            allowed = listed if listed is not None and not tokenizer else {endpoint}
             if endpoint in allowed and able:
                 served[endpoint] = able
         omit = model.responses.builtin_tools == "omit"

@@ -28,6 +28,7 @@ from aiohttp import web
 from backends.base import ROUTING_SESSION, CompletionStream
 from backends.errors import UpstreamError
 from gateway.accounting import RequestRecord
+from gateway.catalog import model_list, model_object
 from gateway.flow.endpoints import OPS, EndpointOps
 from gateway.flow.responses_turns import StreamEnd
 from gateway.flow.service import OpenedStream
@@ -36,20 +37,24 @@ from gateway.http.request_id import request_id_of
 from gateway.http.validation import (
     parse_chat_request,
     parse_completion_request,
+    parse_detokenize_request,
     parse_embedding_request,
     parse_rerank_request,
     parse_responses_request,
+    parse_tokenize_request,
 )
 from gateway.served import ServedRequest
 from gateway.state import STATE, GatewayState
+from gateway.version import gateway_version
 from schemas.endpoints import Endpoint
-from schemas.errors import GatewayError, ServiceUnavailableError, UnsupportedParameterError
+from schemas.errors import GatewayError, NotFoundError, ServiceUnavailableError, UnsupportedParameterError
 
 __all__ = [
     "HANDLERS",
     "PARSERS",
     "chat_completions",
     "completions",
+    "detokenize",
     "embeddings",
     "endpoint_handler",
     "health",
@@ -57,7 +62,10 @@ __all__ = [
     "metrics",
     "rerank",
     "responses",
+    "retrieve_model",
     "serve",
+    "tokenize",
+    "version",
 ]
 
 # The one thing each endpoint does its own way at the door: the schema its body must match.
@@ -68,12 +76,15 @@ PARSERS: Mapping[Endpoint, Callable[[bytes], Any]] = MappingProxyType(
         Endpoint.EMBEDDINGS: parse_embedding_request,
         Endpoint.RERANK: parse_rerank_request,
         Endpoint.RESPONSES: parse_responses_request,
+        Endpoint.TOKENIZE: parse_tokenize_request,
+        Endpoint.DETOKENIZE: parse_detokenize_request,
     }
 )
 
 log = logging.getLogger("gateway")
 
 _JSON = "application/json"
+_VERSION = orjson.dumps({"version": gateway_version()})
 _EVENT = b"data: "  # an SSE event's start: each carries at least one generated token of one choice
 _SSE_HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
@@ -207,9 +218,12 @@ chat_completions = endpoint_handler(Endpoint.CHAT)  # POST /v1/chat/completions
 embeddings = endpoint_handler(Endpoint.EMBEDDINGS)  # POST /v1/embeddings
 rerank = endpoint_handler(Endpoint.RERANK)  # POST /v1/rerank, /v2/rerank, /rerank
 responses = endpoint_handler(Endpoint.RESPONSES)  # POST /v1/responses
+tokenize = endpoint_handler(Endpoint.TOKENIZE)  # POST /tokenize (vLLM's API)
+detokenize = endpoint_handler(Endpoint.DETOKENIZE)  # POST /detokenize (vLLM's API)
 HANDLERS: Mapping[Endpoint, Callable[[web.Request], Awaitable[web.StreamResponse]]] = MappingProxyType(
     {Endpoint.COMPLETIONS: completions, Endpoint.CHAT: chat_completions, Endpoint.EMBEDDINGS: embeddings,
-     Endpoint.RERANK: rerank, Endpoint.RESPONSES: responses}
+     Endpoint.RERANK: rerank, Endpoint.RESPONSES: responses, Endpoint.TOKENIZE: tokenize,
+     Endpoint.DETOKENIZE: detokenize}
 )  # fmt: skip
 
 
@@ -328,8 +342,32 @@ def _error_event(error: GatewayError, stream: CompletionStream, ops: EndpointOps
 
 
 async def list_models(request: web.Request) -> web.Response:
+    """``GET /v1/models``: the models the caller may use (all of them with auth off)."""
     state = request.app[STATE]
-    return web.Response(body=state.models_body, content_type=_JSON)
+    key = state.request_guard.identify(request)
+    listing = model_list(state.router, int(state.started_at), None if key is None else key.models)
+    return web.Response(body=orjson.dumps(listing), content_type=_JSON)
+
+
+async def retrieve_model(request: web.Request) -> web.Response:
+    """``GET /v1/models/{id}``: one model; 404 alike for a model that does not exist and one the key may not use."""
+    state = request.app[STATE]
+    key = state.request_guard.identify(request)
+    name = request.match_info["model"]
+    entry = state.router.models.get(name)
+    if entry is None or (key is not None and name not in key.models):
+        raise NotFoundError(
+            f"The model '{name}' does not exist or you do not have access to it.",
+            param="model",
+            code="model_not_found",
+        )
+    return web.Response(body=orjson.dumps(model_object(entry, int(state.started_at))), content_type=_JSON)
+
+
+async def version(request: web.Request) -> web.Response:
+    """``GET /version``: the gateway's version (as vLLM's ``/version``); with auth on, for any valid key."""
+    request.app[STATE].request_guard.identify(request)
+    return web.Response(body=_VERSION, content_type=_JSON)
 
 
 async def health(request: web.Request) -> web.Response:

@@ -16,7 +16,6 @@ fine-tune), so the document never lists one the caller could not list otherwise.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Any, Literal
 
 import orjson
@@ -26,6 +25,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from gateway.security.auth import AuthenticationError, KeyRing, presented_key
+from gateway.version import gateway_version
 from schemas.chat import ChatCompletionRequest
 from schemas.chat_responses import ChatCompletionChunk, ChatCompletionResponse
 from schemas.completions import CompletionRequest, CompletionResponse
@@ -55,13 +55,6 @@ class ModelList(BaseModel):
 
 class Health(BaseModel):
     status: Literal["ok", "draining"]
-
-
-def _version() -> str:
-    try:
-        return metadata.version("completions-gateway")
-    except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
-        return "0"
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -303,7 +296,7 @@ def build_openapi(config: GatewayConfig, visible: list[str] | None = None) -> di
         "openapi": "3.1.0",
         "info": {
             "title": "completions-gateway",
-            "version": _version(),
+            "version": gateway_version(),
             "description": "An OpenAI Completions and Chat Completions API gateway.",
         },
         "paths": {

@@ -23,13 +23,16 @@ from schemas.embeddings import EmbeddingRequest
 from schemas.errors import FieldRuleError, InvalidRequestError
 from schemas.rerank import RerankRequest
 from schemas.responses import ResponsesRequest
+from schemas.tokenize import DetokenizeRequest, TokenizeRequest
 
 __all__ = [
     "parse_chat_request",
     "parse_completion_request",
+    "parse_detokenize_request",
     "parse_embedding_request",
     "parse_rerank_request",
     "parse_responses_request",
+    "parse_tokenize_request",
 ]
 
 _Params = Callable[[tuple[int | str, ...], bytes], str | None]
@@ -95,6 +98,24 @@ def parse_responses_request(body: bytes) -> ResponsesRequest:
         return ResponsesRequest.model_validate_json(body)
     except ValidationError as exc:
         raise _to_client_error(exc, body, _responses_param) from None
+
+
+def parse_tokenize_request(body: bytes) -> TokenizeRequest:
+    if not body:
+        raise _empty_body()
+    try:
+        return TokenizeRequest.model_validate_json(body)
+    except ValidationError as exc:
+        raise _to_client_error(exc, body, _chat_param) from None
+
+
+def parse_detokenize_request(body: bytes) -> DetokenizeRequest:
+    if not body:
+        raise _empty_body()
+    try:
+        return DetokenizeRequest.model_validate_json(body)
+    except ValidationError as exc:
+        raise _to_client_error(exc, body, _chat_param) from None
 
 
 def _empty_body() -> InvalidRequestError:

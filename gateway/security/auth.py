@@ -9,8 +9,8 @@ about a digest, not about the secret; the hit is then confirmed with
 :func:`hmac.compare_digest`.
 
 Model permissions are resolved once, at start-up: each key's names and globs are matched
-against the configured models, so a request checks one frozenset membership, and each key
-gets its own precomputed ``GET /v1/models`` body listing only what it may use.
+against the configured models, so a request checks one frozenset membership (``GET /v1/models``
+lists only those: ``gateway.catalog``).
 
 Errors: a missing or unknown key is a 401 ``authentication_error``; a model the key may not
 use is a 403 ``permission_error``. Neither message ever contains the presented key.
@@ -25,7 +25,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
@@ -71,7 +70,6 @@ class ApiKey:
     models: frozenset[str]
     limits: Limits
     caps: Caps
-    models_body: bytes  # this key's GET /v1/models answer
 
 
 def request_key(name: str, kind: type) -> Any:
@@ -118,32 +116,26 @@ class KeyRing:
         models: Iterable[str],
         deployment_caps: CostCaps,
         max_prompt_array: int,
-        models_body: bytes,
     ) -> None:
         names = list(models)
-        listing: dict[str, Any] = orjson.loads(models_body)
         self._by_digest: dict[bytes, ApiKey] = {}
         self.keys: list[ApiKey] = []
         for entry in auth.keys:
-            key = self._build(entry, names, deployment_caps, max_prompt_array, listing)
+            key = self._build(entry, names, deployment_caps, max_prompt_array)
             self._by_digest[key.digest] = key
             self.keys.append(key)
         metrics = auth.metrics_sha256
         self.metrics_digest: bytes | None = bytes.fromhex(metrics) if metrics is not None else None
 
     @staticmethod
-    def _build(
-        entry: ApiKeyConfig, names: list[str], caps: CostCaps, max_prompt_array: int, listing: dict[str, Any]
-    ) -> ApiKey:
+    def _build(entry: ApiKeyConfig, names: list[str], caps: CostCaps, max_prompt_array: int) -> ApiKey:
         allowed = _allowed_models(entry.models, names)
-        body = orjson.dumps({**listing, "data": [m for m in listing["data"] if m["id"] in allowed]})
         return ApiKey(
             name=entry.name,
             digest=bytes.fromhex(entry.sha256),
             models=allowed,
             limits=Limits(entry.rpm, entry.tpm, entry.max_concurrent),
             caps=Caps.build(max_prompt_array, caps, entry.caps, entry.name),
-            models_body=body,
         )
 
     @property

@@ -61,7 +61,7 @@ class RequestGuard:
         self.audit = audit  # written when a request's record closes (None when off)
 
     @classmethod
-    def from_config(cls, config: GatewayConfig, metrics: GatewayMetrics, models_body: bytes) -> RequestGuard:
+    def from_config(cls, config: GatewayConfig, metrics: GatewayMetrics) -> RequestGuard:
         server = config.server
         caps = Caps.build(server.max_prompt_array, config.caps)
         audit = AuditLog() if server.audit_log else None
@@ -73,7 +73,6 @@ class RequestGuard:
             models=(m.name for m in config.models),
             deployment_caps=config.caps,
             max_prompt_array=server.max_prompt_array,
-            models_body=models_body,
         )
         store: LimitStore | None = None
         if any(key.limits.any for key in keyring.keys):
@@ -138,12 +137,6 @@ class RequestGuard:
         if verdict.retry_after is not None:
             headers["retry-after-ms"] = str(max(1, round(verdict.retry_after * 1000)))
         raise _refusal(key, verdict, tokens, req.output_limit_param)
-
-    async def list_models(self, request: web.Request) -> web.Response:
-        """``GET /v1/models`` with auth on: only the models the caller's key may use."""
-        assert self.keyring is not None
-        key = request[API_KEY] = self.keyring.identify(request.headers)
-        return web.Response(body=key.models_body, content_type=_JSON)
 
     async def on_prepare(self, request: web.Request, response: web.StreamResponse) -> None:
         """Add the ``x-ratelimit-*`` headers to every answer to a key that has limits."""

@@ -35,6 +35,7 @@ _Key = tuple[str, tuple[tuple[str, str], ...]]
 # The pool series every worker copies from the control process's view: one value, not N.
 MAX_GAUGES = frozenset(
     {
+        "gateway_build_info",
         "gateway_circuit_state",
         "gateway_ratelimit_store_degraded",
         "gateway_pool_worker_state",

@@ -40,7 +40,7 @@ from backends.vllm.routing.inflight import InFlightTable
 from backends.vllm.routing.signals import EngineSignals
 from backends.vllm.routing.status import PoolStatus, default_log_dir, endpoints_view, fill_in_flight, write_status
 from schemas.config import VLLMBackendConfig, VLLMPoolBackendConfig
-from schemas.endpoints import POOLING_ENDPOINTS
+from schemas.endpoints import POOLING_ENDPOINTS, TOKENIZER_ENDPOINTS
 
 __all__ = ["VLLMPoolBackend", "endpoint_config", "pool_log_dir", "pool_signals", "worker_count"]
 
@@ -62,7 +62,7 @@ class VLLMPoolBackend(DispatchedBackend):
         # Until a worker has told its version: the table that cannot fail open.
         self.unknown_tables(config.tool_parser)
         if config.pooling:  # workers running a pooling model serve embeddings and rerank only
-            self.endpoints = POOLING_ENDPOINTS
+            self.endpoints = POOLING_ENDPOINTS | TOKENIZER_ENDPOINTS
         self.config = config
         self.log_dir = pool_log_dir(config)
         self.status_path = self.log_dir / "status.json"

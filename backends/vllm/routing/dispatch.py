@@ -35,8 +35,10 @@ from backends.base import (
     ChatCall,
     CompletionResult,
     CompletionStream,
+    DetokenizeCall,
     EmbeddingCall,
     RerankCall,
+    TokenizeCall,
     UpstreamCall,
 )
 from backends.errors import UpstreamError, retryable
@@ -47,6 +49,7 @@ from backends.vllm.routing.score import RoutedRequest
 from backends.vllm.routing.tokens import PromptTokenizer
 from backends.vllm.versions import VLLMChatFeatures
 from schemas.config import PoolRoutingConfig
+from schemas.endpoints import TOKENIZER_ENDPOINTS
 from schemas.endpoints import Endpoint as EndpointKind
 
 __all__ = ["DispatchedBackend", "Dispatcher", "NoReadyWorkerError"]
@@ -192,6 +195,12 @@ class Dispatcher:
     async def rerank(self, call: RerankCall) -> CompletionResult:
         return await self._answer(call, lambda adapter, _: adapter.rerank(call), holds=False)
 
+    async def tokenize(self, call: TokenizeCall) -> CompletionResult:
+        return await self._answer(call, lambda adapter, _: adapter.tokenize(call), holds=False)
+
+    async def detokenize(self, call: DetokenizeCall) -> CompletionResult:
+        return await self._answer(call, lambda adapter, _: adapter.detokenize(call), holds=False)
+
     async def stream(self, call: UpstreamCall) -> CompletionStream:
         return await self._answer(call, lambda adapter, release: _opened(adapter.stream(call), release), holds=True)
 
@@ -254,14 +263,17 @@ class DispatchedBackend(Backend):
 
     dispatcher: Dispatcher
     _context_of: Callable[[str], int | None] | None = None  # a ready server's adapter's (take_tables)
-    endpoints: frozenset[EndpointKind] = frozenset(
-        {
-            EndpointKind.COMPLETIONS,
-            EndpointKind.CHAT,
-            EndpointKind.EMBEDDINGS,
-            EndpointKind.RERANK,
-            EndpointKind.RESPONSES,
-        }
+    endpoints: frozenset[EndpointKind] = (
+        frozenset(
+            {
+                EndpointKind.COMPLETIONS,
+                EndpointKind.CHAT,
+                EndpointKind.EMBEDDINGS,
+                EndpointKind.RERANK,
+                EndpointKind.RESPONSES,
+            }
+        )
+        | TOKENIZER_ENDPOINTS
     )
 
     def take_tables(self, adapter: Backend) -> None:
@@ -298,6 +310,20 @@ class DispatchedBackend(Backend):
 
     async def rerank(self, call: RerankCall) -> CompletionResult:
         return await self.dispatcher.rerank(call)
+
+    async def tokenize(self, call: TokenizeCall) -> CompletionResult:
+        return await self.dispatcher.tokenize(call)
+
+    async def detokenize(self, call: DetokenizeCall) -> CompletionResult:
+        return await self.dispatcher.detokenize(call)
+
+    def model_info(self, upstream_model: str) -> dict[str, Any] | None:
+        """The first server that knows the model (they serve one model, one release)."""
+        for ep in self.dispatcher.endpoints:
+            info = ep.adapter.model_info(upstream_model) if ep.adapter is not None else None
+            if info:
+                return info
+        return None
 
     async def health(self) -> bool:
         return any(ep.available for ep in self.dispatcher.endpoints)

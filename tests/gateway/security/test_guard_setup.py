@@ -18,9 +18,7 @@ from tests.gateway.security.conftest import auth_section
 
 def _guard(extra: str = "", server: str = "") -> RequestGuard:
     config = parse_config(gateway_config_text("http://127.0.0.1:9", server=server) + extra)
-    return RequestGuard.from_config(
-        config, GatewayMetrics([m.name for m in config.models], ["b"]), b'{"object": "list", "data": []}'
-    )
+    return RequestGuard.from_config(config, GatewayMetrics([m.name for m in config.models], ["b"]))
 
 
 def test_auth_off_builds_no_keyring_no_store_no_audit() -> None:

@@ -47,6 +47,7 @@ def pooling_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "--served-model-name", "tiny-embed", "--host", "127.0.0.1", "--port", str(port),
         "--runner", "pooling", "--convert", "embed",
         "--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--kv-cache-memory-bytes", "64M",
+        "--chat-template", str(HERE / "chat_template.jinja"),  # for chat-style embeddings (messages)
     ]  # fmt: skip
     log = scratch / "vllm.log"
     url = f"http://127.0.0.1:{port}"
@@ -161,6 +162,24 @@ async def test_rerank_like_direct(gateway_url: str, pooling_server: str) -> None
     assert mine["usage"]["prompt_tokens"] == theirs["usage"]["prompt_tokens"]
 
 
+CONVERSATION = [{"role": "user", "content": "The cat sat on the mat."}, {"role": "assistant", "content": "A cat"}]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"messages": CONVERSATION},
+        {"messages": CONVERSATION, "add_generation_prompt": True},
+        {"messages": CONVERSATION, "continue_final_message": True, "add_special_tokens": True},
+        {"messages": [CONVERSATION, CONVERSATION[:1]], "encoding_format": "base64"},
+    ],
+    ids=["one", "generation-prompt", "continue", "batch"],
+)
+async def test_chat_style_embeddings_like_direct(gateway_url: str, pooling_server: str, body: dict[str, Any]) -> None:
+    through, straight, _ = await both(gateway_url, pooling_server, "/v1/embeddings", body)
+    same_answer(through, straight)
+
+
 async def test_vllm_refusals_reach_the_client_named(gateway_url: str) -> None:
     async with aiohttp.ClientSession() as s:
         async with s.post(gateway_url + "/v1/embeddings", json={"model": "emb", "input": "x", "dimensions": 8}) as r:
@@ -170,3 +189,27 @@ async def test_vllm_refusals_reach_the_client_named(gateway_url: str) -> None:
         async with s.post(gateway_url + "/v1/embeddings", json=body) as r:
             assert r.status == 400
     assert "dimension" in error["message"].lower() or "matryoshka" in error["message"].lower()
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/tokenize", {"prompt": TEXTS[0], "return_token_strs": True}),
+        ("/tokenize", {"prompt": TEXTS[1], "add_special_tokens": False}),
+        ("/tokenize", {"messages": CONVERSATION, "add_generation_prompt": True}),
+        ("/detokenize", {"tokens": [5, 6, 7, 8]}),
+    ],
+    ids=["prompt", "no-special", "messages", "detokenize"],
+)
+async def test_tokenizer_like_direct(gateway_url: str, pooling_server: str, path: str, body: dict[str, Any]) -> None:
+    through, straight, _ = await both(gateway_url, pooling_server, path, body)
+    assert through[0] == straight[0] == 200, through[1]
+    assert orjson.loads(through[1]) == orjson.loads(straight[1])
+
+
+async def test_models_carry_the_servers_max_model_len(gateway_url: str) -> None:
+    async with openai.AsyncOpenAI(base_url=f"{gateway_url}/v1", api_key="x", max_retries=0) as client:
+        model = (await client.models.retrieve("emb")).model_dump()
+    assert model["max_model_len"] == 512  # --max-model-len, as the server's GET /v1/models says
+    assert model["root"] == str(_model_dir())
+    assert model["endpoints"] == ["embeddings", "rerank", "tokenize", "detokenize"]
