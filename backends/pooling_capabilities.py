@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from dataclasses import field as dataclass_field
+from functools import cached_property
 from types import MappingProxyType
 from typing import Any
 
@@ -82,8 +83,9 @@ class PoolingCapabilities:
     notes: Mapping[str, str] = dataclass_field(default_factory=lambda: MappingProxyType({}))
     rules: tuple[PoolingRule, ...] = ()
 
-    @property
+    @cached_property
     def unsupported(self) -> frozenset[str]:
+        """The unsupported fields (computed once: every request's check reads it)."""
         return frozenset(name for name, level in self.levels.items() if level is Level.UNSUPPORTED)
 
     def level(self, field: str, form: str | None = None) -> Level:

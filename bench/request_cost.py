@@ -22,8 +22,9 @@ connections from this process:
 Scenarios: ``ns`` (completions, 16 tokens), ``st`` (completions stream, 64 tokens),
 ``chat_ns``, ``chat_st`` (the same words as one user message), ``resp_ns``, ``resp_st`` (the same
 words as a Responses ``input``, the same limit as ``max_output_tokens``; the fake upstream answers
-on its own ``/v1/responses``, OpenAI's events: the ``openai`` backend relays them). A checkout that does not
-serve an endpoint (404) shows ``n/a`` for it.
+on its own ``/v1/responses``, OpenAI's events: the ``openai`` backend relays them), ``emb``
+(embeddings: one 64-word input, a 1,024-dim float vector back, as bench/run.py's ``emb_c64``).
+A checkout that does not serve an endpoint (404) shows ``n/a`` for it.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ SCENARIOS = {  # name: (path, chat (or "responses"), stream, max_tokens)
     "chat_st": ("/v1/chat/completions", True, True, 64),
     "resp_ns": ("/v1/responses", "responses", False, 16),
     "resp_st": ("/v1/responses", "responses", True, 64),
+    "emb": ("/v1/embeddings", False, False, 64),  # one 64-word input; the answer: one 1,024-dim float vector
 }
 PROMPT = "Say something about benchmarks please"
 
@@ -124,6 +126,8 @@ def request_bytes(scenario: str, port: int) -> bytes:
     body: dict[str, Any] = {"model": "bench", "max_tokens": tokens, "temperature": 0}
     if chat == "responses":
         body = {"model": "bench", "input": PROMPT, "max_output_tokens": tokens, "temperature": 0}
+    elif path == "/v1/embeddings":
+        body = {"model": "bench", "input": " ".join(f"word{i}" for i in range(tokens))}
     elif chat:
         body["messages"] = [{"role": "user", "content": PROMPT}]
     else:
@@ -217,6 +221,7 @@ models:
   - name: bench
     routes:
       - {{backend: upstream, model: bench}}
+    endpoints: [completions, chat, responses, embeddings]
 """)
         python = checkout / ".venv" / "bin" / "python"
         argv = [str(python), str(Path(__file__).resolve()), "--serve-profiled", str(config), str(self.port), self.prof]

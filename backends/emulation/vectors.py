@@ -2,8 +2,7 @@
 
 - :func:`base64_vectors`: each vector as little-endian float32 bytes, base64 (what OpenAI's
   ``encoding_format: "base64"`` means and what the openai SDK decodes), for upstreams that
-  answer floats only. ``struct`` packs the Python floats into one buffer (exact: a float32 value
-  round-trips through a double), ``binascii`` encodes each row; no numpy.
+  answer floats only. ``struct`` packs each row's Python floats, ``binascii`` encodes them; no numpy.
 - :func:`embedding_list`: OpenAI's ``list`` object from vectors in input order and usage.
 - :func:`split` and :func:`gather`: a batch cut into parts of at most N inputs, sent at most
   ``parallel`` at a time, results in order; the first failure cancels the rest and is raised
@@ -16,7 +15,7 @@ import binascii
 import functools
 import struct
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import orjson
 
@@ -35,30 +34,23 @@ def _packer(dims: int) -> struct.Struct:
     return struct.Struct(f"<{dims}f")
 
 
-def base64_vectors(rows: Sequence[Sequence[float]]) -> list[str]:
-    """Each row as base64 of its little-endian float32 bytes (OpenAI's ``base64`` encoding).
+def base64_vectors(rows: Sequence[Sequence[float]], backend: str) -> list[bytes]:
+    """Each row as base64 (ASCII bytes) of its little-endian float32 values (OpenAI's ``base64``).
 
-    One buffer for the batch, packed row by row, then one base64 call per row (256 x 1,024 floats:
-    about 3 ms measured by hand on a loaded 2-core box; no committed micro-benchmark yet).
+    Per row: one ``struct`` pack of its Python floats (exact: a float32 value round-trips through
+    a double), one ``binascii`` encode; the bytes go into the answer as they are
+    (:func:`embedding_list`), never through ``str``. 256 x 1,024: ``bench/base64_vectors.py``.
+    A row that is not all numbers is the upstream's broken answer (``UpstreamProtocolError``).
     """
-    out: list[str] = []
-    if not rows:
-        return out
-    width = len(rows[0])
-    packer = _packer(width)
-    size = packer.size
-    buffer = bytearray(size * len(rows))
-    view = memoryview(buffer)
-    pack_into, encode = packer.pack_into, binascii.b2a_base64
-    offset = 0
-    for row in rows:
-        if len(row) != width:  # ragged batch (rare): each row its own size
-            return [encode(_packer(len(r)).pack(*r), newline=False).decode("ascii") for r in rows]
-        pack_into(buffer, offset, *row)
-        offset += size
-    for start in range(0, offset, size):
-        out.append(encode(view[start : start + size], newline=False).decode("ascii"))
-    return out
+    encode = binascii.b2a_base64
+    width = len(rows[0]) if rows else 0
+    pack = _packer(width).pack
+    try:
+        return [encode((pack if len(row) == width else _packer(len(row)).pack)(*row), newline=False) for row in rows]
+    except struct.error:
+        raise UpstreamProtocolError(
+            "the upstream sent an embedding that is not a list of numbers", backend=backend
+        ) from None
 
 
 def check_vectors(rows: Any, count: int, backend: str) -> list[list[float]]:
@@ -74,15 +66,21 @@ def check_vectors(rows: Any, count: int, backend: str) -> list[list[float]]:
     return rows
 
 
-def embedding_list(vectors: Sequence[list[float] | str], model: str, usage: TokenUsage) -> bytes:
-    """OpenAI's answer: the ``list`` object, ``data[i].index`` in input order, ``usage``."""
-    body = {
-        "object": "list",
-        "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
-        "model": model,
-        "usage": {"prompt_tokens": usage.prompt_tokens, "total_tokens": usage.prompt_tokens},
-    }
-    return orjson.dumps(body)
+def embedding_list(
+    vectors: Sequence[list[float]] | Sequence[str] | Sequence[bytes], model: str, usage: TokenUsage
+) -> bytes:
+    """OpenAI's answer: the ``list`` object, ``data[i].index`` in input order, ``usage``.
+
+    Vectors are floats, base64 strings (as a server wrote them) or base64 bytes
+    (:func:`base64_vectors`), which are written into the body as they are: base64 is JSON-safe ASCII.
+    """
+    tail = {"model": model, "usage": {"prompt_tokens": usage.prompt_tokens, "total_tokens": usage.prompt_tokens}}
+    if vectors and type(vectors[0]) is bytes:
+        encoded = cast("Sequence[bytes]", vectors)
+        items = b",".join(b'{"object":"embedding","index":%d,"embedding":"%b"}' % (i, v) for i, v in enumerate(encoded))
+        return b'{"object":"list","data":[' + items + b"]," + orjson.dumps(tail)[1:]
+    data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)]
+    return orjson.dumps({"object": "list", "data": data, **tail})
 
 
 def split(items: Sequence[_T], size: int) -> list[Sequence[_T]]:

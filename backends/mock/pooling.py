@@ -56,7 +56,7 @@ def mock_embed(call: EmbeddingCall) -> CompletionResult:
     inputs = request.inputs
     vectors = [mock_vector(item, dims) for item in inputs]
     usage = TokenUsage(sum(len(_words(item)) for item in inputs), 0)
-    encoded: list[list[float]] | list[str] = base64_vectors(vectors) if request.encoding_format == "base64" else vectors
+    encoded = base64_vectors(vectors, "mock") if request.encoding_format == "base64" else vectors
     return CompletionResult(embedding_list(encoded, call.public_model, usage), usage)
 
 

@@ -270,7 +270,7 @@ class NativeBackend(Backend):
             obj, _ = await self.post_json(self.embed_path, payload, call)
             return self.embed_answer(obj, len(part))
 
-        return await embed_in_parts(call, self.config.embeddings, send)  # type: ignore[union-attr]
+        return await embed_in_parts(call, self.config.embeddings, send, self.name)  # type: ignore[union-attr]
 
     async def health(self) -> bool:
         headers = {k: v for k, v in self._headers.items() if k != "Content-Type"}

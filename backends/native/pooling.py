@@ -27,6 +27,7 @@ async def embed_in_parts(
     call: EmbeddingCall,
     batching: EmbedBatchingConfig,
     send: Callable[[Sequence[Any]], Awaitable[PartVectors]],
+    backend: str,
 ) -> CompletionResult:
     """OpenAI's answer for ``call``, the inputs sent ``batching.max_inputs_per_call`` at a time."""
     request = call.request
@@ -42,7 +43,7 @@ async def embed_in_parts(
             counted += part_usage.prompt_tokens
     usage = TokenUsage(counted if counted >= 0 else request.prompt_estimate(), 0)
     if request.encoding_format == "base64" and vectors and not isinstance(vectors[0], str):
-        vectors = base64_vectors(vectors)
+        vectors = base64_vectors(vectors, backend)
     return CompletionResult(embedding_list(vectors, call.public_model, usage), usage)
 
 

@@ -97,7 +97,7 @@ class TEIBackend(Backend):
             obj, _ = await self._post("/v1/embeddings", payload, call)
             return openai_shaped_vectors(obj, len(part), self.name), pooling_usage(obj.get("usage"))
 
-        return await embed_in_parts(call, self.config.embeddings, send)
+        return await embed_in_parts(call, self.config.embeddings, send, self.name)
 
     async def rerank(self, call: RerankCall) -> CompletionResult:
         request = call.request

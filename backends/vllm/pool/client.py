@@ -37,7 +37,7 @@ from backends.transport import make_transport
 from backends.transport.base import HTTPTransport
 from backends.vllm.adapter import VLLMBackend
 from backends.vllm.capabilities import VLLM_CAPABILITIES
-from backends.vllm.pool.pool import endpoint_config, pool_signals, worker_count
+from backends.vllm.pool.pool import endpoint_config, pool_endpoints, pool_signals, worker_count
 from backends.vllm.pool.rollout import apply_routing, restart_keys, split_changes
 from backends.vllm.routing.balancer import Endpoint
 from backends.vllm.routing.dispatch import DispatchedBackend, Dispatcher
@@ -229,6 +229,7 @@ class VLLMPoolClient(SharedEndpointsClient):
 
     def __init__(self, config: VLLMPoolBackendConfig, *, row: int) -> None:
         super().__init__(config, row=row)
+        self.endpoints = pool_endpoints(config)  # as the pool's (a pooling model: embeddings, rerank)
         self.config = config
         self.stop_timeout = config.stop_timeout
 

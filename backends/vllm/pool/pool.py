@@ -41,8 +41,9 @@ from backends.vllm.routing.signals import EngineSignals
 from backends.vllm.routing.status import PoolStatus, default_log_dir, endpoints_view, fill_in_flight, write_status
 from schemas.config import VLLMBackendConfig, VLLMPoolBackendConfig
 from schemas.endpoints import POOLING_ENDPOINTS, TOKENIZER_ENDPOINTS
+from schemas.endpoints import Endpoint as EndpointKind
 
-__all__ = ["VLLMPoolBackend", "endpoint_config", "pool_log_dir", "pool_signals", "worker_count"]
+__all__ = ["VLLMPoolBackend", "endpoint_config", "pool_endpoints", "pool_log_dir", "pool_signals", "worker_count"]
 
 log = logging.getLogger("gateway.pool")
 
@@ -61,8 +62,7 @@ class VLLMPoolBackend(DispatchedBackend):
         super().__init__(config.name, self.default_capabilities.with_overrides(config.capabilities))
         # Until a worker has told its version: the table that cannot fail open.
         self.unknown_tables(config.tool_parser)
-        if config.pooling:  # workers running a pooling model serve embeddings and rerank only
-            self.endpoints = POOLING_ENDPOINTS | TOKENIZER_ENDPOINTS
+        self.endpoints = pool_endpoints(config)
         self.config = config
         self.log_dir = pool_log_dir(config)
         self.status_path = self.log_dir / "status.json"
@@ -253,6 +253,14 @@ def pool_signals(config: VLLMPoolBackendConfig, dispatcher: Dispatcher) -> Engin
         topic=KV_TOPIC,
         address=lambda ep: ep.events,
     )
+
+
+def pool_endpoints(config: VLLMPoolBackendConfig) -> frozenset[EndpointKind]:
+    """What a pool serves: workers running a pooling model (``config.pooling``) serve embeddings,
+    rerank and the tokenizer only; the others everything a vLLM server serves."""
+    if config.pooling:
+        return POOLING_ENDPOINTS | TOKENIZER_ENDPOINTS
+    return DispatchedBackend.endpoints
 
 
 def endpoint_config(c: VLLMPoolBackendConfig, url: str, version: str | None = None) -> VLLMBackendConfig:

@@ -3,8 +3,9 @@
 Invoked the way the pool invokes vLLM (``standin_worker.py MODEL --host H --port P
 --tensor-parallel-size N [--served-model-name NAME] [vllm args...]``); unknown vLLM flags
 are ignored. It serves ``/health``, ``/v1/models``, ``/metrics`` (vLLM's metric names),
-``/version`` and ``/v1/completions`` (text ``" w<port>"`` plus tokens, streaming or not),
-and can be told to misbehave:
+``/version`` and ``/v1/completions`` (text ``" w<port>"`` plus tokens, streaming or not); with
+``--runner pooling`` (a pooling model) ``/v1/embeddings`` (vectors ``[port, words]``),
+``/v1/rerank``, ``/tokenize`` and ``/detokenize`` instead, as vLLM does; and can be told to misbehave:
 
 - ``--standin-startup-delay S``: sleep before listening (a slow model load);
 - ``--standin-crash-at-start CODE``: print a few lines and exit with CODE;
@@ -49,6 +50,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--served-model-name")
+    p.add_argument("--runner", default="generate")
+    p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--standin-startup-delay", type=float, default=0.0)
     p.add_argument("--standin-crash-at-start", type=int)
     p.add_argument("--standin-fail-starts", type=int, default=0)
@@ -139,7 +142,57 @@ class Worker:
 
     async def models(self, request: web.Request) -> web.Response:
         listed = self.args.standin_list_model or self.name
-        return web.json_response({"object": "list", "data": [{"id": listed, "object": "model", "owned_by": "vllm"}]})
+        model = {"id": listed, "object": "model", "owned_by": "vllm", "root": self.args.model,
+                 "max_model_len": self.args.max_model_len}  # fmt: skip
+        return web.json_response({"object": "list", "data": [model]})
+
+    def _refused(self, body: dict[str, object]) -> web.Response | None:
+        self.requests += 1
+        if body.get("model") != self.name:
+            return web.json_response({"error": {"message": "no such model", "code": 404}}, status=404)
+        return None
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        refused = self._refused(body)
+        if refused is not None:
+            return refused
+        value = body["input"]
+        inputs = [value] if isinstance(value, str) else value
+        data = [{"object": "embedding", "index": i, "embedding": [float(self.args.port), float(len(t.split()))]}
+                for i, t in enumerate(inputs)]  # fmt: skip
+        used = sum(len(t.split()) for t in inputs)
+        usage = {"prompt_tokens": used, "total_tokens": used, "completion_tokens": 0}
+        return web.json_response({"id": "embd-standin", "object": "list", "model": self.name, "data": data,
+                                  "usage": usage})  # fmt: skip
+
+    async def rerank(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        refused = self._refused(body)
+        if refused is not None:
+            return refused
+        query = set(body["query"].split())
+        results = [{"index": i, "document": {"text": d}, "relevance_score": len(query & set(d.split())) / 10}
+                   for i, d in enumerate(body["documents"])]  # fmt: skip
+        results.sort(key=lambda r: -r["relevance_score"])
+        return web.json_response({"id": "rerank-standin", "model": self.name, "results": results,
+                                  "usage": {"prompt_tokens": 3, "total_tokens": 3}})  # fmt: skip
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        refused = self._refused(body)
+        if refused is not None:
+            return refused
+        ids = [len(w) for w in body["prompt"].split()]
+        return web.json_response({"count": len(ids), "max_model_len": self.args.max_model_len, "tokens": ids,
+                                  "token_strs": None})  # fmt: skip
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        refused = self._refused(body)
+        if refused is not None:
+            return refused
+        return web.json_response({"prompt": " ".join("x" * t for t in body["tokens"])})
 
     async def metrics(self, request: web.Request) -> web.Response:
         sim = self.sim
@@ -271,7 +324,13 @@ def build_app(args: argparse.Namespace) -> web.Application:
     app.router.add_get("/metrics", worker.metrics)
     app.router.add_get("/standin/info", worker.info)
     app.router.add_post("/standin/control", worker.control)
-    app.router.add_post("/v1/completions", worker.completions)
+    if args.runner == "pooling":  # a pooling model serves no generation, as vLLM
+        app.router.add_post("/v1/embeddings", worker.embeddings)
+        app.router.add_post("/v1/rerank", worker.rerank)
+    else:
+        app.router.add_post("/v1/completions", worker.completions)
+    app.router.add_post("/tokenize", worker.tokenize)
+    app.router.add_post("/detokenize", worker.detokenize)
     return app
 
 
