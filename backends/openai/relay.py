@@ -82,13 +82,16 @@ def relay_completion_body(
     usage = read_usage(obj.get("usage"))
     upstream = obj.get("model")
     # Inline, not a helper: this is every non-streamed request's path (calls per request count).
-    if type(upstream) is str and data.count(b'"model"') == 1 and not (b"\\" in data and b"\\u006" in data):
+    # One "model" token: the first is the last (one pass over the body, not a count and two more).
+    at = data.find(b'"model"')
+    if type(upstream) is str and at >= 0 and data.rfind(b'"model"') == at and not (b"\\" in data and b"\\u006" in data):
         value = orjson.dumps(upstream)
-        key = b'"model":'
-        if key + value not in data:
-            key = b'"model": '
-        if key + value in data:  # the one "model" token: nowhere else can this match
-            return CompletionResult(data.replace(key + value, key + orjson.dumps(call.public_model), 1), usage)
+        start = at + 8  # past '"model":'; orjson and Python's json write no space before the colon
+        if data[start : start + 1] == b" ":
+            start += 1
+        if data[at + 7 : at + 8] == b":" and data.startswith(value, start):  # the key's value, exactly
+            end = start + len(value)
+            return CompletionResult(data[:start] + orjson.dumps(call.public_model) + data[end:], usage)
     return CompletionResult(_renamed_reserialised(data, obj, call.public_model, backend), usage)
 
 

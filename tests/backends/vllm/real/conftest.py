@@ -311,3 +311,9 @@ async def gw(recorder: Recorder) -> AsyncIterator[Gateway]:
     finally:
         await session.close()
         await runner.cleanup()
+
+
+# The pooling server's fixtures (one vLLM for the session's pooling tests).
+from tests.backends.vllm.real.pooling_server import gateway_url, pooling_server  # noqa: E402
+
+__all__ = ["gateway_url", "pooling_server"]

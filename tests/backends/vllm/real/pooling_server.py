@@ -1,0 +1,82 @@
+"""A real vLLM pooling server (the tiny model, ``--runner pooling --convert embed``) and a gateway in front of it.
+
+Fixtures registered by ``conftest.py`` (one server for the whole session, started by the first
+test that asks for it): ``pooling_server`` (the server's URL, no ``/v1``) and ``gateway_url`` (a
+gateway serving it as model ``emb`` on every pooling endpoint). The server renders
+conversations with ``chat_template.jinja`` (chat-style embeddings and ``/tokenize``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from gateway.app import create_app
+from gateway.configfile import parse_config
+from tests.backends.vllm.real.conftest import HERE, STAMP, VENV, _model_dir, _wait_healthy
+from tests.conftest import free_port, serve_app
+
+__all__ = ["gateway_url", "pooling_server"]
+
+SERVED = "tiny-embed"
+
+
+@pytest.fixture(scope="session")
+def pooling_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if not STAMP.exists():
+        pytest.skip(f"no vLLM environment at {VENV}")
+    model = _model_dir()
+    scratch = tmp_path_factory.mktemp("vllm-pooling")
+    port = free_port()
+    env = {
+        **os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "TMPDIR": str(scratch),
+        "VLLM_CACHE_ROOT": str(scratch / "cache"),
+    }  # fmt: skip
+    args = [
+        str(VENV / "bin" / "python"), str(HERE / "launch_vllm.py"), "serve", str(model),
+        "--served-model-name", SERVED, "--host", "127.0.0.1", "--port", str(port),
+        "--runner", "pooling", "--convert", "embed",
+        "--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--kv-cache-memory-bytes", "64M",
+        "--chat-template", str(HERE / "chat_template.jinja"),  # for chat-style embeddings (messages)
+    ]  # fmt: skip
+    log = scratch / "vllm.log"
+    url = f"http://127.0.0.1:{port}"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        started = time.monotonic()
+        _wait_healthy(url, proc, log)
+        print(f"\nvLLM pooling server ready in {time.monotonic() - started:.1f}s at {url}")
+        yield url
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=15)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+
+
+@pytest.fixture
+async def gateway_url(pooling_server: str) -> AsyncIterator[str]:
+    config = f"""
+server: {{host: 127.0.0.1, port: 0}}
+backends:
+  - {{name: real, type: vllm, base_url: {pooling_server}/v1, timeout: {{connect: 5, first_byte: 60, total: 120}}}}
+models:
+  - {{name: emb, routes: [{{backend: real, model: {SERVED}}}], endpoints: [embeddings, rerank]}}
+"""
+    app = create_app(parse_config(config, "<real pooling>", env={}))
+    runner, url = await serve_app(app)
+    try:
+        yield url
+    finally:
+        await runner.cleanup()
