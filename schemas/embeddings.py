@@ -110,7 +110,9 @@ class EmbeddingRequest(BaseModel):
 
     def _check_chat_options(self) -> None:
         if self.messages is None:
-            name = next(n for n in _CHAT_OPTIONS if getattr(self, n) is not None)
+            name = next((n for n in _CHAT_OPTIONS if getattr(self, n) is not None), None)
+            if name is None:  # set, but to null: "the default"
+                return
             raise FieldRuleError(name, f"{name} applies to messages (vLLM's chat-style embeddings) only")
         if self.continue_final_message and self.add_generation_prompt:
             raise FieldRuleError(

@@ -1,7 +1,7 @@
 """``GET /openapi.json``: an OpenAPI 3.1 description of this gateway, generated from its pydantic schemas.
 
-The request body is :class:`~schemas.completions.CompletionRequest`'s own JSON schema (the
-one that validates requests), the answers are the response models and
+The request bodies are each endpoint's own pydantic model's JSON schema (the one that
+validates requests), the answers are the response models and
 :class:`~schemas.errors.ErrorEnvelope`. The document is built once per app from the config
 (the security schemes appear when auth is on) and served as ready bytes. Schemathesis runs
 against it in the tests.
@@ -30,11 +30,14 @@ from schemas.chat import ChatCompletionRequest
 from schemas.chat_responses import ChatCompletionChunk, ChatCompletionResponse
 from schemas.completions import CompletionRequest, CompletionResponse
 from schemas.config import GatewayConfig
+from schemas.embeddings import EmbeddingRequest
 from schemas.endpoints import ENDPOINT_PATHS, Endpoint
 from schemas.errors import ErrorEnvelope
+from schemas.rerank import RerankRequest
 from schemas.responses import ResponsesRequest
 from schemas.responses_objects import ResponseObject, ResponseStreamEvent
 from schemas.stored_responses import INCLUDABLE, InputItemList, ResponseDeleted
+from schemas.tokenize import DetokenizeRequest, TokenizeRequest
 
 __all__ = ["build_openapi", "openapi_handler"]
 
@@ -46,6 +49,9 @@ class ModelCard(BaseModel):
     object: Literal["model"]
     created: int
     owned_by: str
+    endpoints: list[str]
+    max_model_len: int | None = None  # models on vLLM routes, as the server reports it
+    root: str | None = None
 
 
 class ModelList(BaseModel):
@@ -55,6 +61,52 @@ class ModelList(BaseModel):
 
 class Health(BaseModel):
     status: Literal["ok", "draining"]
+
+
+class Version(BaseModel):
+    version: str
+
+
+class EmbeddingData(BaseModel):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str  # floats, or base64 of little-endian float32
+
+
+class PoolingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingResponse(BaseModel):
+    object: Literal["list"]
+    data: list[EmbeddingData]
+    model: str
+    usage: PoolingUsage
+
+
+class RerankResult(BaseModel):
+    index: int
+    relevance_score: float
+    document: dict[str, str] | None = None
+
+
+class RerankResponse(BaseModel):
+    id: str
+    model: str
+    usage: PoolingUsage
+    results: list[RerankResult]
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -113,6 +165,26 @@ class _Generation:
     response: str
     example: dict[str, Any]  # without "model"
 
+
+# The other POST endpoints (no stream): request and answer components, summary, example.
+_ANSWERS = {
+    ENDPOINT_PATHS[Endpoint.EMBEDDINGS]: _Generation(
+        "createEmbedding", "OpenAI Embeddings (and vLLM's chat-style request on vLLM routes)",
+        "EmbeddingRequest", "EmbeddingResponse", {"input": "The food was delicious"},
+    ),
+    ENDPOINT_PATHS[Endpoint.RERANK]: _Generation(
+        "rerank", "Rerank documents by relevance to a query (Cohere's, Jina's, vLLM's API; also /v2/rerank, /rerank)",
+        "RerankRequest", "RerankResponse", {"query": "a fox", "documents": ["a quick fox", "a lazy dog"]},
+    ),
+    ENDPOINT_PATHS[Endpoint.TOKENIZE]: _Generation(
+        "tokenize", "vLLM's /tokenize (models on vLLM routes): a prompt's or a conversation's token ids",
+        "TokenizeRequest", "TokenizeResponse", {"prompt": "Say this is a test"},
+    ),
+    ENDPOINT_PATHS[Endpoint.DETOKENIZE]: _Generation(
+        "detokenize", "vLLM's /detokenize (models on vLLM routes): token ids back to text",
+        "DetokenizeRequest", "DetokenizeResponse", {"tokens": [1, 2, 3]},
+    ),
+}  # fmt: skip
 
 _GENERATIONS = {
     ENDPOINT_PATHS[Endpoint.COMPLETIONS]: _Generation(
@@ -221,6 +293,16 @@ def _stored_operations(auth: bool) -> dict[str, Any]:
     }
 
 
+def _answer(spec: _Generation, model: str, headers: dict[str, Any], auth: bool) -> dict[str, Any]:
+    operation = _generation(spec, model, headers, auth)
+    operation["responses"]["200"] = {
+        "description": "The answer",
+        "headers": headers,
+        "content": {"application/json": {"schema": _ref(spec.response)}},
+    }
+    return operation
+
+
 def build_openapi(config: GatewayConfig, visible: list[str] | None = None) -> dict[str, Any]:
     """The document; ``visible`` are the model names the caller may see (default: every configured one)."""
     _, schemas = models_json_schema(
@@ -238,13 +320,22 @@ def build_openapi(config: GatewayConfig, visible: list[str] | None = None) -> di
             (Health, "validation"),
             (InputItemList, "validation"),
             (ResponseDeleted, "validation"),
+            (Version, "validation"),
+            (EmbeddingRequest, "validation"),
+            (EmbeddingResponse, "validation"),
+            (RerankRequest, "validation"),
+            (RerankResponse, "validation"),
+            (TokenizeRequest, "validation"),
+            (TokenizeResponse, "validation"),
+            (DetokenizeRequest, "validation"),
+            (DetokenizeResponse, "validation"),
         ],
         ref_template=_REF,
     )
     components: dict[str, Any] = {"schemas": schemas["$defs"]}
     names = [model.name for model in config.models] if visible is None else visible
     if names:
-        for spec in _GENERATIONS.values():
+        for spec in (*_GENERATIONS.values(), *_ANSWERS.values()):
             components["schemas"][spec.request]["properties"]["model"]["examples"] = names
 
     auth = config.auth
@@ -264,6 +355,7 @@ def build_openapi(config: GatewayConfig, visible: list[str] | None = None) -> di
     generations = {
         path: _generation(spec, example_model, headers, auth is not None) for path, spec in _GENERATIONS.items()
     }
+    generations |= {path: _answer(spec, example_model, headers, auth is not None) for path, spec in _ANSWERS.items()}
     models: dict[str, Any] = {
         "operationId": "listModels",
         "summary": "The models this gateway serves (with auth on: those the key may use)",
@@ -276,9 +368,35 @@ def build_openapi(config: GatewayConfig, visible: list[str] | None = None) -> di
             **(_errors(401) if auth is not None else {}),
         },
     }
+    model: dict[str, Any] = {
+        "operationId": "retrieveModel",
+        "summary": "One model (404 alike for a model that does not exist and one the key may not use)",
+        "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
+        "responses": {
+            "200": {
+                "description": "OpenAI model object",
+                "headers": headers,
+                "content": {"application/json": {"schema": _ref("ModelCard")}},
+            },
+            **_errors(*((401,) if auth is not None else ()), 404),
+        },
+    }
+    version: dict[str, Any] = {
+        "operationId": "version",
+        "summary": "The gateway's version",
+        "responses": {
+            "200": {"description": "The version", "content": {"application/json": {"schema": _ref("Version")}}},
+            **(_errors(401) if auth is not None else {}),
+        },
+    }
     stored = _stored_operations(auth is not None)
     if api_security:
-        for operation in [*generations.values(), *(op for ops in stored.values() for op in ops.values())]:
+        for operation in [
+            *generations.values(),
+            model,
+            version,
+            *(op for ops in stored.values() for op in ops.values()),
+        ]:
             operation["security"] = api_security
         models["security"] = api_security
     metrics: dict[str, Any] = {
@@ -303,6 +421,8 @@ def build_openapi(config: GatewayConfig, visible: list[str] | None = None) -> di
             **{path: {"post": operation} for path, operation in generations.items()},
             "/v1/models": {"get": models},
             **stored,
+            "/v1/models/{model}": {"get": model},
+            "/version": {"get": version},
             "/health": {
                 "get": {
                     "operationId": "health",

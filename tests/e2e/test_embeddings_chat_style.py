@@ -52,6 +52,13 @@ async def test_a_batch_of_conversations_on_vllm_0_32(pooling: PoolingGateway) ->
     assert [d["index"] for d in answer["data"]] == [0, 1]
 
 
+async def test_options_set_to_null_are_the_default(pooling: PoolingGateway) -> None:
+    # Found by the schema fuzzer: a null option without messages was a 500 (StopIteration).
+    body = {"model": "emb-mock", "input": "x", "chat_template": None, "add_generation_prompt": None}
+    status, answer = await post(pooling.url, body)
+    assert status == 200, answer
+
+
 @pytest.mark.parametrize("kind", [k for k in EMBEDDERS if k != "vllm"])
 async def test_refused_by_name_on_every_other_backend(pooling: PoolingGateway, kind: str) -> None:
     status, answer = await post(pooling.url, {"model": f"emb-{kind}", "messages": CONVERSATION})

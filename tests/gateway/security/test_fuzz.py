@@ -41,7 +41,7 @@ AUTH = {"Authorization": f"Bearer {FUZZ_KEY}"}
 
 CONFIG = f"""server: {{host: 127.0.0.1, drain_timeout: 1, max_prompt_array: 64, max_body_bytes: 65536}}
 backends: [{{name: sim, type: mock}}]
-models: [{{name: {MODEL}, routes: [{{backend: sim, model: fuzz}}]}}]
+models: [{{name: {MODEL}, routes: [{{backend: sim, model: fuzz}}], endpoints: [completions, chat, embeddings, rerank]}}]
 caps: {{n: 4, best_of: 4, max_tokens: 32, prompts: 4}}
 auth:
   keys: [{{name: fuzzer, key: '${{FUZZ_KEY}}', rpm: 10000000, tpm: 1000000000}}]

@@ -26,9 +26,15 @@ async def test_document_describes_the_endpoints(secure_gateway: MakeSecureGatewa
         "/v1/completions",
         "/v1/chat/completions",
         "/v1/responses",
+        "/v1/embeddings",
+        "/v1/rerank",
+        "/tokenize",
+        "/detokenize",
         "/v1/models",
         "/v1/responses/{response_id}",
         "/v1/responses/{response_id}/input_items",
+        "/v1/models/{model}",
+        "/version",
         "/health",
         "/metrics",
         "/openapi.json",
@@ -48,6 +54,13 @@ async def test_document_describes_the_endpoints(secure_gateway: MakeSecureGatewa
         "$ref": "#/components/schemas/ChatCompletionResponse"
     }
     assert "ChatCompletionChunk" in doc["components"]["schemas"]
+    for path, request in (("/v1/embeddings", "EmbeddingRequest"), ("/v1/rerank", "RerankRequest"),
+                          ("/tokenize", "TokenizeRequest"), ("/detokenize", "DetokenizeRequest")):  # fmt: skip
+        operation = doc["paths"][path]["post"]
+        assert operation["requestBody"]["content"]["application/json"]["schema"] == {
+            "$ref": f"#/components/schemas/{request}"
+        }
+        assert set(operation["responses"]["200"]["content"]) == {"application/json"}
     post = doc["paths"]["/v1/completions"]["post"]
     assert post["requestBody"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/CompletionRequest"
