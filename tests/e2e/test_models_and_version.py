@@ -39,7 +39,7 @@ async def test_sdk_lists_and_retrieves_every_model(client: openai.AsyncOpenAI) -
         assert retrieved.model_dump() == model.model_dump()
         assert retrieved.object == "model" and retrieved.owned_by == "gateway" and retrieved.created > 0
     by_id: dict[str, Any] = {m.id: m.model_dump() for m in listed}
-    assert by_id["gen"]["endpoints"] == ["completions", "chat"]
+    assert by_id["gen"]["endpoints"] == ["completions", "chat", "responses"]
     assert by_id["emb-vllm"]["endpoints"] == ["embeddings", "rerank", "tokenize", "detokenize"]
     assert by_id["emb-tei"]["endpoints"] == ["embeddings", "rerank"]
     assert by_id["emb-ollama"]["endpoints"] == ["embeddings"]
