@@ -29,7 +29,7 @@ __all__ = [
 
 # ``gen_ai.operation.name`` per served endpoint, keyed by ``Endpoint`` value (a test checks that every
 # endpoint has one). The Responses API is ``chat`` with ``openai.api.type`` ``responses`` (the
-# conventions' OpenAI page); rerank has no well-known value, so it keeps its own name.
+# conventions' OpenAI page); rerank and the tokenizer have no well-known value, so they keep their own names.
 OPERATIONS: Mapping[str, str] = MappingProxyType(
     {
         "completions": "text_completion",
@@ -37,6 +37,8 @@ OPERATIONS: Mapping[str, str] = MappingProxyType(
         "responses": "chat",
         "embeddings": "embeddings",
         "rerank": "rerank",
+        "tokenize": "tokenize",  # vLLM's tokenizer API: no well-known value either
+        "detokenize": "detokenize",
     }
 )
 API_TYPES: Mapping[str, str] = MappingProxyType({"chat": "chat_completions", "responses": "responses"})
