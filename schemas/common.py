@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
-from typing import Annotated, Any, Generic, TypeVar
+from typing import Annotated, Any, ClassVar, Generic, TypeVar
 
 from pydantic import AfterValidator, Field, StrictInt
 
@@ -24,6 +24,7 @@ __all__ = [
     "INT64_MAX",
     "INT64_MIN",
     "MAX_STOP_SEQUENCES",
+    "Answered",
     "ChoiceCount",
     "Count",
     "CountOrMinusOne",
@@ -159,3 +160,20 @@ class FieldRules(Generic[_Model]):
             for fields, rule in self._rules:
                 if not touched.isdisjoint(fields):
                     rule(model)
+
+
+class Answered:
+    """The request path's common interface (``gateway.served.ServedRequest``) of a request that
+    generates nothing (embeddings, rerank, the tokenizer): one pass, no choices, no output limit.
+    A mixin of class attributes; each model adds ``output_limit_param`` (the field errors name)."""
+
+    stream: ClassVar[None] = None
+    n: ClassVar[None] = None
+    best_of: ClassVar[None] = None
+    sequences: ClassVar[int] = 1
+    prompt_count: ClassVar[int] = 1  # a batch is answered by one pass, not multiplied like choices
+    prompt_array: ClassVar[None] = None  # each schema bounds its own arrays
+    output_limit: ClassVar[int] = 0
+    output_limit_set: ClassVar[bool] = False
+    output_bounded: ClassVar[bool] = True
+    include_usage: ClassVar[bool] = False

@@ -19,7 +19,7 @@ from typing import Annotated, Any, ClassVar, Literal, cast
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
 from schemas.chat_messages import AssistantMessage, ChatMessage, message_text, message_upstream_fields
-from schemas.common import CHARS_PER_TOKEN, CountOrMinusOne, FieldRules, Int64, JsonObject, NonEmpty, TokenId
+from schemas.common import CHARS_PER_TOKEN, Answered, CountOrMinusOne, FieldRules, Int64, JsonObject, NonEmpty, TokenId
 from schemas.errors import FieldRuleError
 
 __all__ = [
@@ -51,7 +51,7 @@ EncodingFormat = Literal["float", "base64", "bytes", "bytes_only"]
 EmbedDType = Literal["float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"]
 
 
-class EmbeddingRequest(BaseModel):
+class EmbeddingRequest(Answered, BaseModel):
     """``POST /v1/embeddings``: OpenAI's fields, then vLLM's extras (refused elsewhere by name)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
@@ -83,18 +83,8 @@ class EmbeddingRequest(BaseModel):
     chat_template: NonEmpty | None = None
     chat_template_kwargs: JsonObject | None = None
 
-    # --- the request path's common interface (gateway.served.ServedRequest) ---------------
-    stream: ClassVar[None] = None
-    n: ClassVar[None] = None
-    best_of: ClassVar[None] = None
-    sequences: ClassVar[int] = 1
-    prompt_count: ClassVar[int] = 1  # a batch is answered by one pass, not multiplied like choices
-    prompt_array: ClassVar[None] = None  # bounded by MAX_INPUTS in the schema
-    output_limit: ClassVar[int] = 0  # nothing is generated
-    output_limit_set: ClassVar[bool] = False
-    output_bounded: ClassVar[bool] = True
+    # --- the request path's common interface (gateway.served.ServedRequest; the rest: Answered) ------
     output_limit_param: ClassVar[str] = "input"
-    include_usage: ClassVar[bool] = False
 
     # --- cross-field rules ----------------------------------------------------------------------
     @model_validator(mode="after")

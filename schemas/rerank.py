@@ -11,7 +11,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
-from schemas.common import CHARS_PER_TOKEN, CountOrMinusOne, Int64, NonEmpty
+from schemas.common import CHARS_PER_TOKEN, Answered, CountOrMinusOne, Int64, NonEmpty
 
 __all__ = ["MAX_DOCUMENTS", "RERANK_NEUTRAL_VALUES", "VLLM_RERANK_EXTRAS", "RerankDocument", "RerankRequest"]
 
@@ -26,7 +26,7 @@ class RerankDocument(BaseModel):
     text: str
 
 
-class RerankRequest(BaseModel):
+class RerankRequest(Answered, BaseModel):
     """``POST /v1/rerank``: Cohere's and Jina's fields, then vLLM's extras."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
@@ -50,18 +50,8 @@ class RerankRequest(BaseModel):
     instruction: str | None = None
     priority: Int64 | None = None
 
-    # --- the request path's common interface (gateway.served.ServedRequest) ---------------
-    stream: ClassVar[None] = None
-    n: ClassVar[None] = None
-    best_of: ClassVar[None] = None
-    sequences: ClassVar[int] = 1
-    prompt_count: ClassVar[int] = 1
-    prompt_array: ClassVar[None] = None
-    output_limit: ClassVar[int] = 0
-    output_limit_set: ClassVar[bool] = False
-    output_bounded: ClassVar[bool] = True
+    # --- the request path's common interface (gateway.served.ServedRequest; the rest: Answered) ------
     output_limit_param: ClassVar[str] = "documents"
-    include_usage: ClassVar[bool] = False
 
     @property
     def texts(self) -> list[str]:

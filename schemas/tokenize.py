@@ -15,7 +15,7 @@ from typing import Annotated, Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from schemas.chat_messages import AssistantMessage, ChatMessage, FunctionTool, message_text, message_upstream_fields
-from schemas.common import JsonObject, NonEmpty, TokenId
+from schemas.common import Answered, JsonObject, NonEmpty, TokenId
 from schemas.errors import FieldRuleError
 
 __all__ = ["DetokenizeRequest", "TokenizeRequest"]
@@ -23,22 +23,12 @@ __all__ = ["DetokenizeRequest", "TokenizeRequest"]
 _CHAT_OPTIONS = ("add_generation_prompt", "continue_final_message", "chat_template", "chat_template_kwargs", "tools")
 
 
-class _TokenizerRequest(BaseModel):
+class _TokenizerRequest(Answered, BaseModel):
     """The request path's common interface (``gateway.served.ServedRequest``): nothing generated."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
-    stream: ClassVar[None] = None
-    n: ClassVar[None] = None
-    best_of: ClassVar[None] = None
     user: ClassVar[None] = None
-    sequences: ClassVar[int] = 1
-    prompt_count: ClassVar[int] = 1
-    prompt_array: ClassVar[None] = None
-    output_limit: ClassVar[int] = 0
-    output_limit_set: ClassVar[bool] = False
-    output_bounded: ClassVar[bool] = True
-    include_usage: ClassVar[bool] = False
 
     def prompt_estimate(self) -> int:
         """Nothing reaches a model: no tokens are reserved or counted."""

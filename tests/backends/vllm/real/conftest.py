@@ -129,6 +129,18 @@ def vllm_env(scratch: Path) -> dict[str, str]:
     }
 
 
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a ``vllm serve`` started in its own process group: SIGTERM, then SIGKILL after 15 s."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=15)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=5)
+
+
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
     if not STAMP.exists():
@@ -167,14 +179,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
         print(f"\nvLLM {server.version} ready in {startup:.1f}s (+ warm-up) at {url}")
         yield server
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=15)
-        except ProcessLookupError:
-            pass
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=5)
+        stop_server(proc)
         traces.stop()
 
 

@@ -9,7 +9,6 @@ conversations with ``chat_template.jinja`` (chat-style embeddings and ``/tokeniz
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -18,7 +17,7 @@ import pytest
 
 from gateway.app import create_app
 from gateway.configfile import parse_config
-from tests.backends.vllm.real.conftest import HERE, STAMP, VENV, _model_dir, _wait_healthy
+from tests.backends.vllm.real.conftest import HERE, STAMP, VENV, _model_dir, _wait_healthy, stop_server, vllm_env
 from tests.conftest import free_port, serve_app
 
 __all__ = ["gateway_url", "pooling_server"]
@@ -33,11 +32,7 @@ def pooling_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     model = _model_dir()
     scratch = tmp_path_factory.mktemp("vllm-pooling")
     port = free_port()
-    env = {
-        **os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "TMPDIR": str(scratch),
-        "VLLM_CACHE_ROOT": str(scratch / "cache"),
-    }  # fmt: skip
+    env = {**os.environ, **vllm_env(scratch)}
     args = [
         str(VENV / "bin" / "python"), str(HERE / "launch_vllm.py"), "serve", str(model),
         "--served-model-name", SERVED, "--host", "127.0.0.1", "--port", str(port),
@@ -55,14 +50,7 @@ def pooling_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         print(f"\nvLLM pooling server ready in {time.monotonic() - started:.1f}s at {url}")
         yield url
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=15)
-        except ProcessLookupError:
-            pass
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=5)
+        stop_server(proc)
 
 
 @pytest.fixture
