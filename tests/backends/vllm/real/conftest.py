@@ -318,7 +318,21 @@ async def gw(recorder: Recorder) -> AsyncIterator[Gateway]:
         await runner.cleanup()
 
 
-# The pooling server's fixtures (one vLLM for the session's pooling tests).
-from tests.backends.vllm.real.pooling_server import gateway_url, pooling_server  # noqa: E402
+# --- the pooling server (pooling_server.py, imported when a test asks: it imports this module) --------
 
-__all__ = ["gateway_url", "pooling_server"]
+
+@pytest.fixture(scope="session")
+def pooling_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A vLLM pooling server for the session (the tiny model, ``--runner pooling``): its URL."""
+    from tests.backends.vllm.real.pooling_server import serve_pooling
+
+    yield from serve_pooling(tmp_path_factory)
+
+
+@pytest.fixture
+async def gateway_url(pooling_server: str) -> AsyncIterator[str]:
+    """A gateway serving the pooling server as model ``emb``: its URL."""
+    from tests.backends.vllm.real.pooling_server import pooling_gateway
+
+    async for url in pooling_gateway(pooling_server):
+        yield url

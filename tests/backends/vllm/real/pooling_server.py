@@ -1,9 +1,10 @@
 """A real vLLM pooling server (the tiny model, ``--runner pooling --convert embed``) and a gateway in front of it.
 
-Fixtures registered by ``conftest.py`` (one server for the whole session, started by the first
-test that asks for it): ``pooling_server`` (the server's URL, no ``/v1``) and ``gateway_url`` (a
-gateway serving it as model ``emb`` on every pooling endpoint). The server renders
-conversations with ``chat_template.jinja`` (chat-style embeddings and ``/tokenize``).
+What ``conftest.py``'s fixtures run (one server for the whole session, started by the first test
+that asks for it): :func:`serve_pooling` (the server's URL, no ``/v1``) and :func:`pooling_gateway`
+(a gateway serving it as model ``emb`` on every pooling endpoint). The server renders conversations
+with ``chat_template.jinja`` (chat-style embeddings and ``/tokenize``). The conftest imports this
+module inside its fixtures, not at its own import: this module imports the conftest's helpers.
 """
 
 from __future__ import annotations
@@ -20,13 +21,12 @@ from gateway.configfile import parse_config
 from tests.backends.vllm.real.conftest import HERE, STAMP, VENV, _model_dir, _wait_healthy, stop_server, vllm_env
 from tests.conftest import free_port, serve_app
 
-__all__ = ["gateway_url", "pooling_server"]
+__all__ = ["SERVED", "pooling_gateway", "serve_pooling"]
 
 SERVED = "tiny-embed"
 
 
-@pytest.fixture(scope="session")
-def pooling_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def serve_pooling(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if not STAMP.exists():
         pytest.skip(f"no vLLM environment at {VENV}")
     model = _model_dir()
@@ -53,8 +53,7 @@ def pooling_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         stop_server(proc)
 
 
-@pytest.fixture
-async def gateway_url(pooling_server: str) -> AsyncIterator[str]:
+async def pooling_gateway(pooling_server: str) -> AsyncIterator[str]:
     config = f"""
 server: {{host: 127.0.0.1, port: 0}}
 backends:
