@@ -1,11 +1,16 @@
 """What the store keeps per response, and the ids the gateway mints.
 
-One record per stored response, one JSON value (orjson), under the response's id::
+One record per stored response, under the response's id: four JSON values (orjson, which never
+writes a raw newline) on four lines, so each reader parses only what it needs::
 
-    {"response": <the Response object as answered>, "input": [<its input items>],
-     "chain": [<ids of the earlier responses of its conversation, oldest first>]}
+    [<ids of the earlier responses of its conversation, oldest first>]   chain
+    [<its input items>]                                                   input
+    [<its output items>]                                                  output
+    {<the Response object as answered, "output": null>}                   the rest
 
-``chain`` lets ``previous_response_id`` load a whole conversation in one store read. Input items
+``chain`` lets ``previous_response_id`` load a whole conversation in one store read, and a
+conversation's earlier turns are read as their input and output lines alone (not their chains,
+nor the Response's other fields). Input items
 are kept in the form ``GET /v1/responses/{id}/input_items`` lists them: each has an ``id``, and a
 message's ``content`` is a list of parts (a string becomes one ``input_text`` part, or
 ``output_text`` for an assistant's).
@@ -50,33 +55,63 @@ class Turn:
         return self.input + self.output
 
 
-@dataclass(frozen=True, slots=True)
 class Record:
-    """A decoded stored response."""
+    """A stored response, read from its record's bytes; each part is parsed when first asked for."""
 
-    response: dict[str, Any]
-    input: list[dict[str, Any]]
-    chain: list[str]
+    __slots__ = ("_lines", "_rest")
+
+    def __init__(self, blob: bytes) -> None:
+        self._lines = blob.split(b"\n", 3)
+        self._rest: dict[str, Any] | None = None
+
+    @property
+    def chain(self) -> list[str]:
+        chain: list[str] = orjson.loads(self._lines[0])
+        return chain
+
+    @property
+    def input(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = orjson.loads(self._lines[1])
+        return items
+
+    @property
+    def output(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = orjson.loads(self._lines[2])
+        return items
+
+    @property
+    def response(self) -> dict[str, Any]:
+        """The Response object as it was answered (its output in its place)."""
+        response = dict(self._fields())
+        response["output"] = self.output
+        return response
 
     @property
     def model(self) -> str | None:
-        model = self.response.get("model")
+        model = self._fields().get("model")
         return model if isinstance(model, str) else None
 
+    def _fields(self) -> dict[str, Any]:
+        if self._rest is None:
+            self._rest = orjson.loads(self._lines[3])
+        return self._rest
+
     def turn(self, response_id: str) -> Turn:
-        output = self.response.get("output")
-        return Turn(response_id, self.input, output if isinstance(output, list) else [])
+        return Turn(response_id, self.input, self.output)
 
 
-def encode(response: Mapping[str, Any] | bytes, items: Sequence[Mapping[str, Any]], chain: Sequence[str]) -> bytes:
-    """A record's bytes; ``response`` as a mapping or as the JSON already written for the client."""
-    body = orjson.Fragment(response) if isinstance(response, bytes) else response
-    return orjson.dumps({"response": body, "input": items, "chain": chain})
+def encode(response: Mapping[str, Any], items: Sequence[Mapping[str, Any]], chain: Sequence[str]) -> bytes:
+    """A record's bytes (module docstring). Raises ``TypeError`` for what JSON cannot hold."""
+    output = response.get("output")
+    rest = {**response, "output": None}  # the key keeps its place: the Response reads back in its order
+    return b"\n".join(
+        (orjson.dumps(chain), orjson.dumps(items), orjson.dumps(output if isinstance(output, list) else []),
+         orjson.dumps(rest))
+    )  # fmt: skip
 
 
 def decode(blob: bytes) -> Record:
-    data = orjson.loads(blob)
-    return Record(data["response"], data["input"], data["chain"])
+    return Record(blob)
 
 
 def _message(item: Mapping[str, Any]) -> dict[str, Any]:

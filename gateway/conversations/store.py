@@ -129,14 +129,15 @@ class ConversationStore:
         if head is None:
             raise _previous_not_found(previous_response_id, previous_response_id)
         record = decode(head)
-        blobs = await store.get(tenant, record.chain, touch=True) if record.chain else []
+        chain = record.chain
+        blobs = await store.get(tenant, chain, touch=True) if chain else []
         turns: list[Turn] = []
-        for earlier, blob in zip(record.chain, blobs, strict=True):
+        for earlier, blob in zip(chain, blobs, strict=True):
             if blob is None:
                 raise _previous_not_found(previous_response_id, earlier)
             turns.append(decode(blob).turn(earlier))
         turns.append(record.turn(previous_response_id))
-        self._remember(tenant, previous_response_id, [*record.chain, previous_response_id])
+        self._remember(tenant, previous_response_id, [*chain, previous_response_id])
         return Conversation(turns)
 
     def check_storable(self) -> None:
@@ -163,6 +164,9 @@ class ConversationStore:
             kept = await store.put(tenant, response_id, encode(turn.response, input_items(turn.input_items), chain))
         except (StoreUnavailableError, InvalidRequestError) as exc:
             log.error("response %s was not stored: %s", response_id, exc.message)
+            return
+        except TypeError as exc:  # orjson: an integer past 64 bits, say (the answer itself was exact)
+            log.error("response %s was not stored: %s", response_id, exc)
             return
         if not kept:
             log.warning("response %s was not stored: larger than responses.max_bytes", response_id)

@@ -122,9 +122,21 @@ async def test_a_store_that_fails_leaves_the_turn_unstored_without_raising(caplo
     assert "resp_x was not stored" in caplog.text
 
 
-def test_a_stored_body_may_be_the_bytes_answered() -> None:
-    body = orjson.dumps(_response("resp_x", "hi"))
-    assert orjson.dumps(decode(encode(body, [], [])).response) == body
+def test_a_record_reads_back_the_response_as_answered_part_by_part() -> None:
+    response = {**_response("resp_x", "line one\nline two"), "metadata": {"k": "v\n"}}
+    items = input_items("a question\nover two lines")
+    record = decode(encode(response, items, ["resp_a", "resp_b"]))
+    assert orjson.dumps(record.response) == orjson.dumps(response)  # the same keys in the same order
+    assert record.chain == ["resp_a", "resp_b"] and record.input == items and record.model == "m"
+    assert record.turn("resp_x").items == [*items, *response["output"]]
+
+
+async def test_a_response_json_cannot_hold_is_not_stored_without_raising(caplog: pytest.LogCaptureFixture) -> None:
+    store = _store()
+    await store.save("a", FinishedTurn({**_response("resp_big", "x"), "created_at": 2**70}, [], None))
+    assert "resp_big was not stored" in caplog.text
+    with pytest.raises(NotFoundError):
+        await store.get("a", "resp_big")
 
 
 async def test_memory_stores_in_several_workers_refuse_state_by_name() -> None:
