@@ -68,6 +68,7 @@ class Renderer:
 
     def __init__(self) -> None:
         self.cache: dict[tuple[Any, ...], Any] = {}
+        self.responses = 0  # Responses answered: each gets its own id
 
     @staticmethod
     def _usage(pt: int, k: int) -> dict[str, int]:
@@ -120,7 +121,9 @@ class Renderer:
             body = orjson.dumps(self._response(model, k, pt, "completed"))
             if len(self.cache) < 4096:
                 self.cache[key] = body
-        return body
+        # Each Response its own id, as OpenAI's (a gateway keeping conversations stores it by id).
+        self.responses += 1
+        return body.replace(b'"resp_bench"', b'"resp_bench%d"' % self.responses, 1)
 
     def responses_stream(self, model: str, k: int, pt: int) -> list[bytes]:
         """HTTP chunks, one per Responses event (OpenAI's ``event:`` line, then ``data:``)."""

@@ -24,7 +24,10 @@ Scenarios: ``ns`` (completions, 16 tokens), ``st`` (completions stream, 64 token
 words as a Responses ``input``, the same limit as ``max_output_tokens``; the fake upstream answers
 on its own ``/v1/responses``, OpenAI's events: the ``openai`` backend relays them), ``emb``
 (embeddings: one 64-word input, a 1,024-dim float vector back, as bench/run.py's ``emb_c64``).
-A checkout that does not serve an endpoint (404) shows ``n/a`` for it.
+``resp_prev20`` (``resp_ns`` continuing a conversation of 20 stored turns with
+``previous_response_id``: the store's read, the earlier turns' items sent again, the new turn
+stored; compare with ``resp_ns`` of the same run). A checkout that does not serve an endpoint
+(404) shows ``n/a`` for it.
 """
 
 from __future__ import annotations
@@ -53,7 +56,11 @@ SCENARIOS = {  # name: (path, chat (or "responses"), stream, max_tokens)
     "resp_ns": ("/v1/responses", "responses", False, 16),
     "resp_st": ("/v1/responses", "responses", True, 64),
     "emb": ("/v1/embeddings", False, False, 64),  # one 64-word input; the answer: one 1,024-dim float vector
+    # resp_ns continuing a stored conversation of PREVIOUS_TURNS turns (previous_response_id; memory store)
+    "resp_prev20": ("/v1/responses", "responses", False, 16),
 }
+PREVIOUS_TURNS = 20
+PREVIOUS: dict[int, str] = {}  # gateway port -> the last response of its conversation (resp_prev20)
 PROMPT = "Say something about benchmarks please"
 
 
@@ -126,6 +133,8 @@ def request_bytes(scenario: str, port: int) -> bytes:
     body: dict[str, Any] = {"model": "bench", "max_tokens": tokens, "temperature": 0}
     if chat == "responses":
         body = {"model": "bench", "input": PROMPT, "max_output_tokens": tokens, "temperature": 0}
+        if scenario == "resp_prev20":
+            body["previous_response_id"] = PREVIOUS[port]
     elif path == "/v1/embeddings":
         body = {"model": "bench", "input": " ".join(f"word{i}" for i in range(tokens))}
     elif chat:
@@ -188,6 +197,33 @@ async def drive(port: int, scenario: str, n: int, concurrency: int) -> tuple[int
     share = [n // concurrency + (i < n % concurrency) for i in range(concurrency)]
     await asyncio.gather(*(one_connection(k) for k in share if k))
     return ok, bad
+
+
+async def conversation(port: int, turns: int) -> str:
+    """Store a conversation of ``turns`` chained Responses on the gateway at ``port``; its last id."""
+    import json
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    previous: str | None = None
+    try:
+        for i in range(turns):
+            body: dict[str, Any] = {"model": "bench", "input": f"{PROMPT} ({i})", "max_output_tokens": 16}
+            if previous is not None:
+                body["previous_response_id"] = previous
+            data = json.dumps(body).encode()
+            writer.write(
+                f"POST /v1/responses HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(data)}\r\n\r\n".encode()
+                + data
+            )
+            status, answer = await read_response(reader)
+            if status != 200:
+                sys.exit(f"building the conversation: turn {i} answered {status}: {answer[:300]!r}")
+            previous = str(json.loads(answer)["id"])
+    finally:
+        writer.close()
+    assert previous is not None
+    return previous
 
 
 def run_ns(pid: int) -> int:
@@ -356,6 +392,8 @@ def main() -> None:
             for s in scenarios:
                 for t in targets:
                     results[(t.name, s)] = cell = {"calls": None, "lines": [], "cpu": []}
+                    if s == "resp_prev20":
+                        PREVIOUS[t.port] = asyncio.run(conversation(t.port, PREVIOUS_TURNS))
                     ok, _ = asyncio.run(drive(t.port, s, args.warmup, args.c))
                     stats = t.profile(s, args.n, args.c) if ok == args.warmup else None
                     if stats is None:
