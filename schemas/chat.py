@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, TypeAdapter, model_validator
-from pydantic_core import SchemaSerializer
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
 from schemas.chat_messages import (
     AllowedToolsChoice,
@@ -47,6 +46,7 @@ from schemas.common import (
     ChoiceCount,
     Count,
     CountOrMinusOne,
+    FieldDumps,
     FieldRules,
     GuidedChoice,
     Int64,
@@ -300,7 +300,7 @@ class ChatCompletionRequest(_Strict):
         """
         values = self.__dict__
         out: dict[str, Any] = {}
-        for name in sorted(self.__pydantic_fields_set__, key=_FIELD_ORDER.__getitem__):
+        for name in sorted(self.__pydantic_fields_set__, key=_FIELDS.order.__getitem__):
             value = values[name]
             if value is None:
                 continue
@@ -309,7 +309,7 @@ class ChatCompletionRequest(_Strict):
             elif name == "messages":
                 out[name] = [message_upstream_fields(message) for message in value]
             else:
-                out[name] = _field_serializer(name).to_python(value, **_DUMP)
+                out[name] = _FIELDS.serializer(name).to_python(value, **_DUMP)
         return out
 
     @property
@@ -403,18 +403,6 @@ _RULES: FieldRules[ChatCompletionRequest] = FieldRules(
 )
 
 # upstream_fields' fast path: each field's place in the declared order, and its serializer.
-_FIELD_ORDER: dict[str, int] = {name: i for i, name in enumerate(ChatCompletionRequest.model_fields)}
+_FIELDS = FieldDumps(ChatCompletionRequest)
 _PLAIN: frozenset[type] = frozenset({str, int, float, bool})
 _DUMP: dict[str, Any] = {"by_alias": True, "exclude_unset": True, "exclude_none": True}
-_FIELD_SERIALIZERS: dict[str, SchemaSerializer] = {}
-
-
-def _field_serializer(name: str) -> SchemaSerializer:
-    """The serializer of one declared field's type (built on first use: most fields never need one)."""
-    serializer = _FIELD_SERIALIZERS.get(name)
-    if serializer is None:
-        info = ChatCompletionRequest.model_fields[name]
-        kind: Any = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
-        serializer = TypeAdapter(kind).serializer
-        _FIELD_SERIALIZERS[name] = serializer
-    return serializer

@@ -14,7 +14,8 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Annotated, Any, ClassVar, Generic, TypeVar
 
-from pydantic import AfterValidator, Field, StrictInt
+from pydantic import AfterValidator, BaseModel, Field, StrictInt, TypeAdapter
+from pydantic_core import SchemaSerializer
 
 from schemas.errors import FieldRuleError
 
@@ -28,6 +29,7 @@ __all__ = [
     "ChoiceCount",
     "Count",
     "CountOrMinusOne",
+    "FieldDumps",
     "FieldRules",
     "GuidedChoice",
     "Int64",
@@ -177,3 +179,27 @@ class Answered:
     output_limit_set: ClassVar[bool] = False
     output_bounded: ClassVar[bool] = True
     include_usage: ClassVar[bool] = False
+
+
+class FieldDumps:
+    """The serializers of one request model's fields, for dumping only the fields a client set.
+
+    A model's own serializer walks all of its declared fields on every call (~60 on chat and
+    Responses); a request sets a handful. ``order`` is each field's place in the declared order;
+    :meth:`serializer` builds a field's serializer on first use (most fields never need one).
+    """
+
+    __slots__ = ("_model", "_serializers", "order")
+
+    def __init__(self, model: type[BaseModel]) -> None:
+        self._model = model
+        self.order: dict[str, int] = {name: i for i, name in enumerate(model.model_fields)}
+        self._serializers: dict[str, SchemaSerializer] = {}
+
+    def serializer(self, name: str) -> SchemaSerializer:
+        serializer = self._serializers.get(name)
+        if serializer is None:
+            info = self._model.model_fields[name]
+            kind: Any = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
+            serializer = self._serializers[name] = TypeAdapter(kind).serializer
+        return serializer

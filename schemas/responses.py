@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_
 from schemas.common import (
     CHARS_PER_TOKEN,
     CountOrMinusOne,
+    FieldDumps,
     FieldRules,
     Int64,
     JsonObject,
@@ -261,6 +262,20 @@ class ResponsesRequest(_Strict):
     def keep_stored_input(self, items: list[dict[str, Any]]) -> None:
         self._state()["stored"] = items
 
+    def upstream_fields(self) -> dict[str, Any]:
+        """The fields the client set, as plain JSON-able data (wire names), in declared order: what
+        goes to an upstream serving Responses itself. Top-level nulls (the default) are dropped;
+        nested ones the client wrote are kept (OpenAI reads a ``strict: null`` unlike a missing
+        ``strict``). Built from the set fields alone, like chat's (``FieldDumps``)."""
+        values = self.__dict__
+        out: dict[str, Any] = {}
+        for name in sorted(self.__pydantic_fields_set__, key=_FIELDS.order.__getitem__):
+            value = values[name]
+            if value is None:
+                continue
+            out[name] = value if type(value) in _PLAIN else _FIELDS.serializer(name).to_python(value, **_DUMP)
+        return out
+
     @property
     def builtin_tools(self) -> list[str]:
         """The types of the OpenAI built-in tools offered, in order (empty for most requests)."""
@@ -396,3 +411,8 @@ _RULES: FieldRules[ResponsesRequest] = FieldRules(
     (frozenset({"conversation"}), ResponsesRequest._check_conversation),
     (frozenset({"logit_bias"}), ResponsesRequest._check_logit_bias_keys),
 )
+
+# upstream_fields' fast path (as chat's): declared order and per-field serializers.
+_FIELDS = FieldDumps(ResponsesRequest)
+_PLAIN: frozenset[type] = frozenset({str, int, float, bool})
+_DUMP: dict[str, Any] = {"by_alias": True, "exclude_unset": True, "mode": "json"}

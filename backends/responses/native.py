@@ -47,9 +47,7 @@ _TERMINAL = frozenset({"response.completed", "response.incomplete"})
 
 def native_payload(call: ResponsesCall) -> dict[str, Any]:
     """The upstream body for ``call`` (module docstring)."""
-    request = call.request
-    fields = request.model_dump(mode="json", by_alias=True, exclude_unset=True)
-    body = {name: value for name, value in fields.items() if value is not None}
+    body = call.request.upstream_fields()
     body["model"] = call.upstream_model
     body.pop("previous_response_id", None)  # expanded into input by the gateway
     return body
@@ -137,7 +135,7 @@ class NativeResponseEvents(UpstreamEvents[bytes], ResponseEventStream):
         head = data[:64]
         if head.startswith(b'{"type":"response.output_item.done"'):
             self._items.append(data)
-            self._count(raw)
+            self._numbered(raw)
             return raw
         if self._previous is None and head.startswith(
             (b'{"type":"response.created"', b'{"type":"response.in_progress"', b'{"type":"response.queued"')
@@ -146,7 +144,7 @@ class NativeResponseEvents(UpstreamEvents[bytes], ResponseEventStream):
                 for key in (b'"model":', b'"model": '):
                     if key + self._asked in data:
                         self._response = data
-                        self._count(raw)
+                        self._numbered(raw)
                         return (
                             raw[:at]
                             + b"data: "
@@ -164,7 +162,12 @@ class NativeResponseEvents(UpstreamEvents[bytes], ResponseEventStream):
         return block
 
     def _count(self, block: bytes) -> None:
+        """Relayed ordinary events: their deltas counted (token settlement), their last number kept."""
         self.relayed_events += block.count(b'.delta"')
+        self._numbered(block)
+
+    def _numbered(self, block: bytes) -> None:
+        """The number the next event gets: one past the last ``sequence_number`` in ``block``."""
         at = block.rfind(b'"sequence_number":')
         if at >= 0 and (number := _NUMBER.match(block, at + 18)) is not None:
             self._seq = int(number[1]) + 1
