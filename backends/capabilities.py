@@ -200,10 +200,9 @@ class Capabilities:
 
         ``what`` is the thing refused when it is more than the field (a chat ``field=form``).
         """
-        # Without a reason the type says it all: "... (type mock)", not "...: backend type mock does not".
-        reason = f": {why}" if why else ""
+        reason = why or f"backend type {kind} does not support it"
         return UnsupportedParameterError(
-            f"'{what or param}' is not supported by backend '{backend}' (type {kind}){reason}",
+            f"'{what or param}' is not supported by backend '{backend}' (type {kind}): {reason}",
             param=param,
             backend=backend,
         )

@@ -212,19 +212,18 @@ class VLLMBackend(Backend):
             log.info("vLLM backend %s: GET /v1/models failed (%s); models keep what was known", self.name, exc)
             return
         entries = listing.get("data") if isinstance(listing, dict) else None
-        if not isinstance(entries, list):
-            return
-        models: dict[str, dict[str, Any]] = {}
-        for entry in entries:
-            if isinstance(entry, dict) and isinstance(entry.get("id"), str):
-                length, root = entry.get("max_model_len"), entry.get("root")
-                info: dict[str, Any] = {}
-                if type(length) is int and length > 0:
-                    info["max_model_len"] = length
-                if type(root) is str:
-                    info["root"] = root
-                models[entry["id"]] = info
-        self._models = models
+        if isinstance(entries, list):
+            self._models = _model_infos(entries)
+
+    def models_listing(self) -> list[dict[str, Any]]:
+        """What :meth:`_read_models` learnt, as ``/v1/models`` entries (``id``, ``max_model_len``,
+        ``root``): what the control process of ``--workers N`` tells the workers (:meth:`learn_models`)."""
+        return [{"id": name, **info} for name, info in self._models.items()]
+
+    def learn_models(self, entries: object) -> None:
+        """``/v1/models`` entries read elsewhere (a worker's adapter: by the control process); else no change."""
+        if isinstance(entries, list):
+            self._models = _model_infos(entries)
 
     def model_info(self, upstream_model: str) -> dict[str, Any] | None:
         return self._models.get(upstream_model)
@@ -538,3 +537,18 @@ class VLLMBackend(Backend):
 
     async def close(self) -> None:
         await self._wire.close()
+
+
+def _model_infos(entries: list[Any]) -> dict[str, dict[str, Any]]:
+    """``/v1/models`` entries -> id -> ``{max_model_len, root}``, each kept only when well typed."""
+    models: dict[str, dict[str, Any]] = {}
+    for entry in entries:
+        if isinstance(entry, dict) and isinstance(entry.get("id"), str):
+            length, root = entry.get("max_model_len"), entry.get("root")
+            info: dict[str, Any] = {}
+            if type(length) is int and length > 0:
+                info["max_model_len"] = length
+            if type(root) is str:
+                info["root"] = root
+            models[entry["id"]] = info
+    return models

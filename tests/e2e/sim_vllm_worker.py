@@ -1,8 +1,9 @@
 """A ``vllm serve`` stand-in for a ``vllm-pool`` worker whose chat is ``model_upstreams``' simulated vLLM.
 
 Invoked as the pool invokes vLLM (``sim_vllm_worker.py MODEL --host H --port P
-[--served-model-name NAME] [other vLLM flags, ignored]``): ``/health``, ``/v1/models`` (the served
-name), ``/version``, an empty ``/metrics`` and ``POST /v1/chat/completions`` answered by the mock's
+[--served-model-name NAME] [--max-model-len N] [other vLLM flags, ignored]``): ``/health``,
+``/v1/models`` (the served name, its ``root`` and ``max_model_len`` as vLLM reports them),
+``/version``, an empty ``/metrics`` and ``POST /v1/chat/completions`` answered by the mock's
 simulator exactly as the ``vllm`` kind's simulated server answers.
 """
 
@@ -25,13 +26,15 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--served-model-name")
+    parser.add_argument("--max-model-len", type=int, default=4096)
     args, _ = parser.parse_known_args(argv)
     served = args.served_model_name or args.model
     upstream = SimulatedUpstream("vllm")
 
     async def get(request: web.Request) -> web.Response:
         if request.path == "/v1/models":
-            return web.json_response({"object": "list", "data": [{"id": served, "object": "model"}]})
+            entry = {"id": served, "object": "model", "root": args.model, "max_model_len": args.max_model_len}
+            return web.json_response({"object": "list", "data": [entry]})
         if request.path == "/metrics":
             return web.Response(text="", content_type="text/plain")
         return await upstream._get(request)

@@ -11,8 +11,8 @@ a single-process gateway, over the same endpoints:
 
 - an endpoint is routable when the control process says it is ready; a new ``generation`` (a
   restarted vLLM) gets a new adapter and a cold prefix LRU, exactly as in the pool;
-- the adapter is built with the version the control process detected (no ``GET /version`` per
-  worker);
+- the adapter is built with the version the control process detected and knows what the server's
+  ``/v1/models`` told it (``max_model_len``, ``root``; no ``GET /version`` nor ``/v1/models`` per worker);
 - load: the scraped queue and KV-cache figures from the view, plus the whole gateway's calls in
   flight from the shared table (:mod:`backends.vllm.routing.inflight`: this worker writes its row);
 - a call that cannot connect takes the endpoint out of this worker's routing at once and asks
@@ -123,6 +123,8 @@ class SharedEndpointsClient(DispatchedBackend):
                 ep.decided.clear()
                 if generation > 0 and url:
                     ep.adapter = self._adapter(url, item.get("version"))
+            if isinstance(ep.adapter, VLLMBackend):  # max_model_len and root: what the control process read
+                ep.adapter.learn_models(item.get("models"))
             was = ep.available
             ep.available = bool(item["available"]) and ep.adapter is not None
             became_available = became_available or (ep.available and not was)

@@ -172,11 +172,13 @@ def fill_in_flight(workers: list[WorkerStatus], cells: Sequence[int], rows: int,
 def endpoints_view(status: PoolStatus, endpoints: Iterable[Any], *, hopeless: bool, describe: str) -> dict[str, Any]:
     """What a gateway worker routing over a shared backend needs (``backends.vllm.pool.client``), JSON-friendly.
 
-    ``endpoints``: :class:`~backends.vllm.routing.balancer.Endpoint` objects (their adapter tells the version).
+    ``endpoints``: :class:`~backends.vllm.routing.balancer.Endpoint` objects (their adapter tells the
+    version and what the server's ``/v1/models`` reported: the workers' adapters are never started).
     """
     view = []
     for ep in endpoints:
         version = getattr(ep.adapter, "version", None)
+        models = ep.adapter.models_listing() if hasattr(ep.adapter, "models_listing") else None
         view.append(
             {
                 "index": ep.index,
@@ -185,6 +187,7 @@ def endpoints_view(status: PoolStatus, endpoints: Iterable[Any], *, hopeless: bo
                 "generation": ep.generation,
                 "version": str(version) if version is not None else None,
                 "events": ep.events,
+                "models": models,
             }
         )
     return {"status": status.to_json(), "endpoints": view, "hopeless": hopeless, "describe": describe}

@@ -8,7 +8,6 @@ Which worker answered is told by the request id's per-process prefix (``x-reques
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import sys
 import time
@@ -24,6 +23,7 @@ from gateway.conversations import ConversationStore, new_id
 from gateway.store import ANONYMOUS, RedisStore
 from tests.conftest import free_port
 from tests.gateway.security.conftest import RedisServer
+from tests.gateway.workers.procs import kill_a_worker
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIG = """
@@ -32,10 +32,6 @@ backends: [{{name: sim, type: mock}}]
 models: [{{name: m, routes: [{{backend: sim, model: m}}]}}]
 responses: {{store: '{store}', store_prefix: {prefix}}}
 """
-
-
-def _children(pid: int) -> list[int]:
-    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
 @asynccontextmanager
@@ -108,12 +104,7 @@ async def test_every_worker_continues_the_conversations_across_a_restart_and_a_r
             async with http.post(url + "/v1/responses", json=body) as resp:
                 first = (await resp.json())["id"]
             last = await _continue_on_every_worker(http, url, first, proc)
-            victim = _children(proc.pid)[0]
-            os.kill(victim, signal.SIGKILL)
-            deadline = time.monotonic() + 60
-            while not (len(_children(proc.pid)) == 2 and victim not in _children(proc.pid)):
-                assert time.monotonic() < deadline, "the killed worker did not come back"
-                await asyncio.sleep(0.1)
+            await kill_a_worker(proc)
             last = await _continue_on_every_worker(http, url, last, proc)
             proc.send_signal(signal.SIGHUP)
             await asyncio.sleep(1.0)

@@ -16,6 +16,7 @@ from pathlib import Path
 import aiohttp
 
 from tests.conftest import eventually, free_port
+from tests.gateway.workers.procs import stop_gateway
 from tests.keepalive_load import Tally, client
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -127,13 +128,7 @@ async def test_sighup_under_load_swaps_the_route_and_fails_no_request(tmp_path: 
         stop.set()
         for task in clients:
             task.cancel()
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(proc.wait(), 20)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        await stop_gateway(proc)
 
     assert tally.failures == [], tally.failures[:5]
     assert first["a"] > 0

@@ -131,7 +131,7 @@ async def test_a_multi_server_backend_is_probed_once_and_routed_by_every_worker(
     servers: list[web.AppRunner] = []
     ports = [free_port() for _ in range(2)]
     for port in ports:
-        app = build_app(parse_args([MODEL, "--host", "127.0.0.1", "--port", str(port)]))
+        app = build_app(parse_args([MODEL, "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "1234"]))
 
         @web.middleware
         async def count(request: web.Request, handler: Any, port: int = port) -> web.StreamResponse:
@@ -177,6 +177,12 @@ models:
                         answered.add((await resp.json())["choices"][0]["text"].split()[0])
             assert answered == {f"w{p}" for p in ports}
         assert [hits[p].count("/version") for p in ports] == [1, 1]  # the control process's only
+        # What the servers' /v1/models says, read by the control process alone, known to every worker.
+        assert [hits[p].count("/v1/models") for p in ports] == [1, 1]
+        for feed in feeds:
+            client = feed.clients["fleet"]
+            assert client.context_length(MODEL) == 1234
+            assert client.model_info(MODEL) == {"max_model_len": 1234, "root": MODEL}
         assert [hits[p].count("/v1/completions") for p in ports] == [4, 4]  # spread (idle: round-robin ties)
         status = owner.pools["fleet"].pool_status()
         assert [len(w.in_flight_by) for w in status.workers] == [2, 2]
