@@ -200,9 +200,10 @@ class Capabilities:
 
         ``what`` is the thing refused when it is more than the field (a chat ``field=form``).
         """
-        reason = why or f"backend type {kind} does not support it"
+        # Without a reason the type says it all: "... (type mock)", not "...: backend type mock does not".
+        reason = f": {why}" if why else ""
         return UnsupportedParameterError(
-            f"'{what or param}' is not supported by backend '{backend}' (type {kind}): {reason}",
+            f"'{what or param}' is not supported by backend '{backend}' (type {kind}){reason}",
             param=param,
             backend=backend,
         )

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import SecretStr
 from pydantic.json_schema import GenerateJsonSchema
 
-from gateway.configfile import ConfigError, endpoint_config_problems, load_config
+from gateway.configfile import ConfigError, config_error, endpoint_config_problems, load_config
 from gateway.pool_cli import add_pool_parser, pool_command
 from gateway.tracing.settings import trace_problems
 from gateway.version import PYTHON_VERSION, gateway_version
@@ -73,7 +73,7 @@ def _check(path: str, workers: int = 1) -> int:
         return 1
     served = endpoint_config_problems(config) + trace_problems(config, os.environ)
     if served:
-        print(ConfigError(path, served), file=sys.stderr)
+        print(config_error(path, served), file=sys.stderr)
         return 1
     problems = worker_problems(config, workers)
     if problems:
@@ -100,13 +100,52 @@ class _ConfigSchema(GenerateJsonSchema):
         return super().encode_default(dft)
 
 
+# A string holding a ${VAR} reference (gateway.config_env): any typed value may be written so.
+ENV_REFERENCE = {
+    "type": "string",
+    "pattern": r"\$\{[A-Za-z_][A-Za-z0-9_]*(:?[-?+][^}]*)?\}",
+    "description": "${VAR}, ${VAR:-default} or ${VAR:?message}: read from the environment at load",
+}
+_SUBSCHEMA_MAPS = ("properties", "$defs", "patternProperties")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMAS = ("items", "additionalProperties", "not")
+_CONSTRAINED = ("pattern", "format", "enum", "minLength", "maxLength")
+
+
+def _allow_references(schema: Any) -> Any:
+    """``schema`` where every number, boolean, choice or constrained string may also be a ``${VAR}``
+    reference, as the gateway reads it (a discriminator's ``const`` stays as it is)."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: _allow_references(sub) for name, sub in out[key].items()}
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [_allow_references(sub) for sub in out[key]]
+    for key in _SUBSCHEMAS:
+        if isinstance(out.get(key), dict):
+            out[key] = _allow_references(out[key])
+    kind = out.get("type")
+    if kind in ("integer", "number", "boolean") or (
+        kind in ("string", None) and "$ref" not in out and any(k in out for k in _CONSTRAINED)
+    ):
+        # The annotations stay outside, where editors show them.
+        notes = {k: out.pop(k) for k in ("title", "description", "default") if k in out}
+        return {**notes, "anyOf": [out, {"$ref": "#/$defs/EnvReference"}]}
+    return out
+
+
 def config_schema() -> str:
     """The JSON Schema of the YAML config, from the models that validate it (``GatewayConfig``).
 
-    Model-level rules (names that must match, overlapping port ranges) and ``${VAR}``
-    interpolation are beyond a schema: ``gateway check-config`` remains the full check.
+    Any typed value may be a ``${VAR}`` reference, as the gateway reads it. Model-level rules
+    (names that must match, overlapping port ranges) are beyond a schema: ``gateway check-config``
+    remains the full check.
     """
-    schema = GatewayConfig.model_json_schema(schema_generator=_ConfigSchema)
+    schema = _allow_references(GatewayConfig.model_json_schema(schema_generator=_ConfigSchema))
+    schema["$defs"]["EnvReference"] = ENV_REFERENCE
     schema = {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         **schema,
@@ -127,7 +166,7 @@ def _serve(args: argparse.Namespace) -> int:
     server = config.server.model_copy(update=overrides)
     served = endpoint_config_problems(config) + trace_problems(config, os.environ)
     if served:
-        print(ConfigError(args.config, served), file=sys.stderr)
+        print(config_error(args.config, served), file=sys.stderr)
         return 1
     problems = worker_problems(config, args.workers)
     if problems:

@@ -213,8 +213,8 @@ class Reloader:
                 if self._adapt is not None:  # e.g. a worker's share of the gateway-wide caps (it may refuse)
                     config = self._adapt(config)
             except ConfigError as exc:
-                for where, message in exc.problems:
-                    log.error("config reload refused: %s: %s: %s", exc.source, where or "<root>", message)
+                for line in exc.lines():
+                    log.error("config reload refused: %s", line)
                 log.error("config reload refused: %d problem(s); still serving the previous config", len(exc.problems))
                 return False
             problems = restart_needed(state.config, config, state.backends)

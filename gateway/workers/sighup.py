@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from backends.base import Reconfigurable
-from gateway.configfile import ConfigError, endpoint_config_problems, load_config
+from gateway.configfile import ConfigError, config_error, endpoint_config_problems, load_config
 from gateway.reload import restart_needed
 from gateway.workers.pools import PoolWatchers, same_pools
 from schemas.config import GatewayConfig, VLLMPoolBackendConfig
@@ -72,8 +72,8 @@ class ControlReload:
                     same_pools(self.config, config, str(self._path))
                 except ConfigError as exc:
                     problems += exc.problems
-            for where, message in problems:
-                log.error("config reload refused: %s: %s: %s", self._path, where or "<root>", message)
+            for line in config_error(self._path, problems).lines():
+                log.error("config reload refused: %s", line)
             if problems:
                 log.error(
                     "config reload refused: %d problem(s); every worker keeps serving the previous config, "

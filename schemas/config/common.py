@@ -10,6 +10,7 @@ from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, SecretStr, field_
 
 from schemas.completions import CompletionRequest
 from schemas.config.egress import TLSConfig, check_env_proxies, check_proxy_url
+from schemas.config.references import did_you_mean
 
 CapabilityLevelName = Literal["native", "translated", "emulated", "unsupported"]
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$")]
@@ -105,9 +106,12 @@ class _BackendBase(_Strict):
     @field_validator("capabilities")
     @classmethod
     def _known_fields(cls, value: dict[str, CapabilityLevelName]) -> dict[str, CapabilityLevelName]:
-        unknown = sorted(set(value) - set(CompletionRequest.model_fields))
+        fields = CompletionRequest.model_fields
+        unknown = [
+            f"unknown request field {name!r}{did_you_mean(name, fields)}" for name in value if name not in fields
+        ]
         if unknown:
-            raise ValueError(f"unknown request field(s) {', '.join(unknown)}")
+            raise ValueError("; ".join(unknown))
         return value
 
 

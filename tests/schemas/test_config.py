@@ -7,7 +7,14 @@ from pathlib import Path
 import pytest
 
 from gateway.configfile import ConfigError, load_config, parse_config
-from schemas.config import BACKEND_TYPES, BackendConfig, MockBackendConfig, OpenAIBackendConfig, VLLMBackendConfig
+from schemas.config import (
+    BACKEND_TYPES,
+    BackendConfig,
+    GatewayConfig,
+    MockBackendConfig,
+    OpenAIBackendConfig,
+    VLLMBackendConfig,
+)
 
 SECRET = "sk-test-0123456789abcdef"
 ENV = {"OPENAI_API_KEY": SECRET}
@@ -137,41 +144,56 @@ def test_every_missing_env_var_reported() -> None:
 
 # --- unknown keys, types and names --------------------------------------------------------------
 
+ROOT_KEYS = f"unknown key (expected one of: {', '.join(GatewayConfig.model_fields)})"
+MOCK_KEYS = "name, capabilities, max_concurrency, retry, circuit_breaker, health_check, type, token_delay_ms, ..."
 UNKNOWN_KEYS = [
-    ("root", ("server:\n", "bogus: 1\nserver:\n"), "bogus"),
-    ("server", ("  port: 8080\n", "  port: 8080\n  hots: x\n"), "server.hots"),
-    ("backend", ("    token_delay_ms: 5\n", "    token_delay_ms: 5\n    colour: red\n"), "backends[2].colour"),
+    ("root", ("server:\n", "bogus: 1\nserver:\n"), "bogus",
+     "unknown key (expected one of: server, backends, models, ..."),
+    ("server", ("  port: 8080\n", "  port: 8080\n  hots: x\n"), "server.hots", "unknown key; did you mean 'host'?"),
+    ("backend", ("    token_delay_ms: 5\n", "    token_delay_ms: 5\n    colour: red\n"), "backends[2].colour",
+     f"unknown key (expected one of: {MOCK_KEYS}"),
     ("backend-http", ("    api_key: ${OPENAI_API_KEY}\n", "    api_key: ${OPENAI_API_KEY}\n    apikey: x\n"),
-     "backends[0].apikey"),
-    ("timeout", ("      first_byte: 30\n", "      first_byte: 30\n      read: 3\n"), "backends[1].timeout.read"),
-    ("key-named-like-type", ("    token_delay_ms: 5\n", "    token_delay_ms: 5\n    mock: true\n"), "backends[2].mock"),
-    ("model", ("    strategy: round_robin\n", "    strategy: round_robin\n    retries: 3\n"), "models[1].retries"),
-    ("route", ("model: qwen-sim}", "model: qwen-sim, weigth: 2}"), "models[1].routes[1].weigth"),
-    ("int-key", ("server:\n", "8080: x\nserver:\n"), "8080"),
+     "backends[0].apikey", "unknown key; did you mean 'api_key'?"),
+    ("timeout", ("      first_byte: 30\n", "      first_byte: 30\n      read: 3\n"), "backends[1].timeout.read",
+     "unknown key (expected one of: connect, first_byte, total, stream_idle)"),
+    ("key-named-like-type", ("    token_delay_ms: 5\n", "    token_delay_ms: 5\n    mock: true\n"), "backends[2].mock",
+     f"unknown key (expected one of: {MOCK_KEYS}"),
+    ("model", ("    strategy: round_robin\n", "    strategy: round_robin\n    retries: 3\n"), "models[1].retries",
+     "unknown key (expected one of: name, routes, strategy, endpoints, ..."),
+    ("route", ("model: qwen-sim}", "model: qwen-sim, weigth: 2}"), "models[1].routes[1].weigth",
+     "unknown key; did you mean 'weight'?"),
+    ("int-key", ("server:\n", "8080: x\nserver:\n"), "8080", "Keys should be strings (got 8080)"),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("change", "path"), [u[1:] for u in UNKNOWN_KEYS], ids=[u[0] for u in UNKNOWN_KEYS])
-def test_unknown_key_reported_at_its_path(change: tuple[str, str], path: str) -> None:
+@pytest.mark.parametrize(("change", "path", "said"), [u[1:] for u in UNKNOWN_KEYS], ids=[u[0] for u in UNKNOWN_KEYS])
+def test_unknown_key_reported_at_its_path_with_the_nearest_valid_one(
+    change: tuple[str, str], path: str, said: str
+) -> None:
     where, message = only_problem(edit(*change))
     assert where == path
-    assert message in ("unknown key", "Keys should be strings")
+    # "..." ends a list of valid keys that other sections may grow
+    assert message.startswith(said.removesuffix("...")) if said.endswith("...") else message == said
 
 
 def test_all_unknown_keys_reported_at_once() -> None:
     text = edit("server:\n", "bogus: 1\nserver:\n  hots: x\n")
     text = edit("model: qwen-sim}", "model: qwen-sim, weigth: 2}", text)
     assert sorted(problems(text)) == [
-        ("bogus", "unknown key"),
-        ("models[1].routes[1].weigth", "unknown key"),
-        ("server.hots", "unknown key"),
+        ("bogus", ROOT_KEYS),
+        ("models[1].routes[1].weigth", "unknown key; did you mean 'weight'?"),
+        ("server.hots", "unknown key; did you mean 'host'?"),
     ]
 
 
 def test_unknown_backend_type() -> None:
     assert only_problem(edit("type: mock", "type: nope")) == (
-        "backends[2]",
-        f"unknown backend type 'nope' (expected one of {', '.join(BACKEND_TYPES)})",
+        "backends[2].type",
+        f"unknown backend type 'nope' (one of {', '.join(BACKEND_TYPES)})",
+    )
+    assert only_problem(edit("type: mock", "type: mokc")) == (
+        "backends[2].type",
+        "unknown backend type 'mokc'; did you mean 'mock'?",
     )
 
 
@@ -192,7 +214,11 @@ def test_backend_types_list_every_member_of_the_union() -> None:
 
 def test_duplicate_backend_name() -> None:
     text = edit("name: sim", "name: openai")
-    assert only_problem(text) == ("backends[2].name", "duplicate backend name 'openai' (first at backends[0])")
+    # The route to the renamed 'sim' is reported with it, in the same run.
+    assert problems(text) == [
+        ("backends[2].name", "duplicate backend name 'openai' (first at backends[0])"),
+        ("models[1].routes[1].backend", "no backend named 'sim' (defined: local-vllm, openai)"),
+    ]
 
 
 def test_duplicate_model_name() -> None:
@@ -220,7 +246,7 @@ def test_route_to_undefined_backend() -> None:
 
 def test_bad_capability_override_key() -> None:
     text = edit("    token_delay_ms: 5\n", "    capabilities: {top_kk: native}\n")
-    assert only_problem(text) == ("backends[2].capabilities", "unknown request field(s) top_kk")
+    assert only_problem(text) == ("backends[2].capabilities", "unknown request field 'top_kk'; did you mean 'top_k'?")
 
 
 def test_bad_capability_level() -> None:
@@ -245,7 +271,8 @@ def test_bad_values_reported_at_their_path(change: tuple[str, str], path: str) -
 
 
 def test_missing_and_empty_sections() -> None:
-    assert only_problem("backends: []\nmodels: [{name: m, routes: [{backend: b, model: x}]}]\n")[0] == "backends"
+    found = problems("backends: []\nmodels: [{name: m, routes: [{backend: b, model: x}]}]\n")
+    assert [p for p, _ in found] == ["backends", "models[0].routes[0].backend"]
     found = problems("server: {}\n")
     assert sorted(p for p, _ in found) == ["backends", "models"]
 
@@ -254,9 +281,12 @@ def test_missing_and_empty_sections() -> None:
 
 
 def test_invalid_yaml() -> None:
-    path, message = only_problem("backends: [1, 2\nmodels: x\n")
-    assert path.startswith("line ")
+    with pytest.raises(ConfigError) as info:
+        parse_config("backends: [1, 2\nmodels: x\n", "test.yaml", ENV)
+    [(path, message)] = info.value.problems
+    assert path == ""
     assert message.startswith("invalid YAML")
+    assert info.value.lines()[0].startswith("test.yaml:2:7: <root>: invalid YAML")
 
 
 @pytest.mark.parametrize("text", ["", "- a\n- b\n", "just text\n", "42\n", "null\n"])

@@ -76,4 +76,4 @@ def test_every_knob_parses() -> None:
 def test_mistakes_name_their_yaml_path(edit: dict[str, str], path: str) -> None:
     with pytest.raises(ConfigError) as caught:
         parse_config(config(**edit), env={})
-    assert f"  {path}: " in str(caught.value), str(caught.value)
+    assert f" {path}: " in str(caught.value), str(caught.value)

@@ -101,7 +101,7 @@ async def test_sighup_to_the_control_process_rolls_a_changed_pool_under_load(tag
             write(broken=True)
             proc.send_signal(signal.SIGHUP)
             await eventually(lambda: bool(_lines(errors, r"nothing forwarded")), within=BOOT)
-            assert _lines(errors, r"config reload refused: .*gw\.yaml: backends\[0\]\.no_such_key")
+            assert _lines(errors, r"config reload refused: .*gw\.yaml:\d+:\d+: backends\[0\]\.no_such_key")
             assert not _lines(errors, r"worker=\d: config reload")
             await _more(tally, 20)
             assert sorted(_standins(tag)) == old
