@@ -24,9 +24,11 @@ the ``backends.transport`` clients; nothing above the adapters sees them.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
@@ -34,6 +36,9 @@ from schemas.completions import CompletionRequest
 from schemas.embeddings import EmbeddingRequest
 from schemas.errors import GatewayError
 from schemas.rerank import RerankRequest
+
+log = logging.getLogger("backends")
+E = TypeVar("E", bound=BaseException)
 
 __all__ = [
     "RETRYABLE_BEFORE_FIRST_BYTE",
@@ -144,7 +149,9 @@ class UpstreamStatusError(UpstreamError):
     - 400/413/422 (about the request itself): 400 (413 kept), the upstream's message passed on;
     - 429: 429 ``rate_limit_error``, ``Retry-After`` kept, retryable elsewhere;
     - 401/403: 502 (the gateway's own credentials were refused; the client's key is not the issue);
-    - 404: 502 (the route names a model the upstream does not serve: a config problem);
+    - 404: 502 ``upstream_model_not_found`` (the route names a model the upstream does not serve),
+      or ``upstream_misconfigured`` when the upstream's error names no model (no such path: a
+      ``base_url`` without ``/v1``); both config problems;
     - 408 and 504: 504; 500/502/503: 502/502/503, retryable; other codes: 502.
     """
 
@@ -156,6 +163,33 @@ class UpstreamStatusError(UpstreamError):
         kwargs.setdefault("reason", f"status_{upstream_status}")
         super().__init__(message, status=status, type=type_, code=code, retry_after=retry_after, **kwargs)
         self.retryable = retryable
+
+
+MISCONFIGURED = "upstream_misconfigured"
+_told_misconfigured: set[tuple[str, str]] = set()  # (backend, URL) pairs already logged
+
+
+def name_the_path(error: E, method: str, url: str) -> E:
+    """``error`` as is, unless it is a 404 for the path (``upstream_misconfigured``): then said with
+    the path asked for (``POST /completions``: whether ``/v1`` is in it shows at a glance) and the
+    backend, and logged once per backend and URL with the URL the operator configured.
+
+    The client's message names no host (as no other upstream error does); the log line does.
+    """
+    if not isinstance(error, UpstreamError) or error.code != MISCONFIGURED:
+        return error
+    parts = urlsplit(url)
+    error.message = (
+        f"backend {error.backend!r} answered 404 for {method} {parts.path} (the path, not the model): "
+        "its base_url is likely wrong (vLLM and OpenAI-compatible servers serve under /v1; "
+        "gateway check-config --probe checks it)"
+    )
+    error.args = (error.message,)
+    shown = urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+    if (error.backend, shown) not in _told_misconfigured and len(_told_misconfigured) < 1024:
+        _told_misconfigured.add((error.backend, shown))
+        log.warning("backend %s: %s %s answered 404 for the path: check its base_url", error.backend, method, shown)
+    return error
 
 
 def _classify(status: int, message: str) -> tuple[int, str, str | None, bool, str]:
@@ -174,6 +208,10 @@ def _classify(status: int, message: str) -> tuple[int, str, str | None, bool, st
             f"the upstream refused the gateway's credentials ({status})",
         )
     if status == 404:
+        if "model" not in message.lower():
+            # A 404 whose error names no model is about the path: a base_url without /v1 (or with
+            # one too many). refuse_status names the path asked for (name_the_path).
+            return 502, "upstream_error", MISCONFIGURED, False, "the upstream has no such path (404): check base_url"
         return (
             502,
             "upstream_error",

@@ -1,4 +1,5 @@
-"""The ``gateway`` command: ``serve``, ``check-config``, ``config-schema`` and ``pool status``."""
+"""The ``gateway`` command: ``serve``, ``check-config`` (``--probe``), ``config-schema`` and ``pool status``
+(``worker`` is internal: ``serve --workers N`` starts it, and ``--help`` does not list it)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 from pydantic import SecretStr
 from pydantic.json_schema import GenerateJsonSchema
@@ -25,12 +26,20 @@ from schemas.config import GatewayConfig, ServerConfig, worker_notes, worker_pro
 __all__ = ["main"]
 
 log = logging.getLogger("gateway")
+DESCRIPTION = (
+    "An OpenAI-compatible LLM gateway: Completions, Chat Completions, Responses, embeddings and rerank "
+    "in front of OpenAI-compatible APIs, vLLM (servers or a pool it runs), TGI, Ollama, llama.cpp and TEI, "
+    "described in one YAML file. Every request is checked against a strict schema and what its backend "
+    "can honour; retries, failover, per-key limits, Prometheus metrics."
+)
+T = TypeVar("T")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gateway", description="OpenAI Completions gateway.")
+    parser = argparse.ArgumentParser(prog="gateway", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"%(prog)s {gateway_version()}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    # The metavar lists what an operator runs: the internal ``worker`` is left out (add_worker_parser).
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,check-config,config-schema,pool}")
     serve = sub.add_parser("serve", help="serve the API described by a YAML config")
     serve.add_argument("--config", "-c", required=True, help="path to the gateway YAML")
     serve.add_argument("--host", help="listen address (overrides server.host)")
@@ -46,6 +55,12 @@ def _parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-config", help="validate a YAML config and print every problem")
     check.add_argument("path")
     check.add_argument("--workers", type=_workers_arg, default="1", help="also check it for N worker processes")
+    check.add_argument(
+        "--probe",
+        action="store_true",
+        help="also call each remote backend once: a base_url missing /v1, a route's model the backend does "
+        "not list, unreachable backends (exit status 1 if any)",
+    )
     add_worker_parser(sub)
     sub.add_parser("config-schema", help="print the JSON Schema of the YAML config (for editors)")
     add_pool_parser(sub)
@@ -65,7 +80,7 @@ def _workers_arg(text: str) -> int:
     return count
 
 
-def _check(path: str, workers: int = 1) -> int:
+def _check(path: str, workers: int = 1, *, probe: bool = False) -> int:
     try:
         config = load_config(path)
     except ConfigError as exc:
@@ -88,6 +103,18 @@ def _check(path: str, workers: int = 1) -> int:
         for b in shared_configs(config.backends):  # what the control process runs once (gateway.workers.pools)
             what = "its vLLM processes" if b.type == "vllm-pool" else "its discovery, probes and scrapes"
             print(f"  {b.name}: {what} run once in the control process; the {workers} workers route over them")
+    return _probe(path, config) if probe else 0
+
+
+def _probe(path: str, config: GatewayConfig) -> int:
+    """``check-config --probe``: each remote backend called once (gateway.probe); 1 when anything was found."""
+    from gateway.probe import probe
+
+    findings = asyncio.run(probe(config))
+    if findings:
+        print(f"{path}: the probe found {len(findings)} problem(s):", *findings, sep="\n  ", file=sys.stderr)
+        return 1
+    print(f"{path}: probe: every remote backend answered as configured")
     return 0
 
 
@@ -203,16 +230,31 @@ def _serve(args: argparse.Namespace) -> int:
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         # Until SIGTERM/SIGINT, then a drain: see gateway.shutdown.
         runner.run(
-            serve(
-                app,
-                host=server.host,
-                port=server.port,
-                drain_timeout=server.drain_timeout,
-                drain_delay=server.drain_delay,
-                access_log=logging.getLogger("gateway.access") if server.access_log else None,
+            _probing(
+                config,
+                args.config,
+                serve(
+                    app,
+                    host=server.host,
+                    port=server.port,
+                    drain_timeout=server.drain_timeout,
+                    drain_delay=server.drain_delay,
+                    access_log=logging.getLogger("gateway.access") if server.access_log else None,
+                ),
             )
         )
     return 0
+
+
+async def _probing(config: GatewayConfig, source: str, running: Coroutine[Any, Any, T]) -> T:
+    """``running`` with the start-up probe beside it (gateway.probe: its findings are logged as warnings)."""
+    from gateway.probe import probe_in_background
+
+    task = probe_in_background(config, source)
+    try:
+        return await running
+    finally:
+        task.cancel()
 
 
 def _serve_workers(args: argparse.Namespace, server: ServerConfig, config: GatewayConfig) -> int:
@@ -243,13 +285,13 @@ def _serve_workers(args: argparse.Namespace, server: ServerConfig, config: Gatew
         pools=shared_configs(config.backends),
         config=config,
     )
-    return asyncio.run(control.run())
+    return asyncio.run(_probing(config, args.config, control.run()))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "check-config":
-        return _check(args.path, args.workers)
+        return _check(args.path, args.workers, probe=args.probe)
     if args.command == "worker":
         return worker_main(args)
     if args.command == "config-schema":

@@ -108,7 +108,7 @@ class OpenAIWire:
             "POST", url, body=orjson.dumps(fields), headers=self.request_headers(call), stream=stream
         )
         if resp.status != 200:
-            await refuse_status(resp, status_error)
+            await refuse_status(resp, status_error, url)
         return resp
 
     async def post_read(self, url: str, fields: dict[str, Any], call: Call[Any], status_error: StatusError) -> bytes:
@@ -117,7 +117,7 @@ class OpenAIWire:
             "POST", url, body=orjson.dumps(fields), headers=self.request_headers(call), stream=False
         )
         if resp.status != 200:
-            await refuse_status(resp, status_error)
+            await refuse_status(resp, status_error, url)
         try:
             return await resp.read()
         finally:

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import NoReturn, Protocol
 
-from backends.errors import UpstreamError, UpstreamTooLargeError
+from backends.errors import UpstreamError, UpstreamTooLargeError, name_the_path
 
 __all__ = [
     "HTTPTransport",
@@ -94,11 +94,12 @@ async def send_ok(
     resp = await transport.send("POST", url, body=body, headers=headers, stream=stream)
     if resp.status == 200:
         return resp
-    await refuse_status(resp, status_error)
+    await refuse_status(resp, status_error, url)
 
 
-async def refuse_status(resp: UpstreamResponse, status_error: StatusError) -> NoReturn:
-    """The one non-200 path: release ``resp`` after reading at most 64 KiB of its body, raise ``status_error``'s error.
+async def refuse_status(resp: UpstreamResponse, status_error: StatusError, url: str = "") -> NoReturn:
+    """The one non-200 path: release ``resp`` after reading at most 64 KiB of its body, raise ``status_error``'s error
+    (a 404 for the path said with ``url``'s path: ``backends.errors.name_the_path``).
 
     :func:`send_ok` ends here; an adapter on the hot path may call ``transport.send`` itself
     (one coroutine less per request) and come here for any status but 200.
@@ -114,7 +115,8 @@ async def refuse_status(resp: UpstreamResponse, status_error: StatusError) -> No
         pass  # the status says enough
     finally:
         resp.release()
-    raise status_error(resp.status, data, resp.header("Retry-After"))
+    error = status_error(resp.status, data, resp.header("Retry-After"))
+    raise name_the_path(error, "POST", url) if url else error
 
 
 def too_large(limit: int, backend: str) -> UpstreamTooLargeError:
