@@ -34,7 +34,9 @@ _PR_SET_PDEATHSIG = 1
 
 
 def add_worker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    worker = sub.add_parser("worker", help=argparse.SUPPRESS)  # started by `serve --workers N` only
+    # Started by `serve --workers N` only. No help= at all: argparse then leaves it out of the command
+    # list (help=SUPPRESS printed "==SUPPRESS==" there); the caller's metavar leaves it out of the usage.
+    worker = sub.add_parser("worker")
     worker.add_argument("--config", required=True)
     worker.add_argument("--fd", type=int, required=True, help="the inherited listening socket")
     worker.add_argument("--index", type=int, required=True, help="K in worker=K (0..N-1)")
