@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
 from schemas.chat_messages import (
     AllowedToolsChoice,
@@ -38,11 +38,13 @@ from schemas.chat_options import (
     ChatStreamOptions,
     ChatStructuredOutputs,
     Prediction,
+    RepetitionDetection,
     WebSearchOptions,
 )
 from schemas.common import (
     CHARS_PER_TOKEN,
     GUIDED_FIELDS,
+    INT64_MAX,
     ChoiceCount,
     Count,
     CountOrMinusOne,
@@ -86,6 +88,17 @@ class _Strict(BaseModel):
 
 # Named apart from schemas.completions.StructuredOutputs so the OpenAPI components keep both short names.
 StructuredOutputs = ChatStructuredOutputs
+
+
+def _no_int(value: Any) -> Any:
+    if isinstance(value, int):  # a float field takes an int as a float: 2**63 would lose its value
+        raise ValueError("an integer here must fit in 64 bits")
+    return value
+
+
+# vLLM's ``vllm_xargs`` values: strings, int64 integers, finite floats, or lists of those.
+_XargScalar = str | Int64 | Annotated[float, BeforeValidator(_no_int)]
+VLLMXargs = dict[str, _XargScalar | list[_XargScalar]]
 
 Metadata = Annotated[
     dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]], Field(max_length=16)
@@ -155,6 +168,11 @@ class ChatCompletionRequest(_Strict):
     # -1: every token of the vocabulary; bounded per backend (vLLM's --max-logprobs) like logprobs.
     prompt_logprobs: CountOrMinusOne | None = None
     allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None
+    bad_words: list[NonEmpty] | None = None
+    # Logprobs of these tokens at each position (with logprobs: true), instead of the top ones.
+    logprob_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None
+    include_reasoning: StrictBool | None = None  # false: the reasoning text is left out of the answer
+    thinking_token_budget: CountOrMinusOne | None = None  # -1: unlimited; needs the server's reasoning config
     guided_json: str | JsonObject | None = None
     guided_regex: NonEmpty | None = None
     guided_choice: GuidedChoice | None = None
@@ -166,6 +184,12 @@ class ChatCompletionRequest(_Strict):
     request_id: NonEmpty | None = None
     return_tokens_as_token_ids: StrictBool | None = None
     return_token_ids: StrictBool | None = None  # prompt_token_ids and each choice's token_ids in the answer
+    session_id: NonEmpty | None = None
+    cache_salt: Annotated[str, Field(min_length=1, max_length=1024)] | None = None  # salts the prefix cache
+    kv_transfer_params: JsonObject | None = None  # disaggregated prefill/decode; the answer's come back
+    vllm_xargs: VLLMXargs | None = None
+    repetition_detection: RepetitionDetection | None = None
+    stream_interval: Annotated[StrictInt, Field(ge=1, le=INT64_MAX)] | None = None  # tokens per streamed chunk
 
     # --- cross-field rules ----------------------------------------------------------------------
     @model_validator(mode="after")
@@ -273,6 +297,14 @@ class ChatCompletionRequest(_Strict):
         # vLLM takes 0 with stream but a stream carries no prompt logprobs: refused rather than dropped.
         if self.prompt_logprobs is not None and self.stream:
             raise FieldRuleError("prompt_logprobs", "prompt_logprobs is not available with stream")
+
+    def _check_logprob_token_ids(self) -> None:
+        if self.logprob_token_ids is None:
+            return
+        if not self.logprobs:
+            raise FieldRuleError("logprob_token_ids", "logprob_token_ids requires logprobs to be true")
+        if self.use_beam_search:
+            raise FieldRuleError("logprob_token_ids", "logprob_token_ids is not available with use_beam_search")
 
     def _check_one_constraint(self) -> None:
         """One output constraint at a time: guided_*, structured_outputs or a JSON response_format."""
@@ -395,6 +427,7 @@ _RULES: FieldRules[ChatCompletionRequest] = FieldRules(
     (frozenset({"continue_final_message"}), ChatCompletionRequest._check_template_flags),
     (frozenset({"min_tokens"}), ChatCompletionRequest._check_min_tokens),
     (frozenset({"prompt_logprobs"}), ChatCompletionRequest._check_prompt_logprobs),
+    (frozenset({"logprob_token_ids"}), ChatCompletionRequest._check_logprob_token_ids),
     (
         frozenset({"response_format", *GUIDED_FIELDS, "structured_outputs"})
         | {"guided_whitespace_pattern", "guided_decoding_backend"},

@@ -199,6 +199,14 @@ def vllm_chat_capabilities(features: VLLMChatFeatures) -> ChatCapabilities:
         gate("priority", "continue_final_message")
     gate("reasoning_effort", "reasoning_effort")
     gate("allowed_token_ids", "allowed_token_ids")  # completions had it first; an older chat ignores it
+    gate("include_reasoning", "reasoning_effort")
+    for name in ("cache_salt", "kv_transfer_params"):
+        gate(name, "cache_salt")
+    for name in ("bad_words", "vllm_xargs"):
+        gate(name, "bad_words")
+    gate("repetition_detection", "repetition_detection")
+    for name in ("logprob_token_ids", "session_id", "thinking_token_budget", "stream_interval"):
+        gate(name, "vllm_0_32_extras")
     gate("parallel_tool_calls=false", "parallel_tool_calls_false")
     gate("tools=strict", "tools_strict")  # an older server would hand back unconstrained arguments
     if features.since("tools_strict") is False:

@@ -23,8 +23,9 @@ the capability table refused, by name, what the server cannot honour):
 Answer side: :func:`normalise_chat_body` rebuilds a non-streamed ``chat.completion`` in
 OpenAI's shape (vLLM-only fields such as ``stop_reason``, ``kv_transfer_params``, empty
 ``tool_calls`` lists dropped, the ``""`` content of a forced call as ``null``; what the client
-asked for kept: ``prompt_logprobs``, and ``prompt_token_ids`` with each choice's ``token_ids``
-for ``return_token_ids``, see :func:`asked_chat_fields`), maps ``finish_reason`` like
+asked for kept: ``prompt_logprobs``, ``prompt_token_ids`` with each choice's ``token_ids`` for
+``return_token_ids``, the server's ``kv_transfer_params`` for a request that sent some; see
+:func:`asked_chat_fields`), maps ``finish_reason`` like
 completions (:func:`~backends.vllm.dialect.map_finish_reason`) and names the reasoning text
 :data:`REASONING_FIELD`; streams do the same in ``backends.vllm.stream.VLLMChatStreamRelay``.
 
@@ -81,6 +82,8 @@ def asked_chat_fields(request: ChatCompletionRequest | None) -> tuple[tuple[str,
     if request.return_token_ids:
         top += ("prompt_token_ids",)
         per_choice += ("token_ids",)
+    if request.kv_transfer_params is not None:
+        top += ("kv_transfer_params",)  # what the decode step needs from this prefill (P/D disaggregation)
     return top, per_choice
 
 

@@ -18,6 +18,7 @@ from backends.chat_capabilities import (
     ChatCapabilities,
     request_forms,
 )
+from backends.mock.capabilities import MOCK_CHAT
 from backends.native.llamacpp_capabilities import LLAMACPP_CHAT
 from backends.native.ollama_capabilities import OLLAMA_CHAT
 from backends.native.tgi_capabilities import TGI_CHAT
@@ -175,6 +176,23 @@ def _cases() -> list[tuple[str, ChatCapabilities, ChatCompletionRequest, tuple[s
         ("vllm-0.9.0-allowed", vllm(0, 9, 0), req(allowed_token_ids=[1]), ("allowed_token_ids", "allowed_token_ids")),
         ("vllm-0.9.2-allowed", vllm(0, 9, 2), req(allowed_token_ids=[1]), None),
         ("vllm-beam", vllm(0, 32), req(use_beam_search=True, n=2, temperature=0, stream=True), None),
+        ("vllm-0.8.5-salt", vllm(0, 8, 5), req(cache_salt="s"), ("cache_salt", "cache_salt")),
+        ("vllm-0.9.0-salt", vllm(0, 9, 0), req(cache_salt="s", kv_transfer_params={"a": 1}), None),
+        ("vllm-0.9.0-bad-words", vllm(0, 9, 0), req(bad_words=["x"]), ("bad_words", "bad_words")),
+        ("vllm-0.9.0-no-bad-words", vllm(0, 9, 0), req(bad_words=[], vllm_xargs={}), None),
+        ("vllm-0.9.2-xargs", vllm(0, 9, 2), req(bad_words=["x"], vllm_xargs={"a": 1}), None),
+        ("vllm-0.10.0-reasoning-off", vllm(0, 10, 0), req(include_reasoning=False),
+         ("include_reasoning", "include_reasoning")),
+        ("vllm-0.10.0-reasoning-on", vllm(0, 10, 0), req(include_reasoning=True), None),
+        ("vllm-0.17-repetition", vllm(0, 17), req(repetition_detection={"max_pattern_size": 3, "min_count": 2}),
+         ("repetition_detection", "repetition_detection")),
+        ("vllm-0.18-repetition", vllm(0, 18), req(repetition_detection={"max_pattern_size": 3, "min_count": 2}), None),
+        ("vllm-0.24-session", vllm(0, 24), req(session_id="s"), ("session_id", "session_id")),
+        ("vllm-0.32-newest", vllm(0, 32), req(session_id="s", stream_interval=2, thinking_token_budget=5,
+                                               logprobs=True, logprob_token_ids=[1]), None),
+        ("vllm-unknown-salt", UNKNOWN_VLLM, req(cache_salt="s"), ("cache_salt", "cache_salt")),
+        ("mock-salt", MOCK_CHAT, req(cache_salt="s"), ("cache_salt", "cache_salt")),
+        ("tgi-bad-words", TGI_CHAT, req(bad_words=["x"]), ("bad_words", "bad_words")),
         ("openai-prompt-logprobs", OPENAI_CHAT, req(prompt_logprobs=1), ("prompt_logprobs", "prompt_logprobs")),
         ("openai-beam-off", OPENAI_CHAT, req(use_beam_search=False, return_token_ids=False), None),
         ("tgi-token-ids", TGI_CHAT, req(return_token_ids=True), ("return_token_ids", "return_token_ids")),

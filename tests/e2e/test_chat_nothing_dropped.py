@@ -95,6 +95,10 @@ ASKS: dict[str, tuple[Any, dict[str, Any]]] = {
     "truncation_side": ("left", {}),
     "prompt_logprobs": (2, {}),
     "allowed_token_ids": ([777, 778], {}),
+    "bad_words": (["BAD77"], {}),
+    "logprob_token_ids": ([771, 772], {"logprobs": True}),
+    "include_reasoning": (False, {}),
+    "thinking_token_budget": (77, {}),
     "guided_json": ({"title": "G77"}, {}),
     "guided_regex": ("R77[0-9]+", {}),
     "guided_choice": (["yes77", "no77"], {}),
@@ -106,6 +110,12 @@ ASKS: dict[str, tuple[Any, dict[str, Any]]] = {
     "request_id": ("rid-77", {}),
     "return_tokens_as_token_ids": (True, {"logprobs": True}),
     "return_token_ids": (True, {}),
+    "session_id": ("session-77", {}),
+    "cache_salt": ("salt-77", {}),
+    "kv_transfer_params": ({"kv77": True}, {}),
+    "vllm_xargs": ({"xarg77": 77}, {}),
+    "repetition_detection": ({"max_pattern_size": 7, "min_count": 3}, {}),
+    "stream_interval": (7, {}),
 }
 # The names a translated field takes upstream, where the backend renames it.
 NATIVE_NAMES: dict[str, tuple[str, ...]] = {

@@ -43,12 +43,13 @@ CONTEXT: dict[str, dict[str, Any]] = {
     "continue_final_message": {"messages": [USER, {"role": "assistant", "content": "Hel"}]},
     "guided_whitespace_pattern": {"guided_json": {"type": "object"}},
     "guided_decoding_backend": {"guided_regex": "[a-z]+"},
+    "logprob_token_ids": {"logprobs": True},
 }
 
 BOOL_FIELDS = [
     "store", "stream", "logprobs", "echo", "add_generation_prompt", "add_special_tokens", "include_stop_str_in_output",
     "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "use_beam_search",
-    "return_tokens_as_token_ids", "return_token_ids",
+    "return_tokens_as_token_ids", "return_token_ids", "include_reasoning",
 ]  # fmt: skip
 
 
@@ -178,6 +179,21 @@ CASES: list[tuple[str, Any, bool]] = [
     *_int64("prompt_logprobs", -1),
     ("allowed_token_ids", [0, 5], True), ("allowed_token_ids", [], False), ("allowed_token_ids", [-1], False),
     ("allowed_token_ids", [True], False), ("allowed_token_ids", 5, False),
+    ("bad_words", [], True), ("bad_words", ["x", "y z"], True), ("bad_words", [""], False), ("bad_words", "x", False),
+    ("logprob_token_ids", [3, 7], True), ("logprob_token_ids", [], False), ("logprob_token_ids", [-1], False),
+    *_int64("thinking_token_budget", -1),
+    ("session_id", "s-1", True), ("session_id", "", False), ("session_id", 1, False),
+    ("cache_salt", "salt", True), ("cache_salt", "s" * 1024, True), ("cache_salt", "", False),
+    ("cache_salt", "s" * 1025, False),
+    ("kv_transfer_params", {"do_remote_decode": True}, True), ("kv_transfer_params", [1], False),
+    ("vllm_xargs", {"a": "x", "b": 2, "c": 0.5, "d": ["x", 1, 2.5]}, True), ("vllm_xargs", {"a": {"b": 1}}, False),
+    ("vllm_xargs", {"a": True}, False), ("vllm_xargs", {"a": math.inf}, False), ("vllm_xargs", {"a": 2**63}, False),
+    ("repetition_detection", {"max_pattern_size": 4, "min_pattern_size": 2, "min_count": 3}, True),
+    ("repetition_detection", {}, True), ("repetition_detection", {"max_pattern_size": 4, "min_count": 1}, False),
+    ("repetition_detection", {"max_pattern_size": 1, "min_pattern_size": 2, "min_count": 2}, False),
+    ("repetition_detection", {"max_pattern_size": -1}, False), ("repetition_detection", {"window": 3}, False),
+    ("stream_interval", 1, True), ("stream_interval", 0, False), ("stream_interval", 2**63, False),
+    ("stream_interval", 1.0, False),
     ("guided_json", '{"type": "object"}', True), ("guided_json", {"type": "object"}, True), ("guided_json", 1, False),
     ("guided_regex", "[a-z]+", True), ("guided_regex", "", False),
     ("guided_choice", ["yes", "no"], True), ("guided_choice", [], False), ("guided_choice", [""], False),
@@ -370,6 +386,8 @@ RULE_BREAKS: list[tuple[dict[str, Any], str]] = [
     ({"min_tokens": 5, "max_completion_tokens": 4}, "min_tokens"),
     ({"prompt_logprobs": 0, "stream": True}, "prompt_logprobs"),
     ({"prompt_logprobs": -1, "stream": True}, "prompt_logprobs"),
+    ({"logprob_token_ids": [1]}, "logprob_token_ids"),
+    ({"logprob_token_ids": [1], "logprobs": True, "use_beam_search": True}, "logprob_token_ids"),
     ({"response_format": {"type": "json_object"}, "guided_json": {}}, "guided_json"),
     ({"guided_json": {}, "guided_regex": "a"}, "guided_regex"),
     ({"guided_choice": ["a"], "structured_outputs": {"regex": "a"}}, "structured_outputs"),
@@ -398,6 +416,7 @@ RULE_KEEPS: list[dict[str, Any]] = [
     {"min_tokens": 4, "max_tokens": 4},
     {"min_tokens": 100},
     {"prompt_logprobs": 2, "stream": False},
+    {"logprob_token_ids": [1, 2], "logprobs": True, "top_logprobs": 3},
     {"use_beam_search": True, "n": 3, "stream": True},  # vLLM streams beams in chat (not in completions)
     {"response_format": {"type": "text"}, "guided_regex": "a+", "guided_decoding_backend": "outlines"},
     {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}, "tools": TOOLS},

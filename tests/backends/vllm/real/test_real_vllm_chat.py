@@ -236,3 +236,35 @@ async def test_gateway_chat_sampling_extras_reach_vllm(gw: Gateway, recorder: Re
     assert status == 200 and {c["index"] for e in events[:-1] for c in e["choices"]} == {0, 1}, events
     status, body = await gw.post({**fields, "logprobs": True, "return_tokens_as_token_ids": True}, CHAT)
     assert status == 200 and body["choices"][0]["logprobs"]["content"][0]["token"].startswith("token_id:"), body
+
+
+async def test_gateway_chat_vllm_only_extras_reach_vllm(gw: Gateway, recorder: Recorder) -> None:
+    fields = {"messages": MESSAGES, "max_completion_tokens": 6, "temperature": 0.0}
+    status, plain = await gw.post(fields, CHAT)
+    assert status == 200, plain
+    words = plain["choices"][0]["message"]["content"].split()
+    assert words, plain
+    status, body = await gw.post({**fields, "bad_words": [words[0]]}, CHAT)
+    assert status == 200 and sent(recorder)["bad_words"] == [words[0]], body
+    assert body["choices"][0]["message"]["content"] != plain["choices"][0]["message"]["content"]  # honoured
+
+    status, body = await gw.post({**fields, "logprobs": True, "logprob_token_ids": [21]}, CHAT)
+    assert status == 200, body
+    assert all(1 <= len(position["top_logprobs"]) <= 2 for position in body["choices"][0]["logprobs"]["content"])
+
+    extras = {
+        "cache_salt": "tenant-salt", "session_id": "s-1", "vllm_xargs": {"k": 1}, "include_reasoning": False,
+        "repetition_detection": {"max_pattern_size": 3, "min_count": 2}, "kv_transfer_params": {"x": 1},
+    }  # fmt: skip
+    status, body = await gw.post({**fields, **extras}, CHAT)
+    assert status == 200, body
+    assert {k: sent(recorder)[k] for k in extras} == extras
+    assert "kv_transfer_params" in body  # asked for: the server's answer (null without a KV connector) comes back
+
+    status, events = await gw.stream({**fields, "stream_interval": 3}, CHAT)
+    assert status == 200 and events[-1] == "[DONE]", events
+    content = [e for e in events[:-1] if e["choices"] and e["choices"][0]["delta"].get("content")]
+    assert len(content) < 6  # tokens batched per chunk (the first and last chunks are sent at once)
+
+    status, body = await gw.post({**fields, "thinking_token_budget": 5}, CHAT)  # vLLM answers for itself
+    assert status == 400 and "thinking_token_budget" in body["error"]["message"], body
