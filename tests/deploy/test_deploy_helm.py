@@ -255,6 +255,9 @@ def test_the_chart_version_is_the_gateways() -> None:
     assert chart["appVersion"] == version
 
 
+_SHARED = ("--set", "redis.enabled=true")  # several processes keep conversations in Redis
+
+
 def test_workers_follow_the_pods_cpu(tmp_path: Path) -> None:
     """requests: the Downward API's rounded-up request; auto: only with a CPU limit; N: N."""
     by_default = container(gateway_deployment(render("default")), "gateway")
@@ -263,7 +266,8 @@ def test_workers_follow_the_pods_cpu(tmp_path: Path) -> None:
     error = refusal("--set", "workers=auto")
     assert "limits.cpu" in error and "a worker per core of the node" in error
     auto = container(
-        gateway_deployment(render("default", "--set", "workers=auto", "--set", "resources.limits.cpu=3")), "gateway"
+        gateway_deployment(render("default", "--set", "workers=auto", "--set", "resources.limits.cpu=3", *_SHARED)),
+        "gateway",
     )
     assert next(e for e in auto["env"] if e["name"] == "GATEWAY_WORKERS")["value"] == "auto"
     assert "requests" in refusal("--set", "workers=many")

@@ -101,6 +101,44 @@ def test_an_external_redis_url_with_a_password_is_refused() -> None:
     assert "redis.external.existingSecret" in error
 
 
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "existing-config"])
+def test_stored_conversations_are_shared_by_every_process(variant: str) -> None:
+    """Several processes keep Responses' conversations in the Redis they are given (the one the
+    limits use): never each in its own memory (400 store_not_shared, or a 404 on another pod)."""
+    objs = render(variant)
+    config = _config(objs)
+    env = pod_env(objs, container(gateway_deployment(objs), "gateway"))
+    if REDIS_URL in env:
+        assert config.responses.store_url == env[REDIS_URL]
+        assert config.auth is None or config.auth.store_url == env[REDIS_URL]
+    else:
+        assert config.responses.store_url is None
+        assert _max_processes(objs) == 1, f"{variant}: {_max_processes(objs)} processes, each its own conversations"
+
+
+def test_the_chart_shares_the_store_or_refuses(tmp_path: Path) -> None:
+    """Workers > 1 and no Redis: refused, naming what the gateway would answer; Redis (the release's
+    or an external one) fills responses.store in; a store the config names is kept."""
+    error = refusal("--set", "workers=2")
+    assert "2 gateway processes" in error and "store_not_shared" in error and "responses.store: memory" in error
+    assert "store_not_shared" in refusal("--set", "autoscaling.enabled=true")  # replicas too: up to 6
+    chosen = _config(render("default", "--set", "workers=2", "--set", "config.responses.store=memory"))
+    assert chosen.responses.store_url is None  # the operator's explicit choice
+    for redis in (["--set", "redis.enabled=true"], ["--set", "redis.external.url=redis://cache:6379/2"]):
+        objs = render("default", "--set", "workers=2", *redis)
+        assert (
+            _config(objs).responses.store_url
+            == pod_env(objs, container(gateway_deployment(objs), "gateway"))[REDIS_URL]
+        )
+    values = {"redis": {"enabled": True}, "workers": 2, "config": {"responses": {"store": "${OTHER}", "ttl": 600}}}
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values), encoding="utf-8")
+    kept = yaml.safe_load(config_text(render("default", "-f", str(path))) or "")
+    assert kept["responses"] == {"store": "${OTHER}", "ttl": 600}
+    error = refusal("--set", "config.responses.store=redis://:pw@r:6379/0")
+    assert "config.responses.store holds a password" in error
+
+
 # --- vLLM servers of the release ------------------------------------------------------------
 
 

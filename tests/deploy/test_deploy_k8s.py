@@ -124,8 +124,7 @@ def test_kustomize_renders(variant: str) -> None:
     }
     if variant.endswith("+monitoring"):
         expected |= CRD_KINDS
-    if variant.startswith("multi-node"):
-        expected |= {"NetworkPolicy"}  # components/redis: only the gateway pods reach Redis
+    expected |= {"NetworkPolicy"}  # components/redis (every overlay): only the gateway pods reach Redis
     assert kinds == expected
     namespaced = [o for o in objs if o["kind"] != "Namespace"]
     assert {o["metadata"].get("namespace") for o in namespaced} == {"completions-gateway"}

@@ -1,8 +1,9 @@
-"""deploy/k8s: per-key limits hold for the whole gateway. Wherever more than one gateway
-process can serve (HPA replicas x workers per pod) and a key has rpm/tpm/max_concurrent,
-the overlay's gateway YAML (validated by the gateway's own config model) names a Redis
-store, and that store is a rendered Service on the right port in front of a Redis pod
-with a readiness probe, reachable by the gateway pods through the NetworkPolicy.
+"""deploy/k8s: per-key limits and Responses' stored conversations hold for the whole gateway.
+Wherever more than one gateway process can serve (HPA replicas x workers per pod), the
+overlay's gateway YAML (validated by the gateway's own config model) names a Redis
+``responses.store``, and ``auth.store`` too when a key has rpm/tpm/max_concurrent; each store
+is a rendered Service on the right port in front of a Redis pod with a readiness probe,
+reachable by the gateway pods through the NetworkPolicy.
 """
 
 from __future__ import annotations
@@ -55,30 +56,41 @@ def _limited_keys(config: GatewayConfig) -> list[str]:
 
 
 def _store_problems(objs: tuple[Obj, ...], config: GatewayConfig) -> list[str]:
-    """Why this overlay's limits would not hold gateway-wide (empty when they do)."""
+    """Why this overlay's limits or stored conversations would not hold gateway-wide (empty when they do)."""
     limited = _limited_keys(config)
     replicas = _one(objs, "HorizontalPodAutoscaler", "gateway")["spec"]["maxReplicas"]
     workers = _workers_per_pod(objs)
     problems = [f"{p} (--workers {workers})" for p in worker_problems(config, workers)]
+    stores: dict[str, str] = {}
     url = config.auth.store_url if config.auth is not None else None
-    if url is None:
-        if limited and replicas * workers > 1:
-            problems.append(
-                f"keys {limited} have limits and up to {replicas * workers} processes serve: no Redis store"
-            )
-        return problems
+    if url is not None:
+        stores["auth.store"] = url
+    elif limited and replicas * workers > 1:
+        problems.append(f"keys {limited} have limits and up to {replicas * workers} processes serve: no Redis store")
+    if config.responses.store_url is not None:
+        stores["responses.store"] = config.responses.store_url
+    elif replicas * workers > 1:
+        problems.append(f"up to {replicas * workers} processes serve: responses.store is each one's memory")
+    for field, store in stores.items():
+        problems += _redis_problems(objs, field, store)
+    return problems
+
+
+def _redis_problems(objs: tuple[Obj, ...], field: str, url: str) -> list[str]:
+    """Why the Redis ``url`` (of ``field``) is not a Redis the gateway pods reach."""
+    problems: list[str] = []
     where = urlsplit(url)
     host, port = where.hostname or "", where.port or 6379
     name = host.split(".", 1)[0]
     if host not in (name, f"{name}.{NAMESPACE}", f"{name}.{NAMESPACE}.svc", f"{name}.{NAMESPACE}.svc.cluster.local"):
-        return [*problems, f"auth.store host {host!r} is not a Service of namespace {NAMESPACE}"]
+        return [f"{field} host {host!r} is not a Service of namespace {NAMESPACE}"]
     services = [o for o in objs if o["kind"] == "Service" and o["metadata"]["name"] == name]
     if not services:
-        return [*problems, f"auth.store names Service {name!r}, which the overlay does not render"]
+        return [f"{field} names Service {name!r}, which the overlay does not render"]
     service = services[0]
     service_port = next((p for p in service["spec"]["ports"] if p["port"] == port), None)
     if service_port is None:
-        return [*problems, f"Service {name} has no port {port} (auth.store's)"]
+        return [f"Service {name} has no port {port} ({field}'s)"]
     pods = [
         o
         for o in objs
@@ -130,10 +142,15 @@ def test_multi_node_counts_limits_in_its_redis() -> None:
     assert worker_problems(config, 4) == []
 
 
-def test_single_node_needs_no_redis() -> None:
+def test_single_node_keeps_its_conversations_in_redis() -> None:
+    """No key is limited, but two replicas continue the same conversations: the store is Redis."""
     objs = _render("single-node")
-    assert _limited_keys(_config(objs)) == []
-    assert not [o for o in objs if o["metadata"]["name"] == "redis"]
+    config = _config(objs)
+    assert _limited_keys(config) == []
+    assert config.responses.store_url == f"redis://redis.{NAMESPACE}.svc.cluster.local:6379/0"
+    assert _one(objs, "Deployment", "redis")["spec"]["replicas"] == 1
+    memory = config.model_copy(update={"responses": config.responses.model_copy(update={"store": SecretStr("memory")})})
+    assert any("responses.store is each one's memory" in p for p in _store_problems(objs, memory))
 
 
 def test_store_check_catches_a_mismatch() -> None:

@@ -60,15 +60,26 @@ helm.sh/chart: {{ printf "%s-%s" $ctx.Chart.Name $ctx.Chart.Version | replace "+
 {{- end -}}
 
 {{/*
-The inline config as the gateway reads it: `config` with `auth.store: ${GATEWAY_REDIS_URL}` added
-when Redis is configured and the config has auth without a store. Fails, naming the YAML path,
-when a secret field holds a literal instead of a ${VAR} (it would sit in a ConfigMap).
+The inline config as the gateway reads it: when Redis is configured, `config` with
+`auth.store: ${GATEWAY_REDIS_URL}` added if it has auth without a store, and
+`responses.store: ${GATEWAY_REDIS_URL}` if it sets no `responses.store` (stored responses and the
+conversations they continue, shared by every process). Fails, naming the YAML path, when a secret
+field holds a literal instead of a ${VAR} (it would sit in a ConfigMap).
 */}}
 {{- define "cg.config" -}}
 {{- $config := deepCopy .Values.config -}}
 {{- $auth := get $config "auth" -}}
 {{- if and $auth (not (hasKey $auth "store")) (include "cg.hasRedis" .) -}}
 {{- $_ := set $auth "store" "${GATEWAY_REDIS_URL}" -}}
+{{- end -}}
+{{- $responses := get $config "responses" | default dict -}}
+{{- if and (not (hasKey $responses "store")) (include "cg.hasRedis" .) -}}
+{{- $_ := set $responses "store" "${GATEWAY_REDIS_URL}" -}}
+{{- $_ := set $config "responses" $responses -}}
+{{- end -}}
+{{- $responsesStore := toString (get $responses "store") -}}
+{{- if and (contains "@" $responsesStore) (not (include "cg.isReference" $responsesStore)) -}}
+{{- fail "config.responses.store holds a password: put the URL in a Secret (redis.external.existingSecret) and leave responses.store out" -}}
 {{- end -}}
 {{- if $auth -}}
 {{- range $i, $key := $auth.keys -}}
@@ -159,6 +170,23 @@ while more than one process serves (each would allow the whole limit).
 {{- if $limited -}}
 {{- fail (printf "keys %s have per-key limits and up to %d gateway processes serve (replicas x workers): each would allow the whole limit. Enable redis (redis.enabled or redis.external)" (join ", " $limited) $processes) -}}
 {{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Refuses stored conversations that would be split between processes: Responses' `store: true` and
+`previous_response_id` kept in each process's memory while more than one process serves (with
+workers > 1 the gateway refuses them, 400 store_not_shared; across replicas a continuation that
+lands on another pod is a 404). Redis fixes it (cg.config names it); `responses.store: memory`
+set explicitly is the operator's choice, and the chart lets it be.
+*/}}
+{{- define "cg.checkStore" -}}
+{{- if include "cg.inlineConfig" . -}}
+{{- $responses := get (include "cg.config" . | fromYaml) "responses" | default dict -}}
+{{- $processes := include "cg.maxProcesses" . | int -}}
+{{- if and (not (hasKey $responses "store")) (gt $processes 1) -}}
+{{- fail (printf "up to %d gateway processes serve (replicas x workers) and Responses' stored conversations (store: true, previous_response_id) would be kept in each one's memory: with workers > 1 the gateway refuses them (400 store_not_shared), and a continuation that lands on another replica is a 404. Enable redis (redis.enabled or redis.external; the chart then sets responses.store to it), or set config.responses.store: memory to accept that" $processes) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
