@@ -133,10 +133,13 @@ async def serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
             turns = ops.turns
             if turns is not None:  # Responses: the stored turns, the model's built-in tools policy
                 req = await turns.begin(req, entry, state.responses_state, record.key)
+            # The caps may give a request without max tokens the cap as its limit (a new request).
             if record.key is None:
-                guard.caps.check(req)  # no key: the deployment's caps alone
+                req = guard.caps.check(req)  # no key: the deployment's caps alone
             else:
-                guard.check(record.key, req, entry.name)
+                req = guard.check(record.key, req, entry.name)
+            if record.trace is not None:
+                record.trace.request = req
             routes = state.router.candidates(entry, req, ops)
             priority = state.admission.priority_of(request.headers)
             ROUTING_SESSION.set(request.headers.get("x-session-id"))  # a routing hint (backends.base)

@@ -14,8 +14,10 @@ text is estimated at 4 characters per token (token-id prompts count exactly); a 
 request's prompt is its messages, tools and response format, its max tokens
 ``max_completion_tokens`` or ``max_tokens`` (the request's own methods:
 :class:`gateway.served.ServedRequest`). The estimate only decides admission; the rate
-limiter settles from the upstream's real usage. A chat request that sets no max tokens is
-unbounded, so a ``max_tokens`` cap refuses it (naming ``max_completion_tokens``).
+limiter settles from the upstream's real usage. A request that sets no max tokens (unbounded on
+chat and Responses, 16 on completions) is sent with the ``max_tokens`` cap as its limit when the
+default would exceed it (``on_missing: apply``, the default: the SDKs and LangChain send none), or
+refused naming the field (``on_missing: refuse``).
 
 Cost: :meth:`Caps.check` is a few attribute reads and comparisons; the prompt walk is
 O(prompts) and only when the prompt is a batch.
@@ -24,6 +26,9 @@ O(prompts) and only when the prompt is a batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
+
+from pydantic import BaseModel
 
 from gateway.served import ServedRequest
 from schemas.config import CostCaps
@@ -60,6 +65,7 @@ class Caps:
     max_tokens: int | None = None
     prompts: int | None = None
     total_tokens: int | None = None
+    on_missing: str = "apply"  # a request without its output limit: "apply" the max_tokens cap, or "refuse"
     sources: tuple[tuple[str, str], ...] = ()
 
     @classmethod
@@ -78,14 +84,19 @@ class Caps:
                 values[name] = mine
                 if mine is not None:
                     sources.append((name, "this deployment"))
-        return cls(max_prompt_array, sources=tuple(sources), **values)
+        on_missing = (
+            key.on_missing if key is not None and "on_missing" in key.model_fields_set else deployment.on_missing
+        )
+        return cls(max_prompt_array, on_missing=on_missing, sources=tuple(sources), **values)
 
     @property
     def any(self) -> bool:
         return any(getattr(self, name) is not None for name in CAP_FIELDS)
 
-    def check(self, request: ServedRequest) -> None:
-        """Raise :class:`CapExceededError` for the first cap the request goes over."""
+    def check(self, request: ServedRequest) -> ServedRequest:
+        """The request to serve: ``request``, or a copy with the ``max_tokens`` cap as its output limit
+        when it set none (``on_missing: apply``); raises :class:`CapExceededError` for the first cap
+        it goes over."""
         array = request.prompt_array
         if array is not None:
             self._check_prompt_array(array)
@@ -96,7 +107,15 @@ class Caps:
             raise self._over("best_of", "best_of", f"'best_of' is {best_of}")
         param = request.output_limit_param
         if self.max_tokens is not None:
-            if not request.output_bounded:
+            if (
+                self.on_missing == "apply"
+                and not request.output_limit_set
+                and (not request.output_bounded or request.output_limit > self.max_tokens)
+            ):
+                # Sent with the cap as its limit (a frozen model: a copy; the field counts as set).
+                model = cast(BaseModel, request).model_copy(update={param: self.max_tokens})
+                request = cast(ServedRequest, model)
+            elif not request.output_bounded:
                 raise self._over(
                     "max_tokens",
                     param,
@@ -116,6 +135,7 @@ class Caps:
                     param,
                     f"this request may use up to {total} tokens (prompt estimate + {param} x n x prompts)",
                 )
+        return request
 
     def _check_prompt_array(self, prompt: list[str] | list[int] | list[list[int]]) -> None:
         limit = self.max_prompt_array

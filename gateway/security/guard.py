@@ -104,14 +104,14 @@ class RequestGuard:
             raise
         return key
 
-    def check(self, key: ApiKey | None, req: ServedRequest, model: str) -> None:
-        """May ``key`` send ``req`` to the configured ``model``? Raises the refusal (403, 400)."""
+    def check(self, key: ApiKey | None, req: ServedRequest, model: str) -> ServedRequest:
+        """May ``key`` send ``req`` to the configured ``model``? The request to serve (its caps may set
+        its output limit: ``Caps.check``), or the refusal raised (403, 400)."""
         if key is None:
-            self.caps.check(req)
-            return
+            return self.caps.check(req)
         try:
             KeyRing.check_model(key, model)
-            key.caps.check(req)
+            return key.caps.check(req)
         except (PermissionDeniedError, CapExceededError) as exc:
             self._metrics.key_rejected(key.name, "model" if isinstance(exc, PermissionDeniedError) else "cost_cap")
             raise

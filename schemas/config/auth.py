@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
@@ -23,8 +23,12 @@ class CostCaps(_Strict):
 
     n: Annotated[int, Field(ge=1)] | None = None
     best_of: Annotated[int, Field(ge=1)] | None = None
-    # Checked against 16 (OpenAI's default) when a request leaves max_tokens unset.
+    # The output limit (max_tokens, chat's max_completion_tokens, Responses' max_output_tokens).
     max_tokens: Annotated[int, Field(ge=1)] | None = None
+    # A request that leaves its output limit unset (the openai SDK and LangChain send none): "apply"
+    # sends it with max_tokens as its limit; "refuse" answers 400 naming the field. Unset on a key:
+    # the deployment's choice.
+    on_missing: Literal["apply", "refuse"] = "apply"
     # Prompts in one request (a batch of N prompts counts N).
     prompts: Annotated[int, Field(ge=1)] | None = None
     # Prompt (estimated) + max_tokens x max(n, best_of) x prompts.

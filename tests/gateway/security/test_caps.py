@@ -55,10 +55,22 @@ async def test_within_caps_passes(secure_gateway: MakeSecureGateway) -> None:
 
 
 async def test_unset_max_tokens_counts_as_16(secure_gateway: MakeSecureGateway) -> None:
-    gw = await secure_gateway("caps: {max_tokens: 8}\n")
+    gw = await secure_gateway("caps: {max_tokens: 8, on_missing: refuse}\n")
     status, answer = await post(gw.url, {"model": MOCK_MODEL, "prompt": "hi"})
     assert status == 400
     assert "'max_tokens' is 16 (the default when unset)" in answer["error"]["message"]
+
+
+@pytest.mark.parametrize(("cap", "sent"), [(8, 8), (64, None)], ids=["under-16", "over-16"])
+async def test_unset_max_tokens_is_sent_as_the_cap(
+    secure_gateway: MakeSecureGateway, cap: int, sent: int | None
+) -> None:
+    """on_missing: apply (the default): the cap is the limit where OpenAI's default of 16 would pass it."""
+    gw = await secure_gateway(f"caps: {{max_tokens: {cap}}}\n")
+    status, answer = await post(gw.url, {"model": OPENAI_MODEL, "prompt": "hi"})
+    assert status == 200, answer
+    [seen] = gw.upstream.requests
+    assert seen.body.get("max_tokens") == sent
 
 
 async def test_key_caps_tighten_deployment_caps(secure_gateway: MakeSecureGateway) -> None:

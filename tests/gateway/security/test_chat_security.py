@@ -38,15 +38,39 @@ async def test_max_tokens_cap_names_the_chat_field(secure_gateway: MakeSecureGat
     assert body["error"]["code"] == "cost_cap_exceeded"
     status, body = await post(gw.url, {"model": MOCK_MODEL, "messages": MESSAGES, "max_tokens": 51})
     assert status == 400 and body["error"]["param"] == "max_tokens", body
-    # unset is unbounded on chat (the reply may run to the context length): the cap asks for a bound
-    status, body = await post(gw.url, {"model": MOCK_MODEL, "messages": MESSAGES})
-    assert status == 400 and body["error"]["param"] == "max_completion_tokens", body
-    assert "unset" in body["error"]["message"]
-    assert body["error"]["message"].endswith("; set it to at most 50."), body  # one sentence, with the bound
     status, body = await post(gw.url, {"model": MOCK_MODEL, "messages": MESSAGES, "max_tokens": 5, "n": 3})
     assert status == 400 and body["error"]["param"] == "n", body
     status, body = await post(gw.url, {"model": MOCK_MODEL, "messages": MESSAGES, "max_completion_tokens": 50})
     assert status == 200, body
+
+
+async def test_a_chat_request_without_max_tokens_is_sent_with_the_cap(secure_gateway: MakeSecureGateway) -> None:
+    """The SDKs and LangChain send no max tokens: the cap becomes the request's limit (on_missing: apply,
+    the default), under the name the backend takes; the client's own value is never raised to it."""
+    gw = await secure_gateway("caps: {max_tokens: 50}\n")
+    status, body = await post(gw.url, {"model": OPENAI_MODEL, "messages": MESSAGES})
+    assert status == 200, body
+    status, body = await post(gw.url, {"model": OPENAI_MODEL, "messages": MESSAGES, "max_tokens": 7})
+    assert status == 200, body
+    sent = [seen.body for seen in gw.upstream.requests]
+    assert [(b.get("max_completion_tokens"), b.get("max_tokens")) for b in sent] == [(50, None), (7, None)]
+
+
+async def test_on_missing_refuse_asks_for_a_bound(secure_gateway: MakeSecureGateway) -> None:
+    """unset is unbounded on chat (the reply may run to the context length): refuse asks for a bound."""
+    gw = await secure_gateway("caps: {max_tokens: 50, on_missing: refuse}\n")
+    status, body = await post(gw.url, {"model": MOCK_MODEL, "messages": MESSAGES})
+    assert status == 400 and body["error"]["param"] == "max_completion_tokens", body
+    assert "unset" in body["error"]["message"]
+    assert body["error"]["message"].endswith("; set it to at most 50."), body  # one sentence, with the bound
+    # A key may choose otherwise than the deployment: its on_missing wins.
+    gw = await secure_gateway(
+        auth_section(a="caps: {on_missing: apply}") + "caps: {max_tokens: 50, on_missing: refuse}\n"
+    )
+    status, body = await post(gw.url, {"model": MOCK_MODEL, "messages": MESSAGES}, AUTH_A)
+    assert status == 200, body
+    status, body = await post(gw.url, {"model": MOCK_MODEL, "messages": MESSAGES}, AUTH_B)
+    assert status == 400 and body["error"]["code"] == "cost_cap_exceeded", body
 
 
 async def test_tpm_reserves_the_messages_estimate_and_settles_from_usage(secure_gateway: MakeSecureGateway) -> None:
