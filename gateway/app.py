@@ -28,6 +28,7 @@ from gateway.flow.retry import RetryPolicy
 from gateway.flow.router import BackendGuard, Router, endpoint_problems
 from gateway.flow.service import CompletionService
 from gateway.http import handlers
+from gateway.http.explorer import add_explorer_routes
 from gateway.http.hardening import handler_args, register_secrets
 from gateway.http.middleware import expect_handler, request_middleware
 from gateway.http.openapi import openapi_handler
@@ -164,6 +165,8 @@ def _add_routes(app: web.Application, config: GatewayConfig, guard: RequestGuard
     metrics_digest = guard.keyring.metrics_digest if guard.keyring is not None else None
     app.router.add_get("/metrics", protect(handlers.metrics, metrics_digest) if metrics_digest else handlers.metrics)
     app.router.add_get("/openapi.json", openapi_handler(config, guard.keyring))
+    if config.server.api_explorer:
+        add_explorer_routes(app)  # GET /docs: Swagger UI over /openapi.json (gateway.http.explorer)
     app.router.add_get("/v1/responses/{response_id}", retrieve_response)
     app.router.add_delete("/v1/responses/{response_id}", delete_response)
     app.router.add_get("/v1/responses/{response_id}/input_items", list_input_items)

@@ -31,7 +31,7 @@ from schemas.chat_responses import ChatCompletionChunk, ChatCompletionResponse
 from schemas.completions import CompletionRequest, CompletionResponse
 from schemas.config import GatewayConfig
 from schemas.embeddings import EmbeddingRequest
-from schemas.endpoints import ENDPOINT_PATHS, Endpoint
+from schemas.endpoints import ENDPOINT_ALIASES, ENDPOINT_PATHS, Endpoint
 from schemas.errors import ErrorEnvelope
 from schemas.rerank import RerankRequest
 from schemas.responses import ResponsesRequest
@@ -61,6 +61,20 @@ class ModelList(BaseModel):
 
 class Health(BaseModel):
     status: Literal["ok", "draining"]
+
+
+class Readiness(BaseModel):
+    status: Literal["ready", "not_ready", "draining"]
+    reason: Literal["no_routable_backend"] | None = None
+
+
+_EXPLORER = {
+    "get": {
+        "operationId": "apiExplorer",
+        "summary": "This document in an API explorer (Swagger UI, served by the gateway: no CDN)",
+        "responses": {"200": {"description": "HTML", "content": {"text/html": {"schema": {"type": "string"}}}}},
+    }
+}
 
 
 class Version(BaseModel):
@@ -318,6 +332,7 @@ def build_openapi(config: GatewayConfig, visible: list[str] | None = None) -> di
             (ErrorEnvelope, "validation"),
             (ModelList, "validation"),
             (Health, "validation"),
+            (Readiness, "validation"),
             (InputItemList, "validation"),
             (ResponseDeleted, "validation"),
             (Version, "validation"),
@@ -410,12 +425,22 @@ def build_openapi(config: GatewayConfig, visible: list[str] | None = None) -> di
     if metrics_security:
         metrics["security"] = metrics_security
     health_answer = {"application/json": {"schema": _ref("Health")}}
+    ready_answer = {"application/json": {"schema": _ref("Readiness")}}
+    # The rerank endpoint's other paths (Cohere's /v2/rerank, Jina's /rerank): the same operation.
+    rerank = generations[ENDPOINT_PATHS[Endpoint.RERANK]]
+    for alias in ENDPOINT_ALIASES[Endpoint.RERANK]:
+        generations[alias] = {**rerank, "operationId": "rerank" + alias.replace("/", "_")}
     return {
         "openapi": "3.1.0",
         "info": {
             "title": "completions-gateway",
             "version": gateway_version(),
-            "description": "An OpenAI Completions and Chat Completions API gateway.",
+            "description": (
+                "An OpenAI-compatible LLM gateway: Completions, Chat Completions, Responses, embeddings and "
+                "rerank (and vLLM's tokenizer on vLLM routes) over OpenAI-compatible APIs, vLLM, TGI, Ollama, "
+                "llama.cpp and TEI. Every request is checked against a strict schema and what its backend can "
+                "honour; a field it cannot is refused by name."
+            ),
         },
         "paths": {
             **{path: {"post": operation} for path, operation in generations.items()},
@@ -433,7 +458,19 @@ def build_openapi(config: GatewayConfig, visible: list[str] | None = None) -> di
                     },
                 }
             },
+            "/ready": {
+                "get": {
+                    "operationId": "ready",
+                    "summary": "Readiness: some model has a route that can take a request now (503 while "
+                    "draining or when none can)",
+                    "responses": {
+                        "200": {"description": "Ready", "content": ready_answer},
+                        "503": {"description": "Draining, or no routable backend", "content": ready_answer},
+                    },
+                }
+            },
             "/metrics": {"get": metrics},
+            **({"/docs": _EXPLORER} if config.server.api_explorer else {}),
             "/openapi.json": {
                 "get": {
                     "operationId": "openapi",

@@ -38,6 +38,8 @@ class ServerConfig(_Strict):
     drain_delay: Annotated[float, Field(ge=0, le=600)] = 0.0
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     access_log: bool = False
+    # GET /docs: the API explorer (Swagger UI over /openapi.json, served from a pinned package, no CDN).
+    api_explorer: bool = True
     # --- hardening against hostile or broken clients (README "Security") ---
     # Longest request line and longest header field (bytes), and most header fields; beyond: 400.
     max_header_bytes: Annotated[int, Field(ge=1024, le=1024 * 1024)] = 8190
