@@ -7,8 +7,9 @@ Each family's tables live in its own folder (``backends/<family>/capabilities.py
 replaces, in each file, every block whose markers it holds: the completions matrix
 (``<!-- capability-matrix -->``), the chat matrix (``<!-- chat-capability-matrix -->``, rows from
 :meth:`ChatCapabilities.rows`: fields, then value forms such as ``tool_choice=required``) and
-README's pointer to both (``<!-- chat-capability-link -->``; the tables are too long for a
-five-minute README), and the Responses matrix (``<!-- responses-capability-matrix -->``, rows from
+README's pointer to them (``<!-- chat-capability-link -->``; the tables are too long for a
+five-minute README, which shows which endpoints each backend type serves: ``<!-- endpoint-matrix -->``,
+from the adapters' ``endpoints``), and the Responses matrix (``<!-- responses-capability-matrix -->``, rows from
 :meth:`ResponsesCapabilities.rows`: fields, then forms such as ``tools=web_search``; the bridged
 families' rows are derived from their chat tables). ``tests/tools/test_capability_matrix.py`` checks
 that the files hold exactly what this renders, so the docs cannot drift from the tables the router enforces.
@@ -57,6 +58,7 @@ from backends.vllm.capabilities import (
     vllm_responses_capabilities,
 )
 from backends.vllm.versions import BOUNDARIES, CHAT_BOUNDARIES, VLLMChatFeatures, VLLMFeatures
+from schemas.endpoints import Endpoint
 
 __all__ = [
     "BEGIN",
@@ -66,15 +68,19 @@ __all__ = [
     "CHAT_LINK_BEGIN",
     "CHAT_LINK_END",
     "END",
+    "ENDPOINTS_BEGIN",
+    "ENDPOINTS_END",
     "RESPONSES_BEGIN",
     "RESPONSES_END",
     "blocks",
     "chat_columns",
     "chat_keys",
     "columns",
+    "endpoint_rows",
     "render",
     "render_chat",
     "render_chat_link",
+    "render_endpoints",
     "render_responses",
     "replace_block",
     "responses_columns",
@@ -211,10 +217,57 @@ def render_chat() -> str:
 
 def render_chat_link() -> str:
     return (
-        f"{CHAT_LINK_BEGIN}\n\nChat (`/v1/chat/completions`) and Responses (`/v1/responses`) have their own "
-        f"tables, fields and value forms per backend type: [chat]({CHAT_DOC}), "
-        f"[responses]({CHAT_DOC}#responses-capability-matrix).\n\n{CHAT_LINK_END}\n"
+        f"{CHAT_LINK_BEGIN}\n\nEvery field of every endpoint, per backend type (and per vLLM version), in "
+        f"[docs/capabilities.md]({CHAT_DOC}): [chat]({CHAT_DOC}#chat-capability-matrix), "
+        f"[Responses]({CHAT_DOC}#responses-capability-matrix), "
+        f"[embeddings and rerank]({CHAT_DOC}#embeddings-and-rerank-capability-matrix), "
+        f"[completions]({CHAT_DOC}#completions-capability-matrix).\n\n{CHAT_LINK_END}\n"
     )
+
+
+ENDPOINTS_BEGIN = "<!-- endpoint-matrix: rendered by `python -m tools.capability_matrix`; do not edit by hand -->"
+ENDPOINTS_END = "<!-- /endpoint-matrix -->"
+_ENDPOINT_COLUMNS = (
+    ("chat", (Endpoint.CHAT,)),
+    ("Responses", (Endpoint.RESPONSES,)),
+    ("completions", (Endpoint.COMPLETIONS,)),
+    ("embeddings", (Endpoint.EMBEDDINGS,)),
+    ("rerank", (Endpoint.RERANK,)),
+    ("tokenize, detokenize", (Endpoint.TOKENIZE, Endpoint.DETOKENIZE)),
+)
+
+
+def endpoint_rows() -> list[tuple[str, frozenset[Endpoint]]]:
+    """``(backend type, the endpoints its adapter serves)`` for every backend type, in config order."""
+    from backends.mock import MockBackend
+    from backends.native.llamacpp import LlamaCppBackend
+    from backends.native.ollama import OllamaBackend
+    from backends.native.tei import TEIBackend
+    from backends.native.tgi import TGIBackend
+    from backends.openai.adapter import OpenAIBackend
+    from backends.vllm.adapter import VLLMBackend
+    from backends.vllm.pool import VLLMPoolBackend
+
+    kinds = (OpenAIBackend, VLLMBackend, VLLMPoolBackend, TGIBackend, OllamaBackend, LlamaCppBackend, TEIBackend)
+    return [(cls.kind, frozenset(cls.endpoints)) for cls in (*kinds, MockBackend)]
+
+
+def render_endpoints() -> str:
+    """README's summary: which endpoints each backend type serves (the adapters' ``endpoints``)."""
+    lines = [ENDPOINTS_BEGIN, "", "| backend type | " + " | ".join(t for t, _ in _ENDPOINT_COLUMNS) + " |"]
+    lines.append("|---" * (len(_ENDPOINT_COLUMNS) + 1) + "|")
+    for kind, served in endpoint_rows():
+        cells = ["yes" if served.issuperset(eps) else "—" for _, eps in _ENDPOINT_COLUMNS]
+        lines.append(f"| `{kind}` | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Responses is relayed to an `openai` backend and served over the backend's chat elsewhere (the gateway "
+        "keeps the conversation); a `vllm-pool` of a pooling model (`--runner pooling`) serves embeddings, "
+        "rerank and the tokenizer.",
+        "",
+        ENDPOINTS_END,
+    ]
+    return "\n".join(lines) + "\n"
 
 
 POOLING_BEGIN = (
@@ -314,6 +367,7 @@ def render_responses() -> str:
 def blocks() -> list[tuple[str, str, str]]:
     """``(begin marker, end marker, rendered block)`` of every block this tool keeps."""
     return [(BEGIN, END, render()), (CHAT_LINK_BEGIN, CHAT_LINK_END, render_chat_link()),
+            (ENDPOINTS_BEGIN, ENDPOINTS_END, render_endpoints()),
             (CHAT_BEGIN, CHAT_END, render_chat()), (POOLING_BEGIN, POOLING_END, render_pooling()),
             (RESPONSES_BEGIN, RESPONSES_END, render_responses())]  # fmt: skip
 

@@ -1,4 +1,4 @@
-"""README's capability matrix and docs/capabilities.md's chat matrix are exactly what the capability tables render."""
+"""README's endpoint summary and docs/capabilities.md's matrices are exactly what the capability tables render."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from tools.capability_matrix import (
     CHAT_LINK_BEGIN,
     CHAT_LINK_END,
     END,
+    ENDPOINTS_BEGIN,
+    ENDPOINTS_END,
     POOLING_BEGIN,
     POOLING_END,
     RESPONSES_BEGIN,
@@ -26,11 +28,13 @@ from tools.capability_matrix import (
     chat_columns,
     chat_keys,
     columns,
+    endpoint_rows,
     main,
     pooling_columns,
     render,
     render_chat,
     render_chat_link,
+    render_endpoints,
     render_pooling,
     render_responses,
     replace_block,
@@ -47,16 +51,32 @@ def block_of(text: str, begin: str, end: str) -> str:
     return text[start : text.index(end, start) + len(end) + 1]
 
 
-def test_readme_shows_the_rendered_matrix() -> None:
+def test_readme_shows_which_endpoints_each_backend_type_serves() -> None:
     text = README.read_text(encoding="utf-8")
-    assert block_of(text, BEGIN, END) == render(), "README is " + STALE
+    assert block_of(text, ENDPOINTS_BEGIN, ENDPOINTS_END) == render_endpoints(), "README is " + STALE
+    assert BEGIN not in text, "the completions matrix lives in docs/capabilities.md"
 
 
-def test_readme_links_the_chat_matrix_right_after_the_completions_one() -> None:
+def test_docs_show_the_rendered_completions_matrix() -> None:
+    text = (ROOT / CHAT_DOC).read_text(encoding="utf-8")
+    assert block_of(text, BEGIN, END) == render(), CHAT_DOC + " is " + STALE
+
+
+def test_readme_links_the_matrices_right_after_the_endpoint_summary() -> None:
     text = README.read_text(encoding="utf-8")
     assert block_of(text, CHAT_LINK_BEGIN, CHAT_LINK_END) == render_chat_link(), "README is " + STALE
-    assert text.index(CHAT_LINK_BEGIN) == text.index(END) + len(END) + 2  # one blank line between
+    assert text.index(CHAT_LINK_BEGIN) == text.index(ENDPOINTS_END) + len(ENDPOINTS_END) + 2  # one blank line
     assert len(text.splitlines()) <= 260, "README is a five-minute read: long tables belong in docs/"
+
+
+def test_the_endpoint_summary_is_every_backend_type_and_what_its_adapter_serves() -> None:
+    rows = dict(endpoint_rows())
+    assert set(rows) == set(BACKEND_TYPES)
+    for kind, cls in _classes().items():
+        assert rows[kind] == cls.endpoints
+    table = render_endpoints()
+    assert "| `tei` | — | — | — | yes | yes | — |" in table
+    assert "| `tgi` | yes | yes | yes | — | — | — |" in table
 
 
 def test_docs_show_the_rendered_chat_matrix() -> None:
@@ -134,12 +154,17 @@ def test_write_replaces_only_the_block(tmp_path: Path) -> None:
 
 def test_write_renders_every_block_each_file_holds(tmp_path: Path) -> None:
     readme, doc = tmp_path / "README.md", tmp_path / "capabilities.md"
-    readme.write_text(f"a\n{BEGIN}\nx\n{END}\n\n{CHAT_LINK_BEGIN}\ny\n{CHAT_LINK_END}\nb\n", encoding="utf-8")
-    doc.write_text(f"# t\n{CHAT_BEGIN}\nz\n{CHAT_END}\n\n{POOLING_BEGIN}\nw\n{POOLING_END}\n", encoding="utf-8")
+    readme.write_text(
+        f"a\n{ENDPOINTS_BEGIN}\nx\n{ENDPOINTS_END}\n\n{CHAT_LINK_BEGIN}\ny\n{CHAT_LINK_END}\nb\n", encoding="utf-8"
+    )
+    doc.write_text(
+        f"# t\n{CHAT_BEGIN}\nz\n{CHAT_END}\n\n{POOLING_BEGIN}\nw\n{POOLING_END}\n\n{BEGIN}\nv\n{END}\n",
+        encoding="utf-8",
+    )
     assert main(["--write", str(readme), "--write", str(doc)]) == 0
-    assert readme.read_text(encoding="utf-8") == f"a\n{render()}\n{render_chat_link()}b\n"
-    assert doc.read_text(encoding="utf-8") == "# t\n" + render_chat() + "\n" + render_pooling()
-    assert len(blocks()) == 5
+    assert readme.read_text(encoding="utf-8") == f"a\n{render_endpoints()}\n{render_chat_link()}b\n"
+    assert doc.read_text(encoding="utf-8") == "# t\n" + render_chat() + "\n" + render_pooling() + "\n" + render()
+    assert len(blocks()) == 6
 
 
 def test_docs_show_the_rendered_responses_matrix() -> None:
