@@ -28,6 +28,8 @@ async def test_document_describes_the_endpoints(secure_gateway: MakeSecureGatewa
         "/v1/responses",
         "/v1/embeddings",
         "/v1/rerank",
+        "/v2/rerank",
+        "/rerank",
         "/tokenize",
         "/detokenize",
         "/v1/models",
@@ -36,8 +38,10 @@ async def test_document_describes_the_endpoints(secure_gateway: MakeSecureGatewa
         "/v1/models/{model}",
         "/version",
         "/health",
+        "/ready",
         "/metrics",
         "/openapi.json",
+        "/docs",
     }
     responses = doc["paths"]["/v1/responses"]["post"]
     assert responses["requestBody"]["content"]["application/json"]["schema"] == {
