@@ -443,6 +443,14 @@ class FakeUpstream:
         if behaviour.kind in ("raw", "endless"):
             return await self._raw(request, behaviour)
         if request.path.endswith("/responses"):
+            missing = self.unpersisted_item(body)
+            if missing is not None:  # OpenAI's answer, word for word
+                message = (
+                    f"Item with id '{missing}' not found. Items are not persisted when `store` is set to false. "
+                    "Try again with `store` set to true, or remove this item from your input."
+                )
+                error = {"message": message, "type": "invalid_request_error", "param": "input", "code": None}
+                return web.json_response({"error": error}, status=404)
             if not body.get("stream"):
                 return web.Response(body=self._dumps(self.response(body)), content_type="application/json")
             return await self._stream_responses(request, body, behaviour)
@@ -523,6 +531,19 @@ class FakeUpstream:
         return resp
 
     # --- OpenAI's Responses API (POST /v1/responses) ---------------------------------------------
+    @staticmethod
+    def unpersisted_item(body: dict[str, Any]) -> str | None:
+        """The id of a reasoning item OpenAI would have to look up although nothing was kept: one
+        without ``encrypted_content``, sent with ``store: false`` (the upstream keeps nothing then, so
+        this fake, which keeps nothing either, answers OpenAI's 404 for it)."""
+        items = body.get("input")
+        if body.get("store") is not False or not isinstance(items, list):
+            return None
+        for item in items:
+            if isinstance(item, dict) and item.get("type") == "reasoning" and not item.get("encrypted_content"):
+                return str(item.get("id"))
+        return None
+
     def response(self, body: dict[str, Any], *, status: str = "completed") -> dict[str, Any]:
         """OpenAI's Response object for ``body``: one message item of ``max_output_tokens`` words
         (16 by default), as the stream sends them."""

@@ -35,6 +35,7 @@ from backends.openai.capabilities import (
     OPENAI_EMBEDDINGS,
     OPENAI_RERANK,
     OPENAI_RESPONSES,
+    OPENAI_RESPONSES_UPSTREAM_STORE,
 )
 from backends.openai.chat import ChatStreamRelay, MaxTokensField, chat_payload, relay_chat_body
 from backends.openai.pooling import (
@@ -75,6 +76,9 @@ class OpenAIBackend(Backend):
         self.base_url = self._wire.base_url
         self._chat_max_tokens: MaxTokensField | None = config.chat_max_tokens_field
         self._status_error = self.status_error  # bound once: passed on every call
+        self._upstream_store = config.upstream_store
+        if config.upstream_store:  # the upstream keeps Responses: its stateful fields are served too
+            self.responses_capabilities = OPENAI_RESPONSES_UPSTREAM_STORE
 
     # --- request ----------------------------------------------------------------------
     def chat_payload(self, call: ChatCall) -> dict[str, Any]:
@@ -126,12 +130,23 @@ class OpenAIBackend(Backend):
 
     # --- responses (translator: backends.responses.native) ---------------------------------
     async def responses(self, call: ResponsesCall) -> CompletionResult:
-        data = await self._wire.post_read(self._wire.responses_url, native_payload(call), call, self._status_error)
+        data = await self._wire.post_read(
+            self._wire.responses_url,
+            native_payload(call, upstream_store=self._upstream_store),
+            call,
+            self._status_error,
+        )
         return relay_response_body(data, call, self.name)
 
     async def responses_stream(self, call: ResponsesCall) -> CompletionStream:
         wire = self._wire
-        resp = await wire.post(wire.responses_url, native_payload(call), call, self._status_error, stream=True)
+        resp = await wire.post(
+            wire.responses_url,
+            native_payload(call, upstream_store=self._upstream_store),
+            call,
+            self._status_error,
+            stream=True,
+        )
         return NativeResponseEvents(resp, call, self.name, max_event=wire.max_event)
 
     async def health(self) -> bool:

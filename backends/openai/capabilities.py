@@ -22,6 +22,8 @@ __all__ = [
     "OPENAI_MAX_TOKENS_PER_INPUT",
     "OPENAI_RERANK",
     "OPENAI_RESPONSES",
+    "OPENAI_RESPONSES_UPSTREAM_STORE",
+    "UPSTREAM_STATE_FIELDS",
 ]
 
 N, T, U = Level.NATIVE, Level.TRANSLATED, Level.UNSUPPORTED
@@ -39,9 +41,22 @@ OPENAI_CHAT = ChatCapabilities.build(
 # --- responses: OpenAI's own endpoint, everything forwarded (built-in tools included); the
 # vLLM extras that vLLM's Responses request shares with chat are not OpenAI's -----------------
 
+_VLLM_EXTRA = "a vLLM extra; OpenAI's Responses API has no such field"
+# What only an upstream that keeps Responses can serve: refused while the gateway sends
+# ``store: false`` (``backends[].upstream_store``, off by default: the gateway's store is the only copy).
+UPSTREAM_STATE_FIELDS = frozenset({"background", "conversation"})
+_NO_UPSTREAM_STORE = (
+    "it needs the upstream to keep the response, and this backend's upstream store is off "
+    "(backends[].upstream_store: true turns it on)"
+)
+
 OPENAI_RESPONSES = ResponsesCapabilities.native(
-    VLLM_RESPONSES_EXTRAS,
-    dict.fromkeys(VLLM_RESPONSES_EXTRAS, "a vLLM extra; OpenAI's Responses API has no such field"),
+    VLLM_RESPONSES_EXTRAS | UPSTREAM_STATE_FIELDS,
+    {**dict.fromkeys(VLLM_RESPONSES_EXTRAS, _VLLM_EXTRA), **dict.fromkeys(UPSTREAM_STATE_FIELDS, _NO_UPSTREAM_STORE)},
+)
+# ``upstream_store: true``: the upstream keeps its copy, so its stateful fields are forwarded too.
+OPENAI_RESPONSES_UPSTREAM_STORE = ResponsesCapabilities.native(
+    VLLM_RESPONSES_EXTRAS, dict.fromkeys(VLLM_RESPONSES_EXTRAS, _VLLM_EXTRA)
 )
 
 # --- embeddings (backends.openai.pooling): OpenAI's limits on token-id input; no vLLM extras ---

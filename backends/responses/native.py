@@ -6,6 +6,8 @@ every field the client set, nested explicit ``null`` kept (OpenAI reads a missin
 ``model`` the route's upstream id and ``input`` the expanded conversation (the gateway resolved
 ``previous_response_id`` from its own store: it is never sent upstream, where the id would not
 exist after a route change; every Response relayed back names it as the client sent it).
+``store`` is ``false`` unless the backend lets the upstream keep its own copy
+(``backends[].upstream_store``): the gateway's store is the only one, so its ``DELETE`` is final.
 
 :func:`relay_response_body` relays a non-streamed Response: parsed once (shape check, usage, the
 object for the store), the upstream's bytes with only ``model`` swapped where that is provably
@@ -45,12 +47,32 @@ _NUMBER = re.compile(rb" ?(\d{1,18})")  # a sequence number, after its key
 _TERMINAL = frozenset({"response.completed", "response.incomplete"})
 
 
-def native_payload(call: ResponsesCall) -> dict[str, Any]:
-    """The upstream body for ``call`` (module docstring)."""
-    body = call.request.upstream_fields()
+def native_payload(call: ResponsesCall, *, upstream_store: bool = False) -> dict[str, Any]:
+    """The upstream body for ``call`` (module docstring). ``upstream_store`` off (the backend's
+    default): ``store: false`` goes upstream whatever the client set (its ``store`` is the
+    gateway's), and the earlier turns the gateway expanded are sent as an upstream that kept
+    nothing can take them (:func:`_unstored`)."""
+    request = call.request
+    body = request.upstream_fields()
     body["model"] = call.upstream_model
     body.pop("previous_response_id", None)  # expanded into input by the gateway
+    if not upstream_store:
+        body["store"] = False
+        own = request.stored_input  # set when previous_response_id put earlier turns before the input
+        items = body.get("input")
+        if own is not None and type(items) is list:
+            earlier = len(items) - len(own)
+            body["input"] = [*_unstored(items[:earlier]), *items[earlier:]]
     return body
+
+
+def _unstored(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Earlier turns for an upstream with its store off. Items go by value (their ids may stay: the
+    Codex CLI sends ids with ``store: false``), but a reasoning item without ``encrypted_content``
+    is only an id there, which the upstream would look up in a store it never wrote (OpenAI
+    answers 404 "Items are not persisted when store is set to false"): it is not sent, as the
+    chat bridge sends no earlier reasoning. With its ``encrypted_content`` it goes as it is."""
+    return [item for item in items if item.get("type") != "reasoning" or item.get("encrypted_content")]
 
 
 def relay_response_body(data: bytes, call: ResponsesCall, backend: str) -> CompletionResult:

@@ -19,6 +19,13 @@ class OpenAIBackendConfig(_HTTPBackendBase):
     # OpenAI-compatible servers know only ``max_tokens``. The client's value, under either
     # name, is sent under this one.
     chat_max_tokens_field: Literal["max_completion_tokens", "max_tokens"] = "max_completion_tokens"
+    # Whether the upstream keeps its own copy of each Response (OpenAI's ``store``, true there by
+    # default). Off (the default): the gateway sends ``store: false`` on every ``/v1/responses``
+    # call, so the only copy is the gateway's own (what ``GET``/``DELETE /v1/responses/{id}`` and
+    # ``previous_response_id`` use), and a delete removes the turn everywhere; ``background`` and
+    # ``conversation`` (state only the upstream keeps) are refused by name. On: the client's
+    # ``store`` is forwarded as it set it (unset: the upstream's default keeps a copy too).
+    upstream_store: bool = False
 
 
 class VLLMBackendConfig(_HTTPBackendBase):

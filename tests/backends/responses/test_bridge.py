@@ -13,7 +13,7 @@ from backends.errors import UpstreamProtocolError
 from backends.mock.capabilities import MOCK_RESPONSES
 from backends.native.ollama_capabilities import OLLAMA_RESPONSES
 from backends.native.tgi_capabilities import TGI_RESPONSES
-from backends.openai.capabilities import OPENAI_RESPONSES
+from backends.openai.capabilities import OPENAI_RESPONSES, OPENAI_RESPONSES_UPSTREAM_STORE
 from backends.responses.answer import ResponseFrame, response_from_chat
 from backends.responses.capabilities import chat_request_of
 from backends.responses.events import ChatResponseEvents
@@ -131,8 +131,13 @@ def test_omit_is_not_a_refusal_but_forcing_an_omitted_tool_is() -> None:
 
 
 def test_openai_takes_builtin_tools() -> None:
-    request = req(input="x", tools=[{"type": "web_search"}, {"type": "mcp", "server_label": "s"}], background=True)
+    request = req(input="x", tools=[{"type": "web_search"}, {"type": "mcp", "server_label": "s"}])
     assert OPENAI_RESPONSES.refusal(request, "b", "openai") is None
+    # background needs the upstream's own store: served where the operator keeps it (upstream_store)
+    background = req(input="x", background=True)
+    assert OPENAI_RESPONSES_UPSTREAM_STORE.refusal(background, "b", "openai") is None
+    refused = OPENAI_RESPONSES.refusal(background, "b", "openai")
+    assert refused is not None and refused.param == "background"
 
 
 # --- answers ---------------------------------------------------------------------------------------
