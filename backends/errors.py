@@ -25,13 +25,14 @@ the ``backends.transport`` clients; nothing above the adapters sees them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
+from schemas.chat import ChatCompletionRequest
 from schemas.completions import CompletionRequest
 from schemas.embeddings import EmbeddingRequest
 from schemas.errors import GatewayError
@@ -333,7 +334,7 @@ def error_fields(body: bytes | dict[str, Any]) -> ErrorFields:
 
 # Every endpoint's fields: an upstream's param is kept when it names one of them.
 _REQUEST_FIELDS = frozenset(CompletionRequest.model_fields).union(
-    EmbeddingRequest.model_fields, RerankRequest.model_fields
+    ChatCompletionRequest.model_fields, EmbeddingRequest.model_fields, RerankRequest.model_fields
 )
 
 
@@ -348,24 +349,31 @@ def parse_retry_after(value: str | None) -> float | None:
 
 
 def error_from_upstream_body(
-    status: int, body: bytes, retry_after: str | None, backend: str, *, rename: Callable[[str], str] | None = None
+    status: int,
+    body: bytes,
+    retry_after: str | None,
+    backend: str,
+    *,
+    rename: Callable[[str], str] | None = None,
+    fields: Container[str] = _REQUEST_FIELDS,
 ) -> UpstreamStatusError:
     """Our error for an upstream's non-2xx answer (the one place that turns a status and body into it).
 
     On a client error (``invalid_request_error``) the upstream's ``param`` is kept when it
-    names one of our request fields (after ``rename``, the family's own spelling), and its
+    names one of our request ``fields`` (after ``rename``, the family's own spelling; by default
+    any endpoint's, a caller that knows the request's endpoint passes that one's), and its
     ``code`` when it is a string (``context_length_exceeded``); otherwise both are null,
     never a server-sounding code.
     """
-    fields = error_fields(body)
-    error = UpstreamStatusError(status, fields.message, retry_after=parse_retry_after(retry_after), backend=backend)
+    parsed = error_fields(body)
+    error = UpstreamStatusError(status, parsed.message, retry_after=parse_retry_after(retry_after), backend=backend)
     if error.type == "invalid_request_error":
-        param = fields.param
+        param = parsed.param
         if param is not None and rename is not None:
             param = rename(param)
-        error.param = param if param in _REQUEST_FIELDS else None
-        if fields.code is not None:
-            error.code = fields.code
+        error.param = param if param is not None and param in fields else None
+        if parsed.code is not None:
+            error.code = parsed.code
         elif error.code == UpstreamStatusError.code:
             error.code = None  # type: ignore[assignment]  # OpenAI's code on a client error: a string or null
     return error

@@ -263,4 +263,5 @@ def vllm_error(
             name = next((g for g in GUIDED_TO_STRUCTURED if getattr(request, g) is not None), name)
         return name
 
-    return error_from_upstream_body(status, body, retry_after, backend, rename=rename)
+    fields = type(request).model_fields  # the request's own endpoint: a chat field is no completions param
+    return error_from_upstream_body(status, body, retry_after, backend, rename=rename, fields=fields)

@@ -144,8 +144,16 @@ def test_a_client_error_never_gets_a_server_code(body: bytes) -> None:
 
 
 def test_a_param_that_is_not_ours_is_dropped() -> None:
-    body = orjson.dumps({"error": {"message": "m", "param": "request_id", "code": "bad"}})
+    body = orjson.dumps({"error": {"message": "m", "param": "sampling_params.extra_args", "code": "bad"}})
     assert error_from_upstream_body(400, body, None, "b").param is None
+
+
+@pytest.mark.parametrize("param", ["messages", "thinking_token_budget", "mm_processor_kwargs"])
+def test_a_chat_field_named_by_the_upstream_is_kept(param: str) -> None:
+    # vLLM 0.32 names the field it refuses (e.g. per-request mm_processor_kwargs without
+    # --trust-request-mm-kwargs); chat's fields are ours too.
+    body = orjson.dumps({"error": {"message": "m", "type": "BadRequestError", "param": param, "code": 400}})
+    assert error_from_upstream_body(400, body, None, "b").param == param
 
 
 # --- item 3: bodies over the cap, encodings we did not ask for (through the backend) ---------------

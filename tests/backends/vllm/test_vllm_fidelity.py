@@ -28,6 +28,7 @@ from backends.vllm.adapter import VLLMBackend
 from backends.vllm.dialect import UpstreamGenerationError, normalise_body, vllm_error
 from backends.vllm.stream import has_foreign_finish_reason
 from backends.vllm.versions import VLLMVersion, parse_version
+from schemas.chat import ChatCompletionRequest
 from schemas.completions import CompletionRequest
 from schemas.config import VLLMBackendConfig
 from schemas.errors import GatewayError
@@ -278,6 +279,15 @@ def test_vllm_error_bodies_become_our_envelope(status: int, body: Any, param: st
         "code": None,
     }
     assert error.status == 400
+
+
+@pytest.mark.parametrize(("param", "kept"), [("mm_processor_kwargs", True), ("request_id", True), ("suffix", False)])
+def test_a_vllm_error_keeps_a_param_of_the_chat_request(param: str, kept: bool) -> None:
+    # vLLM 0.32 names the chat field it refuses (mm_processor_kwargs without --trust-request-mm-kwargs).
+    chat = ChatCompletionRequest.model_validate({"model": "p", "messages": [{"role": "user", "content": "x"}]})
+    body = {"error": {"message": "m", "type": "BadRequestError", "param": param, "code": 400}}
+    error = vllm_error(400, orjson.dumps(body), None, "b", chat)
+    assert error.param == (param if kept else None)
 
 
 def test_vllm_401_and_5xx() -> None:
