@@ -75,7 +75,8 @@ CHAT_NEUTRAL_VALUES: Mapping[str, tuple[Any, ...]] = MappingProxyType(
         "min_tokens": (0,), "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),
         "documents": ([],), "chat_template_kwargs": ({},), "priority": (0,), "modalities": (["text"],),
         "use_beam_search": (False,), "return_tokens_as_token_ids": (False,), "return_token_ids": (False,),
-        "include_reasoning": (True,), "bad_words": ([],), "vllm_xargs": ({},),
+        "include_reasoning": (True,), "bad_words": ([],), "vllm_xargs": ({},), "media_io_kwargs": ({},),
+        "mm_processor_kwargs": ({},), "watermarking": (False,), "routed_experts_prompt_start": (0,),
     }
 )  # fmt: skip
 

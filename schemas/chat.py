@@ -152,10 +152,13 @@ class ChatCompletionRequest(_Strict):
     documents: list[dict[str, str]] | None = None
     chat_template: NonEmpty | None = None
     chat_template_kwargs: JsonObject | None = None
+    media_io_kwargs: dict[str, JsonObject] | None = None  # per modality: how vLLM decodes media (video frames, ...)
+    mm_processor_kwargs: JsonObject | None = None  # the model's multimodal (HF) processor's keyword arguments
     use_beam_search: StrictBool | None = None  # beam width is n; vLLM streams beams in chat (not completions)
     top_k: CountOrMinusOne | None = None
     min_p: UnitInterval | None = None
     repetition_penalty: PositiveFloat | None = None
+    watermarking: StrictBool | None = None  # false opts out of a server's default watermark (vLLM --watermark-*)
     length_penalty: float | None = None
     stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: StrictBool | None = None
@@ -184,9 +187,13 @@ class ChatCompletionRequest(_Strict):
     request_id: NonEmpty | None = None
     return_tokens_as_token_ids: StrictBool | None = None
     return_token_ids: StrictBool | None = None  # prompt_token_ids and each choice's token_ids in the answer
+    # The first prompt tokens left out of each choice's routed_experts (servers started with
+    # --enable-return-routed-experts); the answer keeps routed_experts for a request that sets it.
+    routed_experts_prompt_start: Count | None = None
     session_id: NonEmpty | None = None
     cache_salt: Annotated[str, Field(min_length=1, max_length=1024)] | None = None  # salts the prefix cache
     kv_transfer_params: JsonObject | None = None  # disaggregated prefill/decode; the answer's come back
+    ec_transfer_params: JsonObject | None = None  # disaggregated encoder cache; the answer's come back
     vllm_xargs: VLLMXargs | None = None
     repetition_detection: RepetitionDetection | None = None
     stream_interval: Annotated[StrictInt, Field(ge=1, le=INT64_MAX)] | None = None  # tokens per streamed chunk
@@ -297,6 +304,12 @@ class ChatCompletionRequest(_Strict):
         # vLLM takes 0 with stream but a stream carries no prompt logprobs: refused rather than dropped.
         if self.prompt_logprobs is not None and self.stream:
             raise FieldRuleError("prompt_logprobs", "prompt_logprobs is not available with stream")
+
+    def _check_routed_experts(self) -> None:
+        if self.routed_experts_prompt_start is not None and self.stream:
+            raise FieldRuleError(
+                "routed_experts_prompt_start", "routed_experts_prompt_start is not available with stream"
+            )  # vLLM streams no routed_experts
 
     def _check_logprob_token_ids(self) -> None:
         if self.logprob_token_ids is None:
@@ -428,6 +441,7 @@ _RULES: FieldRules[ChatCompletionRequest] = FieldRules(
     (frozenset({"min_tokens"}), ChatCompletionRequest._check_min_tokens),
     (frozenset({"prompt_logprobs"}), ChatCompletionRequest._check_prompt_logprobs),
     (frozenset({"logprob_token_ids"}), ChatCompletionRequest._check_logprob_token_ids),
+    (frozenset({"routed_experts_prompt_start"}), ChatCompletionRequest._check_routed_experts),
     (
         frozenset({"response_format", *GUIDED_FIELDS, "structured_outputs"})
         | {"guided_whitespace_pattern", "guided_decoding_backend"},

@@ -205,7 +205,12 @@ def vllm_chat_capabilities(features: VLLMChatFeatures) -> ChatCapabilities:
     for name in ("bad_words", "vllm_xargs"):
         gate(name, "bad_words")
     gate("repetition_detection", "repetition_detection")
-    for name in ("logprob_token_ids", "session_id", "thinking_token_budget", "stream_interval"):
+    gate("mm_processor_kwargs", "mm_processor_kwargs")
+    gate("watermarking", "watermarking")
+    for name in (
+        "logprob_token_ids", "session_id", "thinking_token_budget", "stream_interval", "media_io_kwargs",
+        "ec_transfer_params", "routed_experts_prompt_start",
+    ):  # fmt: skip
         gate(name, "vllm_0_32_extras")
     gate("parallel_tool_calls=false", "parallel_tool_calls_false")
     gate("tools=strict", "tools_strict")  # an older server would hand back unconstrained arguments

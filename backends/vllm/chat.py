@@ -24,7 +24,8 @@ Answer side: :func:`normalise_chat_body` rebuilds a non-streamed ``chat.completi
 OpenAI's shape (vLLM-only fields such as ``stop_reason``, ``kv_transfer_params``, empty
 ``tool_calls`` lists dropped, the ``""`` content of a forced call as ``null``; what the client
 asked for kept: ``prompt_logprobs``, ``prompt_token_ids`` with each choice's ``token_ids`` for
-``return_token_ids``, the server's ``kv_transfer_params`` for a request that sent some; see
+``return_token_ids``, each choice's ``routed_experts`` for ``routed_experts_prompt_start``, the
+server's ``kv_transfer_params`` / ``ec_transfer_params`` for a request that sent some; see
 :func:`asked_chat_fields`), maps ``finish_reason`` like
 completions (:func:`~backends.vllm.dialect.map_finish_reason`) and names the reasoning text
 :data:`REASONING_FIELD`; streams do the same in ``backends.vllm.stream.VLLMChatStreamRelay``.
@@ -82,8 +83,12 @@ def asked_chat_fields(request: ChatCompletionRequest | None) -> tuple[tuple[str,
     if request.return_token_ids:
         top += ("prompt_token_ids",)
         per_choice += ("token_ids",)
+    if request.routed_experts_prompt_start is not None:
+        per_choice += ("routed_experts",)
     if request.kv_transfer_params is not None:
         top += ("kv_transfer_params",)  # what the decode step needs from this prefill (P/D disaggregation)
+    if request.ec_transfer_params is not None:
+        top += ("ec_transfer_params",)  # the same for the encoder cache (E/P/D disaggregation)
     return top, per_choice
 
 

@@ -133,6 +133,7 @@ CHAT_BOUNDARIES: dict[str, VLLMVersion] = {
     "max_completion_tokens": VLLMVersion(0, 6, 4),  # and request_id; translated to max_tokens before
     "tool_choice_none": VLLMVersion(0, 6, 4),  # PR #10000; 400 before
     "tool_choice_required": VLLMVersion(0, 8, 3),
+    "mm_processor_kwargs": VLLMVersion(0, 7, 3),  # in chat (spec: 0.7.0 -> 0.7.3)
     "cache_salt": VLLMVersion(0, 9, 0),  # and kv_transfer_params (0.8.5 has neither)
     "allowed_token_ids": VLLMVersion(0, 9, 2),  # in chat (completions: every version); 0.9.0 has none
     "bad_words": VLLMVersion(0, 9, 2),  # and vllm_xargs
@@ -143,9 +144,11 @@ CHAT_BOUNDARIES: dict[str, VLLMVersion] = {
     # 0.23.0 / 0.24.0 wheels). Before: ignored with HTTP 200 (0.6.5+) or 400 extra_forbidden.
     "tools_strict": VLLMVersion(0, 24, 0),
     "repetition_detection": VLLMVersion(0, 18, 0),
+    "watermarking": VLLMVersion(0, 30, 0),  # vLLM issue #58191 reports it new in 0.30.0
     # First seen in the 0.32.0 wheel (0.12.0 has none of them): logprob_token_ids, session_id,
-    # thinking_token_budget, stream_interval. An earlier server may have some; the gateway refuses
-    # what it cannot show a server honours (from 0.6.5 an unknown key is ignored with HTTP 200).
+    # thinking_token_budget, stream_interval, media_io_kwargs (PR #34778, March 2026),
+    # ec_transfer_params, routed_experts_prompt_start. An earlier server may have some; the gateway
+    # refuses what it cannot show a server honours (from 0.6.5 an unknown key is ignored with HTTP 200).
     "vllm_0_32_extras": VLLMVersion(0, 32, 0),
 }
 

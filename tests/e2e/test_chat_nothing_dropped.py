@@ -116,6 +116,11 @@ ASKS: dict[str, tuple[Any, dict[str, Any]]] = {
     "vllm_xargs": ({"xarg77": 77}, {}),
     "repetition_detection": ({"max_pattern_size": 7, "min_count": 3}, {}),
     "stream_interval": (7, {}),
+    "media_io_kwargs": ({"video": {"num_frames": 77}}, {}),
+    "mm_processor_kwargs": ({"mm77": 77}, {}),
+    "watermarking": (True, {}),
+    "routed_experts_prompt_start": (77, {}),
+    "ec_transfer_params": ({"ec77": True}, {}),
 }
 # The names a translated field takes upstream, where the backend renames it.
 NATIVE_NAMES: dict[str, tuple[str, ...]] = {

@@ -49,7 +49,7 @@ CONTEXT: dict[str, dict[str, Any]] = {
 BOOL_FIELDS = [
     "store", "stream", "logprobs", "echo", "add_generation_prompt", "add_special_tokens", "include_stop_str_in_output",
     "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "use_beam_search",
-    "return_tokens_as_token_ids", "return_token_ids", "include_reasoning",
+    "return_tokens_as_token_ids", "return_token_ids", "include_reasoning", "watermarking",
 ]  # fmt: skip
 
 
@@ -194,6 +194,10 @@ CASES: list[tuple[str, Any, bool]] = [
     ("repetition_detection", {"max_pattern_size": -1}, False), ("repetition_detection", {"window": 3}, False),
     ("stream_interval", 1, True), ("stream_interval", 0, False), ("stream_interval", 2**63, False),
     ("stream_interval", 1.0, False),
+    ("media_io_kwargs", {"video": {"num_frames": 4}}, True), ("media_io_kwargs", {"video": 4}, False),
+    ("media_io_kwargs", [1], False), ("mm_processor_kwargs", {"fps": 2}, True), ("mm_processor_kwargs", "x", False),
+    ("ec_transfer_params", {"mm_hash": {"peer_port": 1}}, True), ("ec_transfer_params", [1], False),
+    *_int64("routed_experts_prompt_start", 0),
     ("guided_json", '{"type": "object"}', True), ("guided_json", {"type": "object"}, True), ("guided_json", 1, False),
     ("guided_regex", "[a-z]+", True), ("guided_regex", "", False),
     ("guided_choice", ["yes", "no"], True), ("guided_choice", [], False), ("guided_choice", [""], False),
@@ -388,6 +392,7 @@ RULE_BREAKS: list[tuple[dict[str, Any], str]] = [
     ({"prompt_logprobs": -1, "stream": True}, "prompt_logprobs"),
     ({"logprob_token_ids": [1]}, "logprob_token_ids"),
     ({"logprob_token_ids": [1], "logprobs": True, "use_beam_search": True}, "logprob_token_ids"),
+    ({"routed_experts_prompt_start": 0, "stream": True}, "routed_experts_prompt_start"),
     ({"response_format": {"type": "json_object"}, "guided_json": {}}, "guided_json"),
     ({"guided_json": {}, "guided_regex": "a"}, "guided_regex"),
     ({"guided_choice": ["a"], "structured_outputs": {"regex": "a"}}, "structured_outputs"),
@@ -417,6 +422,7 @@ RULE_KEEPS: list[dict[str, Any]] = [
     {"min_tokens": 100},
     {"prompt_logprobs": 2, "stream": False},
     {"logprob_token_ids": [1, 2], "logprobs": True, "top_logprobs": 3},
+    {"routed_experts_prompt_start": 3, "stream": False},
     {"use_beam_search": True, "n": 3, "stream": True},  # vLLM streams beams in chat (not in completions)
     {"response_format": {"type": "text"}, "guided_regex": "a+", "guided_decoding_backend": "outlines"},
     {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}, "tools": TOOLS},

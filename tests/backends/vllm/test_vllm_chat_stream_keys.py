@@ -75,6 +75,27 @@ def test_non_streamed_answer_drops_them_even_when_set() -> None:
     assert body["choices"][0]["token_ids"] == [7, 8]
 
 
+def test_non_streamed_answer_keeps_transfer_params_and_routed_experts_only_when_asked() -> None:
+    """vLLM 0.32 answers ``ec_transfer_params`` (top level) and ``routed_experts`` (per choice)."""
+    answer = {
+        "id": "chatcmpl-1", "object": "chat.completion", "created": 1700000000, "model": "org/tiny",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Sunny."}, "logprobs": None,
+                     "finish_reason": "stop", "routed_experts": "k05VTVBZ"}],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 2, "total_tokens": 14},
+        "kv_transfer_params": {"remote_block_ids": [1]}, "ec_transfer_params": {"mm-hash": {"peer_port": 5}},
+    }  # fmt: skip
+    plain = normalise_chat_body(answer, "public-name", "b")
+    assert "ec_transfer_params" not in plain and "kv_transfer_params" not in plain
+    assert "routed_experts" not in plain["choices"][0]
+    asked = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "ec_transfer_params": {"x": 1},
+         "routed_experts_prompt_start": 0}
+    )  # fmt: skip
+    body = normalise_chat_body(answer, "public-name", "b", asked)
+    assert body["ec_transfer_params"] == {"mm-hash": {"peer_port": 5}} and "kv_transfer_params" not in body
+    assert body["choices"][0]["routed_experts"] == "k05VTVBZ"
+
+
 @pytest.mark.parametrize("one_read", [True, False])
 async def test_a_vllm_stream_parses_only_its_role_finish_and_usage_chunks(
     one_read: bool, monkeypatch: pytest.MonkeyPatch

@@ -270,3 +270,23 @@ async def test_gateway_chat_vllm_only_extras_reach_vllm(gw: Gateway, recorder: R
 
     status, body = await gw.post({**fields, "thinking_token_budget": 5}, CHAT)  # vLLM answers for itself
     assert status == 400 and "thinking_token_budget" in body["error"]["message"], body
+
+
+async def test_gateway_chat_media_transfer_and_expert_extras_reach_vllm(gw: Gateway, recorder: Recorder) -> None:
+    """vLLM 0.32's encoder-cache, watermark, routed-expert and multimodal fields reach it as sent.
+
+    The tiny text model has no EC connector, no watermark key and no routed experts: vLLM takes
+    those fields and the asked-for answer keys come back (null here). Per-request multimodal
+    kwargs need the server's --trust-request-mm-kwargs: without it vLLM refuses each by name, and
+    that 400 reaches the client with the field in ``param``."""
+    fields = {"messages": MESSAGES, "max_completion_tokens": 4, "temperature": 0.0}
+    extras = {"ec_transfer_params": {"x": 1}, "watermarking": True, "routed_experts_prompt_start": 1}
+    status, body = await gw.post({**fields, **extras}, CHAT)
+    assert status == 200, body
+    assert {k: sent(recorder)[k] for k in extras} == extras
+    assert "ec_transfer_params" in body and "routed_experts" in body["choices"][0], body
+
+    for name, value in (("mm_processor_kwargs", {"do_resize": False}), ("media_io_kwargs", {"video": {"fps": 1}})):
+        status, body = await gw.post({**fields, name: value}, CHAT)
+        assert status == 400 and body["error"]["param"] == name, body
+        assert sent(recorder)[name] == value and "--trust-request-mm-kwargs" in body["error"]["message"], body
