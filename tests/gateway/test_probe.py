@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ from gateway.app import create_app
 from gateway.cli import main
 from gateway.configfile import parse_config
 from gateway.probe import probe, probe_in_background, shown_url
-from tests.conftest import serve_app
+from tests.conftest import free_port, serve_app
 
 
 def _app() -> web.Application:
@@ -168,6 +169,38 @@ models:
     assert "127.0.0.1" not in error["message"]  # the client is told no host; the log names it
     assert any(f"POST {server}/chat/completions answered 404 for the path" in r.getMessage() for r in caplog.records)
     assert status2 == 502 and error2["code"] == "upstream_model_not_found", error2
+
+
+async def test_gateway_serve_logs_what_the_probe_finds_and_serves_anyway(server: str, tmp_path: Path) -> None:
+    """The start-up warning, as ``gateway serve`` runs it: beside serving, never stopping it."""
+    port = free_port()
+    path = tmp_path / "gw.yaml"
+    path.write_text(
+        f"server: {{port: {port}}}\n"
+        f'backends: [{{name: no-v1, type: openai, base_url: "{server}", api_key: sk-probe-key}},\n'
+        "           {name: s, type: mock}]\n"
+        "models: [{name: m, routes: [{backend: no-v1, model: Qwen/Qwen2.5-0.5B}, {backend: s, model: m}]}]\n"
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway", "serve", "--config", str(path),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    lines: list[str] = []
+    try:
+        async with asyncio.timeout(30):
+            while not any("serving anyway" in line for line in lines):
+                line = (await proc.stderr.readline()).decode()
+                assert line, "gateway exited: " + "".join(lines)
+                lines.append(line)
+        async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/health") as resp:
+            assert resp.status == 200
+    finally:
+        proc.terminate()
+        await proc.wait()
+    [warning] = [line for line in lines if "start-up probe: " in line and "no-v1: base_url" in line]
+    assert f"WARNING gateway.probe: start-up probe: {path}: no-v1: base_url {server} answers 404" in warning
+    assert "sk-probe-key" not in "".join(lines)
 
 
 def test_urls_are_shown_without_credentials() -> None:
