@@ -34,6 +34,27 @@ def _codex() -> str | None:
     return shutil.which("codex")
 
 
+async def run_codex(url: str, model: str, prompt: str, tmp_path: Path, limit_s: float = 180) -> tuple[int, str]:
+    """``codex exec PROMPT`` in a fresh ``CODEX_HOME`` whose provider is the gateway at ``url`` (Responses
+    wire, ``model``): its exit status and output."""
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        f'model = "{model}"\nmodel_provider = "gateway"\n\n[model_providers.gateway]\nname = "gateway"\n'
+        f'base_url = "{url}/v1"\nwire_api = "responses"\nenv_key = "GATEWAY_API_KEY"\n'
+    )
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {**os.environ, "CODEX_HOME": str(home), "GATEWAY_API_KEY": "unused", "NO_COLOR": "1"}
+    proc = await asyncio.create_subprocess_exec(
+        str(_codex()), "exec", "--skip-git-repo-check", prompt, cwd=work, env=env, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(), timeout=limit_s)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(errors="replace")
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(_codex() is None, reason="the Codex CLI is not installed (.ci/run installs it with npm)")
 async def test_codex_exec_completes_a_task_with_one_tool_call(tmp_path: Path) -> None:
@@ -43,29 +64,8 @@ async def test_codex_exec_completes_a_task_with_one_tool_call(tmp_path: Path) ->
     app = create_app(parse_config(yaml.safe_dump(config), "<codex.yaml>", env={}))
     runner, url = await serve_app(app)
     try:
-        home = tmp_path / "codex-home"
-        home.mkdir()
-        (home / "config.toml").write_text(
-            f'model = "{model}"\nmodel_provider = "gateway"\n\n[model_providers.gateway]\nname = "gateway"\n'
-            f'base_url = "{url}/v1"\nwire_api = "responses"\nenv_key = "GATEWAY_API_KEY"\n'
-        )
-        work = tmp_path / "work"
-        work.mkdir()
-        env = {**os.environ, "CODEX_HOME": str(home), "GATEWAY_API_KEY": "unused", "NO_COLOR": "1"}
-        proc = await asyncio.create_subprocess_exec(
-            str(_codex()),
-            "exec",
-            "--skip-git-repo-check",
-            f'run exec_command with {{"cmd": "echo {MARKER}"}}',
-            cwd=work,
-            env=env,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout=180)
-        text = out.decode(errors="replace")
-        assert proc.returncode == 0, text
+        returncode, text = await run_codex(url, model, f'run exec_command with {{"cmd": "echo {MARKER}"}}', tmp_path)
+        assert returncode == 0, text
         assert f"echo {MARKER}" in text and "succeeded" in text, text  # the mock's call ran
         assert text.count(MARKER) >= 2, text  # the command and its output
         async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as resp:
