@@ -6,9 +6,10 @@ Each client runs a plain call, a streamed one (greedy: the same words as the pla
 call round trip whose second turn names the first by ``previous_response_id`` and sends only the
 tool's output: the gateway's store supplies the earlier turn, which the recording proxy shows going
 to vLLM ahead of the output. The random model never *chooses* a tool, so the call is forced with a
-named ``tool_choice`` over a tool whose argument has a finite grammar (an enum, strict), and answers
-are held short (``max_output_tokens``: a random model does not stop by itself, so they end
-``incomplete``, which every client reads as an answer).
+named ``tool_choice`` over a tool whose argument has a finite grammar (an enum, strict). A random
+model does not stop by itself either: answers are held short by ``max_output_tokens`` (they end
+``incomplete``), or, where a client takes ``incomplete`` as a failure (the SDK's ``stream()`` helper,
+the agents SDK; as against OpenAI), given a JSON format whose grammar ends them.
 """
 
 from __future__ import annotations
