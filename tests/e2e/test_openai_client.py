@@ -301,8 +301,10 @@ models:
     done = subprocess.run(_gateway_cmd("check-config", str(bad)), cwd=ROOT, capture_output=True, timeout=30)
     assert done.returncode == 1
     err = done.stderr.decode()
-    for path in ("server.port", "server.bogus", "backends[0]", "backends[1].base_url"):
-        assert f"  {path}: " in err, err
+    # each as file:line:column: YAML path: message, all in one run
+    for path, line in (("server.port", 2), ("server.bogus", 2), ("backends[0].type", 5), ("backends[1].base_url", 8)):
+        assert f"  {bad}:{line}:" in err and f": {path}: " in err, err
+    assert "did you mean" not in err  # nothing here is near a valid name
     assert "Traceback" not in err
 
 
