@@ -22,6 +22,7 @@ Response as it stands, for the conversation store (``cancelled`` when the client
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -43,6 +44,25 @@ __all__ = ["ChatResponseEvents", "ResponseEventStream", "event_bytes", "failure_
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 _TEXT_DELTA = b"response.output_text.delta"
 _NO_LOGPROBS = b',"logprobs":[]}\n\n'
+
+
+# A JSON string (and the blanks before it), as a text event's content is written.
+_JSON_STRING = re.compile(rb'\s*"(?:[^"\\]|\\.)*"')
+_CONTENT_KEY = b'"content":'
+
+
+def _learn(raw: bytes) -> tuple[bytes, bytes, int, int] | None:
+    """A plain text event's bytes around its content string: ``(before, after, len(before),
+    len(after))``; None when ``"content":`` is not there exactly once (then no shape is kept).
+    A key is JSON structure, never generated text (quotes inside strings are escaped)."""
+    if raw.count(_CONTENT_KEY) != 1:
+        return None
+    start = raw.index(_CONTENT_KEY) + len(_CONTENT_KEY)
+    match = _JSON_STRING.match(raw, start)
+    if match is None:
+        return None
+    before, after = raw[:start], raw[match.end() :]
+    return (before, after, len(before), len(after)) if after else None
 
 
 def event_bytes(event: dict[str, Any], backend: str) -> bytes:
@@ -90,6 +110,8 @@ class ChatResponseEvents(ResponseEventStream):
         # While an output_text part is open without logprobs: a text delta's bytes around its
         # sequence number, so the common event is one concatenation (_chunk).
         self._fast: tuple[bytes, bytes] | None = None
+        # The bytes of the stream's plain text events around their content (_learn), once one was seen.
+        self._shape: tuple[bytes, bytes, int, int] | None = None
         self._finish: str | None = None
         self._chat_usage: Any = None
         self._summary = frame.summarises
@@ -175,9 +197,25 @@ class ChatResponseEvents(ResponseEventStream):
         # orjson reads an integer beyond 64 bits as a float: nothing read here is relayed (ids,
         # created) or taken as a number unchecked (usage_of, call indexes), so the exact reader's
         # extra scan per event is not needed. Locals: this loop runs once per token.
-        loads, dumps, fast, seq = orjson.loads, orjson.dumps, self._fast, self._seq
+        loads, fast, seq, texts = orjson.loads, self._fast, self._seq, self._texts
+        shape = self._shape
         events = 0
         for raw in chunk.split(b"\n\n"):
+            # The common event, while a text part is open: the bytes of the last plain text event
+            # with another JSON string as its content (_learn). Nothing else differs, so it means
+            # what that event meant: written at once, its string as the upstream escaped it.
+            if fast is not None and shape is not None and raw.startswith(shape[0]) and raw.endswith(shape[1]):
+                piece = raw[shape[2] : -shape[3]]  # the after part is never empty (it closes the event)
+                try:
+                    text = loads(piece)
+                except orjson.JSONDecodeError:
+                    text = None
+                if type(text) is str:
+                    texts.append(text)
+                    out += (fast[0], b"%d" % seq, fast[1], piece, _NO_LOGPROBS)  # joined once, by the caller
+                    seq += 1
+                    events += 1
+                    continue
             if raw[:5] != b"data:":
                 continue
             try:
@@ -189,7 +227,7 @@ class ChatResponseEvents(ResponseEventStream):
             if type(obj) is not dict:
                 continue
             events += 1
-            # The common event: one choice whose delta is a piece of text and nothing else, while a
+            # A piece of text and nothing else (one choice, no finish, no logprobs, no usage) while a
             # text part is open (every token of a stream but its first): written at once.
             if fast is not None:
                 try:
@@ -198,6 +236,7 @@ class ChatResponseEvents(ResponseEventStream):
                     plain = (
                         type(text) is str
                         and len(choice["delta"]) == 1
+                        and choice.get("index", 0) == 0
                         and choice.get("finish_reason") is None
                         and choice.get("logprobs") is None
                         and obj.get("usage") is None
@@ -205,9 +244,10 @@ class ChatResponseEvents(ResponseEventStream):
                 except (KeyError, TypeError, ValueError, AttributeError):  # another shape: the general way
                     plain = False
                 if plain:
-                    self._texts.append(text)
-                    out.append(fast[0] + str(seq).encode() + fast[1] + dumps(text) + _NO_LOGPROBS)
+                    texts.append(text)
+                    out.append(fast[0] + b"%d" % seq + fast[1] + orjson.dumps(text) + _NO_LOGPROBS)
                     seq += 1
+                    shape = self._shape = _learn(raw)
                     continue
             self._seq = seq
             usage = obj.get("usage")
@@ -216,7 +256,7 @@ class ChatResponseEvents(ResponseEventStream):
             for choice in obj.get("choices") or ():
                 if isinstance(choice, dict) and choice.get("index", 0) == 0:
                     self._choice(choice, out)
-            fast, seq = self._fast, self._seq
+            fast, seq, texts = self._fast, self._seq, self._texts
         self._seq = seq
         self.relayed_events += events
 

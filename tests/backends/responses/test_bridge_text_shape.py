@@ -1,0 +1,169 @@
+"""The bridge's byte path for text deltas (backends/responses/events.py, ``_learn``): a chat event
+with the bytes of the stream's last plain text event around another JSON string is written
+without a parse. Whatever the texts (quotes, backslashes, ``"content":`` inside them, escapes the
+upstream chose), however the events are cut into reads, and whatever other events come between
+(a finish, logprobs, usage, an extra key, another id), the events are those of the parsed path."""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from backends.base import CompletionStream
+from backends.responses import events as events_module
+from backends.responses.answer import ResponseFrame
+from backends.responses.capabilities import chat_request_of
+from backends.responses.events import ChatResponseEvents
+from schemas.responses import ResponsesRequest
+
+HEAD = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 7, "model": "m"}
+
+
+def text_event(text: str, *, delta_first: bool = False, **choice: Any) -> dict[str, Any]:
+    """A chat chunk of one text piece: vLLM writes ``index`` first, OpenAI-like servers ``delta``."""
+    delta = {"delta": {"content": text}}
+    fields = {**delta, "index": 0} if delta_first else {"index": 0, **delta}
+    return {**HEAD, "choices": [{**fields, "logprobs": None, "finish_reason": None, **choice}]}
+
+
+def others(delta_first: bool) -> list[dict[str, Any]]:
+    """Events that are not a plain text delta, or are one written another way: each must go the
+    parsed way (some differ from a plain one after its text only, and in the same number of bytes)."""
+    event = functools.partial(text_event, delta_first=delta_first)
+    return [
+        event("!", finish_reason="stop"),
+        event("?", logprobs={"content": []}),
+        {**event("u"), "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}},
+        {**event("x"), "system_fingerprint": "fp"},
+        {**event("y"), "id": "chatcmpl-2"},
+        event("other choice", index=1),
+        {**HEAD, "choices": [{"index": 0, "delta": {"content": "z", "refusal": None}, "finish_reason": None}]},
+    ]
+
+
+class Reads(CompletionStream):
+    def __init__(self, reads: list[bytes]) -> None:
+        self._reads = reads
+
+    async def __anext__(self) -> bytes:
+        if self._reads:
+            return self._reads.pop(0)
+        self.finished = True
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        pass
+
+
+def frame() -> ResponseFrame:
+    request = ResponsesRequest.model_validate({"model": "m", "input": "x", "stream": True})
+    return ResponseFrame(request, "public", chat_request_of(request)[1])
+
+
+async def translate(reads: list[bytes], shared: ResponseFrame) -> tuple[list[dict[str, Any]], bytes]:
+    out = await written(reads, shared)
+    return parse(out), out
+
+
+async def written(reads: list[bytes], shared: ResponseFrame) -> bytes:
+    out = b""
+    async for piece in ChatResponseEvents(Reads(list(reads)), shared, "b"):
+        out += piece
+    return out
+
+
+def parse(out: bytes) -> list[dict[str, Any]]:
+    events = []
+    for raw in out.split(b"\n\n"):
+        if raw:
+            kind, data = raw.split(b"\n", 1)
+            event = orjson.loads(data.removeprefix(b"data: "))  # every event is JSON, on the byte path too
+            assert kind == b"event: " + event["type"].encode()
+            events.append(event)
+    return _same_ids(events)
+
+
+def _same_ids(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Item ids are minted per run: compare them by position."""
+    text = orjson.dumps(events).decode()
+    for i, minted in enumerate(dict.fromkeys(_ids(events))):
+        text = text.replace(minted, f"item{i}")
+    return list(orjson.loads(text))
+
+
+def _ids(events: list[dict[str, Any]]) -> list[str]:
+    return [e["item_id"] for e in events if "item_id" in e] + [
+        e["item"]["id"] for e in events if isinstance(e.get("item"), dict)
+    ]
+
+
+def serialised(event: dict[str, Any], ascii_escapes: bool) -> bytes:
+    body = json.dumps(event, separators=(",", ":")).encode() if ascii_escapes else orjson.dumps(event)
+    return b"data: " + body + b"\n\n"
+
+
+PIECES = st.sampled_from(["a", " ", '"', "\\", "é", "😀", "\n", '"content":', "}", "\u2028"])
+TEXTS = st.lists(PIECES, max_size=5).map("".join)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    plan=st.lists(st.one_of(TEXTS, st.integers(0, len(others(False)) - 1)), min_size=1, max_size=14),
+    cuts=st.lists(st.integers(1, 4), max_size=14),
+    ascii_escapes=st.booleans(),
+    delta_first=st.booleans(),
+)
+# Another choice whose event differs from a plain one after its text only, in as many bytes.
+@example(plan=["a", "b", 5], cuts=[], ascii_escapes=False, delta_first=True)
+@example(plan=["a", "b", 0, "c"], cuts=[1, 2], ascii_escapes=True, delta_first=False)
+async def test_the_byte_path_gives_the_parsed_paths_events(
+    plan: list[str | int], cuts: list[int], ascii_escapes: bool, delta_first: bool
+) -> None:
+    other = others(delta_first)
+    first = {**HEAD, "choices": [{"index": 0, "delta": {"role": "assistant", "content": "A"}, "finish_reason": None}]}
+    chunks = [serialised(first, ascii_escapes)]
+    chunks += [
+        serialised(text_event(p, delta_first=delta_first) if isinstance(p, str) else other[p], ascii_escapes)
+        for p in plan
+    ]
+    reads, at = [], 0
+    for size in [*cuts, len(chunks)]:
+        if at < len(chunks):
+            reads.append(b"".join(chunks[at : at + size]))
+            at += size
+    shared = frame()
+    fast, _ = await translate(reads, shared)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(events_module, "_learn", lambda raw: None)  # no shape kept: every event parsed
+        parsed, _ = await translate(reads, shared)
+    assert fast == parsed
+
+
+async def test_most_text_events_take_the_byte_path() -> None:
+    """A stream of plain text events is parsed twice (the first, which opens the part, and the one
+    that shows its shape), then written from bytes, its strings as the upstream escaped them."""
+    chunks = [serialised(text_event(t), True) for t in ["A", "b", "é", 'say "hi"', "d"]]
+    calls = 0
+    real = orjson.loads
+
+    def counting(data: Any) -> Any:
+        nonlocal calls
+        calls += len(data) > 40  # an event's whole JSON, not a string from it
+        return real(data)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(events_module.orjson, "loads", counting)
+        out = await written([b"".join(chunks)], frame())
+    assert calls == 2
+    events = parse(out)
+    assert b'"delta":"\\u00e9"' in out  # relayed as the upstream wrote it
+    deltas = [e["delta"] for e in events if e["type"] == "response.output_text.delta"]
+    assert deltas == ["A", "b", "é", 'say "hi"', "d"]
+    done = next(e for e in events if e["type"] == "response.output_text.done")
+    assert done["text"] == 'Abésay "hi"d'
