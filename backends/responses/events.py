@@ -133,10 +133,7 @@ class ChatResponseEvents(ResponseEventStream):
                 self._end(out)
                 return b"".join(out)
             if not self._started:
-                self._started = True
-                response = self._frame.envelope("in_progress", [])
-                self._emit(out, {"type": "response.created", "response": response})
-                self._emit(out, {"type": "response.in_progress", "response": response})
+                self._start(out)
             self._chunk(chunk, out)
             if inner.finished:
                 self._end(out)
@@ -171,6 +168,15 @@ class ChatResponseEvents(ResponseEventStream):
         event = {"type": event["type"], "sequence_number": self._seq, **event}
         self._seq += 1
         out.append(event_bytes(event, self._backend))
+
+    def _start(self, out: list[bytes]) -> None:
+        """``response.created`` and ``response.in_progress``: the same Response, serialised once."""
+        self._started = True
+        response = dumps_exact(self._frame.envelope("in_progress", []), self._backend, "a stream event")
+        for seq, kind in enumerate((b"response.created", b"response.in_progress"), self._seq):
+            out += (b"event: ", kind, b'\ndata: {"type":"', kind, b'","sequence_number":%d,"response":' % seq)
+            out += (response, b"}\n\n")
+        self._seq += 2
 
     def _delta(self, out: list[bytes], kind: bytes, where: bytes, text: str, tail: bytes = b"}") -> None:
         """A delta event from bytes (every token of a stream is one: no dict, no general serialiser).
@@ -454,10 +460,7 @@ class ChatResponseEvents(ResponseEventStream):
     def _end(self, out: list[bytes]) -> None:
         """The chat stream ended cleanly: close the open item, then ``response.completed`` (or incomplete)."""
         if not self._started:  # an upstream that ended without a single chunk
-            self._started = True
-            response = self._frame.envelope("in_progress", [])
-            self._emit(out, {"type": "response.created", "response": response})
-            self._emit(out, {"type": "response.in_progress", "response": response})
+            self._start(out)
         incomplete = _INCOMPLETE.get(self._finish or "")
         self._close(out, "incomplete" if incomplete else "completed")
         counts = usage_of(self._chat_usage) or self._inner.usage
