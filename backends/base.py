@@ -181,6 +181,10 @@ class DetokenizeCall(Call[DetokenizeRequest]):
 class TokenUsage:
     prompt_tokens: int
     completion_tokens: int
+    # Of ``prompt_tokens``, those the upstream read from its prompt cache (OpenAI's
+    # ``prompt_tokens_details.cached_tokens``, a Response's ``input_tokens_details``): priced at the
+    # cached-input rate (gateway.spend). 0 when the upstream did not say.
+    cached_tokens: int = 0
 
     def as_json(self) -> dict[str, int]:
         """OpenAI's ``usage`` object."""
@@ -202,6 +206,8 @@ def usage_of(
     Anything else (negative, a bool, a float, 2^62 or 2^64+1 from a hostile upstream) is no
     usage: settling a key's token budget with it would lock the key out for ages. The keys are
     chat's and completions'; a Response's usage says ``input_tokens`` and ``output_tokens``.
+    Cached prompt tokens come from ``<prompt_key>_details.cached_tokens`` when that is a count no
+    larger than the prompt (else 0: a cached count is never trusted beyond the prompt it is part of).
     """
     if type(obj) is dict:
         prompt = obj.get(prompt_key)
@@ -212,8 +218,16 @@ def usage_of(
             and 0 <= prompt < _MAX_COUNT
             and 0 <= completion < _MAX_COUNT
         ):
+            details = obj.get(_DETAILS.get(prompt_key, ""))
+            if type(details) is dict:
+                cached = details.get("cached_tokens")
+                if type(cached) is int and 0 < cached <= prompt:
+                    return TokenUsage(prompt, completion, cached)
             return TokenUsage(prompt, completion)
     return None
+
+
+_DETAILS = {"prompt_tokens": "prompt_tokens_details", "input_tokens": "input_tokens_details"}
 
 
 @dataclass(slots=True)

@@ -9,8 +9,10 @@ Tree (all :class:`schemas.errors.GatewayError`)::
     │   └── UpstreamProxyError    502, failed over: the forward proxy unreachable, 407, a refused CONNECT
     ├── UpstreamTimeoutError      504, retryable before the first byte
     ├── UpstreamStatusError       the upstream answered non-2xx; status and retryability from the code
+    ├── NoReadyWorkerError        503, retryable elsewhere: no worker of a pool / server of a vllm backend ready in time
     └── UpstreamProtocolError     502: garbage JSON, a stream cut before [DONE], an error event mid-stream
-        └── UpstreamTooLargeError 502: a body or one stream event over the backend's ``limits``, or encoded
+        ├── UpstreamTooLargeError 502: a body or one stream event over the backend's ``limits``, or encoded
+        └── UpstreamGenerationError 502: vLLM ended a generation with ``finish_reason`` abort or error
 
 Also here, because every upstream message passes through it: the one parser of upstream
 error bodies and events (:func:`error_fields`), which redacts the process's registered
@@ -44,9 +46,11 @@ E = TypeVar("E", bound=BaseException)
 __all__ = [
     "RETRYABLE_BEFORE_FIRST_BYTE",
     "ErrorFields",
+    "NoReadyWorkerError",
     "UpstreamClosedError",
     "UpstreamConnectError",
     "UpstreamError",
+    "UpstreamGenerationError",
     "UpstreamProtocolError",
     "UpstreamProxyError",
     "UpstreamStatusError",
@@ -141,6 +145,21 @@ class UpstreamTooLargeError(UpstreamProtocolError):
 
     code = "upstream_response_too_large"
     default_reason = "too_large"
+
+
+class UpstreamGenerationError(UpstreamProtocolError):
+    """vLLM ended a generation with ``finish_reason`` ``abort`` or ``error``: no usable answer."""
+
+    code = "upstream_generation_failed"
+
+
+class NoReadyWorkerError(UpstreamError):
+    """No endpoint of the backend could take the call in time (503, retryable elsewhere)."""
+
+    status = 503
+    code = "upstream_unavailable"
+    retryable = True
+    default_reason = "no_ready_worker"
 
 
 class UpstreamStatusError(UpstreamError):

@@ -7,6 +7,7 @@ unknown types at load, so the fallthrough is a programming error.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from prometheus_client.registry import Collector
 
@@ -38,6 +39,7 @@ __all__ = [
     "PoolClients",
     "PoolOwnership",
     "backend_class",
+    "backend_status",
     "build_backend",
     "build_backends",
     "build_worker_backends",
@@ -93,3 +95,21 @@ def metric_collectors(backends: Mapping[str, Backend]) -> Sequence[Collector]:
     read at scrape time; ``gateway.metrics`` registers them without knowing any adapter."""
     pools: list[ReportsPool] = [backend for backend in backends.values() if isinstance(backend, ReportsPool)]
     return [PoolCollector(pools)] if pools else []
+
+
+# A pool worker's fields an operator's deep health shows (its log tail and paths stay in `gateway pool status`).
+_WORKER_FIELDS = ("index", "state", "url", "in_flight", "waiting", "running", "kv_cache_usage", "restarts", "uptime")
+
+
+def backend_status(backend: Backend) -> dict[str, Any]:
+    """What the gateway's deep health (``GET /admin/health``) shows of a backend beyond its own view of it:
+    the type, a vLLM's version and where it was learnt (``detected``, ``fingerprint``, ``pinned``,
+    ``unknown``), and each worker or server of a pool. JSON-safe, read when asked (nothing per request)."""
+    out: dict[str, Any] = {"type": backend.kind}
+    if isinstance(backend, VLLMBackend):
+        out["version"] = str(backend.version) if backend.version is not None else None
+        out["version_source"] = backend.version_source
+    if isinstance(backend, ReportsPool):
+        status = backend.pool_status()
+        out["workers"] = [{name: getattr(w, name) for name in _WORKER_FIELDS} for w in status.workers]
+    return out

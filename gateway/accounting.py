@@ -7,9 +7,13 @@ that left (499) or the drain deadline (503). Along the way the handler, the requ
 the service fill in what they learn (model, key, reservation, backend, usage, what was
 relayed); :meth:`RequestRecord.close` then carries it, once, to:
 
-- the metrics: ``gateway_requests_total`` with the real status, latency, tokens, disconnects;
+- the metrics: ``gateway_requests_total`` with the real status, latency, tokens, disconnects,
+  the answering attempt's upstream duration and a stream's time per output token;
 - the key's rate-limit reservation: settled by :meth:`RequestRecord.used_tokens`;
-- the per-key metrics and the audit line.
+- spend (``gateway_cost_total``, the key's budget): what :meth:`RequestRecord.billed_usage` costs at
+  the answering route's price, which the request took when it was routed (a reload's new prices
+  apply to the requests routed after it);
+- the per-key metrics and the audit line (with the request's cost).
 
 When a request is finished: once the gateway has handed the last byte of its answer to the
 connection (a stream's ``[DONE]``, after its last event or its error event: :meth:`RequestRecord.answered`).
@@ -24,33 +28,48 @@ its usage when it reported one; nothing when no upstream worked on the request; 
 estimate from what was relayed (the prompt plus one token per relayed event). A non-stream
 answer relays nothing until it is complete, so a client that leaves while the upstream is
 generating has no relayed part to count: its reservation stands (it was the bound the key
-agreed to), instead of being refunded for work the upstream did.
+agreed to), instead of being refunded for work the upstream did. Spend follows the same rule
+(:meth:`RequestRecord.billed_usage`), labelled ``source="estimate"`` whenever it is not the
+upstream's own usage.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from backends.base import TokenUsage
+from backends.base import Backend, TokenUsage
 from gateway.metrics import GatewayMetrics
 from gateway.security.audit import AuditLog
 from gateway.security.auth import ApiKey
 from gateway.security.ratelimit import Reservation
+from gateway.served import ServedRequest
+from gateway.spend.prices import Price
 from schemas.endpoints import Endpoint
 
 if TYPE_CHECKING:
+    from gateway.spend.budgets import SpendLedger
     from gateway.tracing import RequestTrace
 
 __all__ = ["RequestRecord"]
+
+
+class Route(Protocol):
+    """What the record reads of the route an attempt went to (``gateway.flow.router.Route``)."""
+
+    @property
+    def backend(self) -> Backend: ...
+    @property
+    def price(self) -> Price | None: ...
 
 
 class RequestRecord:
     """What one request was, did and cost. One per request; not shared."""
 
     __slots__ = (
-        "_audit", "_closed", "_metrics", "backend", "endpoint", "error", "final", "key", "model", "prompt_estimate",
-        "reached", "relayed", "request_id", "reservation", "started", "status", "trace", "usage", "user",
+        "_audit", "_closed", "_metrics", "backend", "cost", "endpoint", "error", "final", "first_at", "key",
+        "ledger", "model", "prompt_estimate", "reached", "relayed", "request", "request_id", "reservation",
+        "route", "started", "status", "trace", "upstream_ended", "upstream_started", "usage", "user",
     )  # fmt: skip
 
     def __init__(
@@ -73,6 +92,14 @@ class RequestRecord:
         # Set by the service while an attempt is with an upstream (and kept when it answers):
         # the client that leaves then has had work done for it.
         self.reached = False
+        self.route: Route | None = None  # that attempt's route (its price is the request's)
+        # Monotonic times: the answering attempt's start and its last byte read, a stream's first event.
+        self.upstream_started: float | None = None
+        self.upstream_ended: float | None = None
+        self.first_at: float | None = None
+        self.request: ServedRequest | None = None  # the validated request, once parsed
+        self.ledger: SpendLedger | None = None  # where the key's spend is counted (auth on)
+        self.cost: int | None = None  # what the request cost (gateway.spend.prices.UNIT), once closed
         self.backend: str | None = None  # the backend that answered, or whose failure is the answer
         self.usage: TokenUsage | None = None  # as the upstream reported it
         self.relayed: int | None = None  # stream events sent to the client (None: not streaming yet)
@@ -104,6 +131,24 @@ class RequestRecord:
             return self.prompt_estimate + self.relayed
         return None
 
+    def billed_usage(self) -> tuple[TokenUsage, bool] | None:
+        """The usage the request is charged for, and whether it is the gateway's estimate; None: nothing.
+
+        The upstream's usage when it reported one; nothing when no upstream worked on it; else an
+        estimate as :meth:`used_tokens` settles: the prompt estimate plus one token per relayed event,
+        or for an answer never relayed (a non-stream whose client left) its reservation's bound.
+        """
+        usage = self.usage
+        if usage is not None:
+            return usage, False
+        request = self.request
+        if not self.reached or request is None:
+            return None
+        prompt = self.prompt_estimate or request.prompt_estimate()
+        if self.relayed is not None:
+            return TokenUsage(prompt, self.relayed), True
+        return TokenUsage(prompt, request.output_limit * request.sequences * request.prompt_count), True
+
     def close(self, status: int) -> None:
         """Account for the request's answer (``status``, as the client saw it; a finished answer's own
         status when :meth:`answered` was called); idempotent."""
@@ -114,10 +159,22 @@ class RequestRecord:
             status = self.final
         seconds = asyncio.get_running_loop().time() - self.started
         metrics, model, backend, usage, endpoint = self._metrics, self.model, self.backend, self.usage, self.endpoint
-        metrics.request_closed(model, backend, status, seconds, usage, endpoint)  # one call: tokens, 499, status
+        upstream = per_token = None
+        ended = self.upstream_ended
+        if ended is not None and self.upstream_started is not None:
+            upstream = ended - self.upstream_started
+            first = self.first_at
+            if first is not None and usage is not None and ended > first and self.request is not None:
+                after_first = usage.completion_tokens // self.request.sequences - 1
+                if after_first > 0:
+                    per_token = (ended - first) / after_first
+        metrics.request_closed(model, backend, status, seconds, usage, endpoint, upstream, per_token)
         if self.reservation is not None:
             self.reservation.store.release(self.reservation, self.used_tokens())
         key = self.key
+        route = self.route
+        if route is not None and route.price is not None:
+            self._charge(route, key)
         if key is not None:
             metrics.key_request(key.name, status)
             if usage is not None:
@@ -138,4 +195,19 @@ class RequestRecord:
                 endpoint=endpoint.value,
                 user=self.user,
                 trace=trace.ids if trace is not None else None,
+                cost=self.cost,
+                cached_tokens=usage.cached_tokens if usage is not None else None,
             )
+
+    def _charge(self, route: Route, key: ApiKey | None) -> None:
+        """What the request cost at ``route``'s price: the cost counter, the key's budget, :attr:`cost`."""
+        billed = self.billed_usage()
+        if billed is None:
+            return
+        price = route.price
+        assert price is not None
+        amount = self.cost = price.cost(billed[0])
+        name = key.name if key is not None else None
+        self._metrics.spent(self.model, route.backend.name, name, amount, billed[1])
+        if self.ledger is not None and name is not None:
+            self.ledger.charge(name, amount)

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Mapping
 from aiohttp import web
 
 from backends.base import Backend
-from backends.registry import build_backends
+from backends.registry import build_backends, metric_collectors
 from backends.transport.egress import warn_unverified
 from gateway.clock import Clock
 from gateway.configfile import ConfigError
@@ -28,6 +28,7 @@ from gateway.flow.retry import RetryPolicy
 from gateway.flow.router import BackendGuard, Router, endpoint_problems
 from gateway.flow.service import CompletionService
 from gateway.http import handlers
+from gateway.http.admin import ADMIN_ROUTES
 from gateway.http.explorer import add_explorer_routes
 from gateway.http.hardening import handler_args, register_secrets
 from gateway.http.middleware import expect_handler, request_middleware
@@ -67,7 +68,7 @@ def create_app(
     built = dict(backends) if backends is not None else build_backends(config.backends)
     check_endpoints(config, built)
     keys = [k.name for k in config.auth.keys] if config.auth is not None else []
-    metrics = GatewayMetrics((m.name for m in config.models), built, keys=keys)
+    metrics = GatewayMetrics((m.name for m in config.models), built, keys=keys, collectors=metric_collectors(built))
     clock = clock if clock is not None else Clock()
     guards = backend_guards(config, metrics, clock)
     # ``workers``: the processes serving this config (``gateway serve --workers N``); N in-memory
@@ -116,20 +117,24 @@ def build_state(
     request_guard: RequestGuard | None = None,
     admission: Admission | None = None,
     responses_state: ConversationStore | None = None,
+    previous_guard: RequestGuard | None = None,
 ) -> GatewayState:
     """Everything a request reads, from ``config`` over ready-made backends and their guards.
 
     ``create_app`` calls it once; ``gateway.reload`` again on SIGHUP, passing the running
-    request guard and admission when their config did not change (their counts carry over), and
-    always the running conversation store (``responses_state``; None builds one from the config).
+    request guard and admission when their config did not change (their counts carry over), else
+    the guard it replaces as ``previous_guard`` (what it keeps in memory, such as spend, carries over),
+    and always the running conversation store (``responses_state``; None builds one from the config).
     """
-    # Auth, cost caps, rate limits, audit: see gateway.security.guard (nothing per request when off).
+    # Auth, request caps, rate limits, audit: see gateway.security.guard (nothing per request when off).
     if request_guard is None:
-        request_guard = RequestGuard.from_config(config, metrics)
+        request_guard = RequestGuard.from_config(config, metrics, previous_guard)
+    router = Router(config, built, guards)
+    metrics.serve({name: entry.served for name, entry in router.models.items()})
     return GatewayState(
         config=config,
         backends=built,
-        router=Router(config, built, guards),
+        router=router,
         metrics=metrics,
         service=CompletionService(metrics, clock),
         admission=admission if admission is not None else Admission(config.server.admission, metrics),
@@ -138,6 +143,7 @@ def build_state(
         responses_state=(
             responses_state if responses_state is not None else ConversationStore.from_config(config.responses, metrics)
         ),
+        guards=guards,
     )
 
 
@@ -171,6 +177,8 @@ def _add_routes(app: web.Application, config: GatewayConfig, guard: RequestGuard
     app.router.add_delete("/v1/responses/{response_id}", delete_response)
     app.router.add_get("/v1/responses/{response_id}/input_items", list_input_items)
     app.on_cleanup.append(_close_conversations)
+    for path, handler in ADMIN_ROUTES:  # behind auth.admin_key when auth is on: gateway.http.admin
+        app.router.add_get(path, handler)
     if guard.store is not None:
         app.on_response_prepare.append(guard.on_prepare)
         app.on_cleanup.append(_close_guard)

@@ -1,5 +1,5 @@
-"""The ``gateway`` command: ``serve``, ``check-config`` (``--probe``), ``config-schema`` and ``pool status``
-(``worker`` is internal: ``serve --workers N`` starts it, and ``--help`` does not list it)."""
+"""The ``gateway`` command: ``serve``, ``check-config`` (``--probe``), ``config-schema``, ``pool status`` and
+``keys usage`` (``worker`` is internal: ``serve --workers N`` starts it, and ``--help`` does not list it)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from pydantic import SecretStr
 from pydantic.json_schema import GenerateJsonSchema
 
 from gateway.configfile import ConfigError, config_error, endpoint_config_problems, load_config
+from gateway.keys_cli import add_keys_parser, keys_command
 from gateway.pool_cli import add_pool_parser, pool_command
 from gateway.tracing.settings import trace_problems
 from gateway.version import PYTHON_VERSION, gateway_version
@@ -64,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     add_worker_parser(sub)
     sub.add_parser("config-schema", help="print the JSON Schema of the YAML config (for editors)")
     add_pool_parser(sub)
+    add_keys_parser(sub)
     return parser
 
 
@@ -299,6 +301,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "pool":
         return pool_command(args)
+    if args.command == "keys":
+        return keys_command(args)
     return _serve(args)
 
 

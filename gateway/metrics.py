@@ -16,20 +16,19 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
-from backends.base import Backend, TokenUsage
+from backends.base import TokenUsage
 from backends.capabilities import ALL_FIELDS
 from backends.chat_capabilities import CHAT_FIELDS
-from backends.registry import metric_collectors
 from backends.responses.capabilities import RESPONSES_PARAMS
 from gateway.metrics_families import MetricFamilies
 from gateway.store.base import StoreStats
 from schemas.endpoints import Endpoint
 
-__all__ = ["GATEWAY_SCOPE", "UNKNOWN", "GatewayMetrics"]
+__all__ = ["GATEWAY_SCOPE", "UNKNOWN", "GatewayMetrics", "status_class"]
 
 _Add = Callable[[float], None]  # adds to one labelled series (negative: a gauge going down)
 _Usage = TokenUsage | None
@@ -38,7 +37,9 @@ UNKNOWN = "_unknown"
 GATEWAY_SCOPE = "_gateway"  # the gateway-wide admission queue (backend names cannot start with "_")
 NONE = "_none"  # no backend was involved (validation error, unknown model)
 
-_KEY_REASONS = frozenset({"unauthenticated", "model", "cost_cap", "requests", "tokens", "too_large", "concurrency"})
+_KEY_REASONS = frozenset(
+    {"unauthenticated", "model", "cap", "requests", "tokens", "too_large", "concurrency", "budget"}
+)
 
 
 _EVICTIONS = frozenset({"expired", "items", "bytes", "too_large"})
@@ -61,19 +62,28 @@ def _adder(child: Counter | Gauge) -> _Add:
     return inc if callable(inc) else child.inc
 
 
+def status_class(status: int) -> str:
+    """``2xx``, ``4xx``, ``5xx``: the request-duration histogram's ``status_class``."""
+    return _CLASSES.get(status // 100) or f"{status // 100}xx"
+
+
+_CLASSES = {2: "2xx", 4: "4xx", 5: "5xx"}
+_Observe = Callable[[float], None]
+# A (model, backend, endpoint)'s children: TTFT, prompt and completion tokens, upstream duration, time per token.
+_Pair = tuple[_Observe, _Add, _Add, _Observe, _Observe]
+
+
 class _Closing:
     """The series a request's close adds to, for one (model, backend, endpoint), bound once."""
 
-    __slots__ = ("disconnect", "labels", "latency", "requests", "tokens")
+    __slots__ = ("disconnect", "labels", "pair", "requests")
 
     def __init__(self, m: GatewayMetrics, model: str | None, backend: str | None, endpoint: Endpoint) -> None:
         self.labels = (m.model_label(model), m.backend_label(backend), endpoint.value)
         known = model in m._models and backend in m._backends
-        pair = m._pair(self.labels[0], self.labels[1], endpoint) if known else None
-        self.latency = pair[0].observe if pair is not None else None
-        self.tokens = (pair[2], pair[3]) if pair is not None else None  # tokens() needs both names, so a pair
+        self.pair = m._pair(self.labels[0], self.labels[1], endpoint) if known else None
         self.disconnect: _Add | None = None  # made at the first 499: no zero series before
-        self.requests: dict[int, _Add] = {}
+        self.requests: dict[int, tuple[_Add, _Observe]] = {}  # status -> its count, its class's duration
 
 
 class GatewayMetrics(MetricFamilies):
@@ -83,9 +93,10 @@ class GatewayMetrics(MetricFamilies):
     def __init__(
         self,
         models: Iterable[str],
-        backends: Iterable[str] | Mapping[str, Backend],
+        backends: Iterable[str],
         registry: CollectorRegistry | None = None,
         keys: Iterable[str] = (),
+        collectors: Iterable[Collector] = (),
     ) -> None:
         super().__init__(registry if registry is not None else CollectorRegistry(auto_describe=True))
         self._models = frozenset(models)
@@ -93,24 +104,20 @@ class GatewayMetrics(MetricFamilies):
         self._keys = frozenset(keys)
         # A refusal's param: a field of any endpoint's schema (Responses' nested ones by name: text.format).
         self._fields = frozenset(ALL_FIELDS) | frozenset(CHAT_FIELDS) | RESPONSES_PARAMS
-        self._collectors: list[Collector] = []  # the backends' own (watch_backends), replaced on reload
+        self._collectors: list[Collector] = []  # the backends' own (watch), replaced on reload
         # Set by a worker of ``gateway serve --workers N``: the whole gateway's exposition, merged by
         # the control process (gateway.workers.merge); None: this process is the gateway.
         self.gateway_view: Callable[[], Awaitable[bytes]] | None = None
-        self._request_children: dict[tuple[str, str, int, Endpoint], _Add] = {}
-        self._pair_children: dict[tuple[str, str, Endpoint], tuple[Histogram, Histogram, _Add, _Add]] = {}
+        self._request_children: dict[tuple[str, str, int, Endpoint], tuple[_Add, _Observe]] = {}
+        self._pair_children: dict[tuple[str, str, Endpoint], _Pair] = {}
         self._closing: dict[tuple[str | None, str | None, Endpoint], _Closing] = {}
         self._in_flight_children: dict[tuple[str, Endpoint], _Add] = {}
-        for model in self._models:
-            for endpoint in Endpoint:
-                self.in_flight.labels(model, endpoint.value)
         self._scopes = self._backends | {GATEWAY_SCOPE}
         for scope in self._scopes:
             self.queue_depth_gauge.labels(scope)
         for backend in self._backends:
             self.circuit.labels(backend)
-        if isinstance(backends, Mapping):  # given the backends themselves: export pool workers too
-            self.watch_backends(backends)
+        self.watch(collectors)
         self._key_children: dict[tuple[str, int], Counter] = {}
 
     # --- label hygiene -------------------------------------------------------------------
@@ -123,19 +130,28 @@ class GatewayMetrics(MetricFamilies):
     # The caches are keyed by the ``Endpoint`` member itself: a StrEnum hashes and compares as
     # its value, so the key is the same as with ``endpoint.value``, without the Python-level
     # ``value`` property call that each ``.value`` costs on the hot path.
-    def _pair(self, model: str, backend: str, endpoint: Endpoint) -> tuple[Histogram, Histogram, _Add, _Add]:
+    def _pair(self, model: str, backend: str, endpoint: Endpoint) -> _Pair:
         key = (model, backend, endpoint)
         children = self._pair_children.get(key)
         if children is None:
             labels = (model, backend, endpoint.value)
             children = (
-                self.latency.labels(*labels),
-                self.ttft.labels(*labels),
+                self.ttft.labels(*labels).observe,
                 _adder(self.prompt_tokens.labels(*labels)),
                 _adder(self.completion_tokens.labels(*labels)),
+                self.upstream_latency.labels(*labels).observe,
+                self.tpot.labels(*labels).observe,
             )
             self._pair_children[key] = children
         return children
+
+    def _finished(self, labels: tuple[str, str, str], status: int) -> tuple[_Add, _Observe]:
+        """A status's request count and its class's duration histogram, for ``(model, backend, endpoint)``."""
+        model, backend, endpoint = labels
+        return (
+            _adder(self.requests.labels(model, backend, str(status), endpoint)),
+            self.latency.labels(model, backend, endpoint, status_class(status)).observe,
+        )
 
     # --- recording -----------------------------------------------------------------------
     # ``endpoint`` is keyword-only and defaults to completions, the endpoint every caller had
@@ -160,35 +176,44 @@ class GatewayMetrics(MetricFamilies):
         *,
         endpoint: Endpoint = Endpoint.COMPLETIONS,
     ) -> None:
+        """A request's answer: counted, and its duration observed under its status class (refusals too)."""
         model_l = model if model in self._models else UNKNOWN  # model_label, inline: once per request
         backend_l = backend if backend in self._backends else NONE  # backend_label
         key = (model_l, backend_l, status, endpoint)
-        add = self._request_children.get(key)
-        if add is None:
-            labels = (model_l, backend_l, str(status), endpoint.value)
-            add = self._request_children[key] = _adder(self.requests.labels(*labels))
-        add(1)
-        if seconds is not None and backend_l != NONE and model_l != UNKNOWN:
-            self._pair(model_l, backend_l, endpoint)[0].observe(seconds)
+        children = self._request_children.get(key)
+        if children is None:
+            children = self._request_children[key] = self._finished((model_l, backend_l, endpoint.value), status)
+        children[0](1)
+        if seconds is not None:
+            children[1](seconds)
 
     def first_token(
         self, model: str, backend: str, seconds: float, *, endpoint: Endpoint = Endpoint.COMPLETIONS
     ) -> None:
-        self._pair(model, backend, endpoint)[1].observe(seconds)
+        self._pair(model, backend, endpoint)[0](seconds)
 
     def tokens(
         self, model: str, backend: str, prompt: int, completion: int, *, endpoint: Endpoint = Endpoint.COMPLETIONS
     ) -> None:
         children = self._pair(model, backend, endpoint)
         if prompt > 0:
-            children[2](prompt)
+            children[1](prompt)
         if completion > 0:
-            children[3](completion)
+            children[2](completion)
 
     def request_closed(
-        self, model: str | None, backend: str | None, status: int, seconds: float, usage: _Usage, endpoint: Endpoint
+        self,
+        model: str | None,
+        backend: str | None,
+        status: int,
+        seconds: float,
+        usage: _Usage,
+        endpoint: Endpoint,
+        upstream: float | None = None,
+        per_token: float | None = None,
     ) -> None:
-        """One request's end as ``tokens``, ``client_disconnected`` (499), ``request_finished``: one cached
+        """One request's end as ``tokens``, ``client_disconnected`` (499), ``request_finished``, and the
+        answering attempt's ``upstream`` duration and a stream's time ``per_token`` when known: one cached
         bundle per (model, backend, endpoint), one lookup, the adds bound once (not kept for unknown names)."""
         series = self._closing.get((model, backend, endpoint))
         if series is None:
@@ -202,22 +227,37 @@ class GatewayMetrics(MetricFamilies):
                 self.request_finished(model, backend, status, seconds, endpoint=endpoint)
                 return
             series = self._closing[(model, backend, endpoint)] = _Closing(self, model, backend, endpoint)
-        if usage is not None and series.tokens is not None:
-            if usage.prompt_tokens > 0:
-                series.tokens[0](usage.prompt_tokens)
-            if usage.completion_tokens > 0:
-                series.tokens[1](usage.completion_tokens)
-        labels = series.labels
+        pair = series.pair
+        if pair is not None:
+            if usage is not None:
+                if usage.prompt_tokens > 0:
+                    pair[1](usage.prompt_tokens)
+                if usage.completion_tokens > 0:
+                    pair[2](usage.completion_tokens)
+            if upstream is not None:
+                pair[3](upstream)
+            if per_token is not None:
+                pair[4](per_token)
         if status == 499:  # nginx's "client closed request"
             if series.disconnect is None:
-                series.disconnect = _adder(self.client_disconnects.labels(*labels))
+                series.disconnect = _adder(self.client_disconnects.labels(*series.labels))
             series.disconnect(1)
-        add = series.requests.get(status)
-        if add is None:
-            add = series.requests[status] = _adder(self.requests.labels(labels[0], labels[1], str(status), labels[2]))
-        add(1)
-        if series.latency is not None:
-            series.latency(seconds)
+        children = series.requests.get(status)
+        if children is None:
+            children = series.requests[status] = self._finished(series.labels, status)
+        children[0](1)
+        children[1](seconds)
+
+    def spent(self, model: str | None, backend: str | None, key: str | None, amount: int, estimate: bool) -> None:
+        """``amount`` units (``gateway.spend.prices.UNIT``) spent; ``estimate``: from the gateway's own count."""
+        labels = (
+            self.model_label(model),
+            self.backend_label(backend),
+            self.key_label(key),
+            "estimate" if estimate else "upstream",
+        )
+        totals = self.cost.totals
+        totals[labels] = totals.get(labels, 0) + amount
 
     def unsupported_parameter(self, backend: str, param: str, *, endpoint: Endpoint = Endpoint.COMPLETIONS) -> None:
         label = param if param in self._fields else UNKNOWN
@@ -266,23 +306,35 @@ class GatewayMetrics(MetricFamilies):
         self.rejections.labels(self._scope(scope), reason).inc()
 
     # --- worker pools ------------------------------------------------------------------------
-    def watch_backends(self, backends: Mapping[str, Backend]) -> None:
-        """Export the configured backends' own series (e.g. pool workers), read at scrape time."""
+    def watch(self, collectors: Iterable[Collector]) -> None:
+        """Export the backends' own series (e.g. pool workers: ``backends.registry.metric_collectors``,
+        which the app hands over, so this module knows no adapter), read at scrape time; replaces
+        the previous ones."""
         for collector in self._collectors:
             self.registry.unregister(collector)
-        self._collectors = list(metric_collectors({n: b for n, b in backends.items() if n in self._backends}))
+        self._collectors = list(collectors)
         for collector in self._collectors:
             self.registry.register(collector)
 
-    def extend(self, models: Iterable[str], backends: Mapping[str, Backend], keys: Iterable[str] = ()) -> None:
+    def serve(self, served: Mapping[str, Iterable[Endpoint]]) -> None:
+        """The endpoints each model is served on (the router's): their in-flight series exist from
+        the start at 0, and only theirs (a request elsewhere is refused before it is in flight)."""
+        for model, endpoints in served.items():
+            if model in self._models:
+                for endpoint in endpoints:
+                    self.in_flight.labels(model, endpoint.value)
+
+    def extend(
+        self,
+        models: Iterable[str],
+        backends: Iterable[str],
+        keys: Iterable[str] = (),
+        collectors: Iterable[Collector] = (),
+    ) -> None:
         """A config reload (``gateway.reload``): its new names become label values. Removed
         names stay known, so requests still finishing on the old config count under their own
-        names and those series keep their last values; the backends' own series follow ``backends``."""
-        models = frozenset(models) - self._models
-        self._models |= models
-        for model in models:
-            for endpoint in Endpoint:
-                self.in_flight.labels(model, endpoint.value)
+        names and those series keep their last values; the backends' own series are ``collectors``."""
+        self._models |= frozenset(models)
         added = frozenset(backends) - self._backends
         self._backends |= added
         self._scopes |= added
@@ -290,7 +342,7 @@ class GatewayMetrics(MetricFamilies):
             self.queue_depth_gauge.labels(backend)
             self.circuit.labels(backend)
         self._keys |= frozenset(keys)
-        self.watch_backends(backends)
+        self.watch(collectors)
 
     # --- security and tenancy (gateway.security.guard) ------------------------------------------------
     def key_label(self, key: str | None) -> str:
@@ -310,8 +362,11 @@ class GatewayMetrics(MetricFamilies):
             self.key_tokens_total.labels(label, "completion").inc(completion)
 
     def key_rejected(self, key: str | None, reason: str) -> None:
-        """``reason``: unauthenticated, model, cost_cap, requests, tokens, too_large, concurrency."""
+        """``reason``: unauthenticated, model, cap, requests, tokens, too_large, concurrency, budget."""
         self.key_rejections.labels(self.key_label(key), reason if reason in _KEY_REASONS else UNKNOWN).inc()
+
+    def spend_store_error(self) -> None:
+        self.spend_store_errors.inc()
 
     def ratelimit_store_error(self) -> None:
         self.ratelimit_store_errors.inc()

@@ -7,14 +7,49 @@ catalogue of metric names reads in one place and the recording code stays short.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from gateway.version import PYTHON_VERSION, gateway_version
 
-__all__ = ["MetricFamilies"]
+__all__ = ["COST_LABELS", "CostCounter", "MetricFamilies"]
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 _TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# Time per output token: a fast GPU streams a token every few ms, a CPU or an overloaded server in 100s of ms.
+_TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0)
+
+COST_LABELS = ("model", "backend", "key", "source")
+
+# ``*_created`` samples (one per counter and histogram series, the time it was first written) would
+# double the exposition for a value no dashboard reads: the gateway's process turns them off.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+
+class CostCounter(Collector):
+    """``gateway_cost_total``: spend in integer units (``gateway.spend.prices.UNIT``) per label tuple,
+    added exactly and turned into the currency's decimal only when scraped (a float counter
+    incremented by 0.0000015 at a time would drift from usage x price)."""
+
+    def __init__(self) -> None:
+        self.totals: dict[tuple[str, str, str, str], int] = {}
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "gateway_cost",
+            "Spend by model, backend and API key name, in the currency of models[].pricing; source is upstream "
+            "(its reported usage) or estimate (the gateway's count: no usage reported).",
+            labels=COST_LABELS,
+        )
+        for labels, amount in list(self.totals.items()):
+            family.add_metric(labels, amount / 10**12)  # int / int: correctly rounded, whatever the size
+        yield family
+
+    def describe(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily("gateway_cost", "", labels=COST_LABELS)
 
 
 class MetricFamilies:
@@ -38,9 +73,23 @@ class MetricFamilies:
         )
         self.latency = Histogram(
             "gateway_request_duration_seconds",
-            "Time from request received to response complete.",
+            "Time from request received to response complete, every answer (refusals too), by status class.",
+            ("model", "backend", "endpoint", "status_class"),
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.upstream_latency = Histogram(
+            "gateway_upstream_duration_seconds",
+            "Time the answering upstream attempt took, from sending the request to its last byte read.",
             ("model", "backend", "endpoint"),
             buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "gateway_time_per_output_token_seconds",
+            "Streams: time from the first event to the last, per output token after the first (per sequence).",
+            ("model", "backend", "endpoint"),
+            buckets=_TPOT_BUCKETS,
             registry=r,
         )
         self.ttft = Histogram(
@@ -149,10 +198,17 @@ class MetricFamilies:
             ("key", "kind"),
             registry=r,
         )
+        self.cost = CostCounter()
+        r.register(self.cost)
         self.key_rejections = Counter(
             "gateway_key_rejections",
-            "Requests refused by auth, caps and per-key limits, by key name (_none: no valid key) and reason.",
+            "Requests refused by auth, caps, per-key limits and budgets, by key name (_none: no valid key) and reason.",
             ("key", "reason"),
+            registry=r,
+        )
+        self.spend_store_errors = Counter(
+            "gateway_spend_store_errors",
+            "Failed calls to the spend store (Redis): budgets are not enforced meanwhile, charges kept and retried.",
             registry=r,
         )
         self.ratelimit_store_errors = Counter(

@@ -44,7 +44,7 @@ from typing import Any
 from aiohttp import web
 
 from backends.base import Backend, Reconfigurable, ReconfigureReport
-from backends.registry import build_backends
+from backends.registry import build_backends, metric_collectors
 from backends.transport.egress import warn_unverified
 from gateway.app import PROBER, backend_guards, build_state
 from gateway.clock import Clock
@@ -267,7 +267,7 @@ class Reloader:
             guard.limiter.queue_size, guard.limiter.timeout = admission.queue_size, admission.queue_timeout
             guards[name] = guard  # unchanged backend: its breaker's state, slots and queue carry over
         keys = [k.name for k in config.auth.keys] if config.auth is not None else []
-        metrics.extend((m.name for m in config.models), backends, keys=keys)
+        metrics.extend((m.name for m in config.models), backends, keys=keys, collectors=metric_collectors(backends))
         guard_unchanged = (
             old_config.auth == config.auth
             and old_config.caps == config.caps
@@ -285,6 +285,7 @@ class Reloader:
             request_guard=state.request_guard if guard_unchanged else None,
             admission=state.admission if old_config.server.admission == admission else None,
             responses_state=state.responses_state,  # conversations outlive a reload
+            previous_guard=state.request_guard,  # and so does the keys' spend
         )
         prober = _prober(config, backends, guards)
         retired = [b for name, b in state.backends.items() if backends.get(name) is not b]

@@ -1,7 +1,7 @@
 """The small interface the request path needs from a validated request of either endpoint.
 
 Both :class:`~schemas.completions.CompletionRequest` and :class:`~schemas.chat.ChatCompletionRequest`
-implement it (methods on the schema models), so the guard, the cost caps, the rate limiter, the
+implement it (methods on the schema models), so the guard, the request caps, the rate limiter, the
 router and the accounting never ask which endpoint a request came from. A module of its own,
 below ``gateway.flow`` and ``gateway.security``, so both can use it without importing each other.
 """

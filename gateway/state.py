@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -11,7 +12,7 @@ from aiohttp import web
 from backends.base import Backend
 from gateway.conversations import ConversationStore
 from gateway.flow.admission import Admission
-from gateway.flow.router import Router
+from gateway.flow.router import BackendGuard, Router
 from gateway.flow.service import CompletionService
 from gateway.metrics import GatewayMetrics
 from gateway.security.guard import RequestGuard
@@ -100,7 +101,7 @@ class GatewayState:
     metrics: GatewayMetrics
     service: CompletionService
     admission: Admission
-    # Auth, cost caps, rate limits and audit (gateway.security.guard).
+    # Auth, request caps, rate limits and audit (gateway.security.guard).
     request_guard: RequestGuard
     # Stored responses and conversations for POST /v1/responses (previous_response_id, store) and
     # GET/DELETE /v1/responses/{id} (gateway.conversations); a reload keeps it.
@@ -112,6 +113,8 @@ class GatewayState:
     draining: bool = False
     # OpenTelemetry traces (gateway.tracing); None: off, and the request path makes no tracing call.
     tracing: Tracing | None = None
+    # Each backend's breaker, limiter and retry policy (what GET /admin/health shows of them).
+    guards: Mapping[str, BackendGuard] = field(default_factory=dict)
 
 
 STATE: web.AppKey[GatewayState] = web.AppKey("gateway_state", GatewayState)

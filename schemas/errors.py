@@ -9,14 +9,21 @@ Tree::
 
     GatewayError                     500 api_error (never raised bare on purpose)
     ├── InvalidRequestError          400 invalid_request_error (param names the field)
-    │   └── UnsupportedParameterError 400 code=unsupported_parameter
+    │   ├── UnsupportedParameterError 400 code=unsupported_parameter (the backend that refuses it)
+    │   └── CapExceededError         400 code=cap_exceeded (a request cap of the deployment or the key)
+    ├── BodyEncodingError            400/415 code=invalid_content_encoding (Content-Encoding)
+    ├── AuthenticationError          401 authentication_error (no key, an unknown key)
+    ├── PermissionDeniedError        403 permission_error (a model or endpoint the key may not use)
     ├── NotFoundError                404 (model_not_found, unknown path)
     ├── MethodNotAllowedError        405
+    ├── RequestTimeoutError          408 code=request_timeout (the body came too slowly)
     ├── PayloadTooLargeError         413
     ├── RateLimitError               429 rate_limit_error (+ Retry-After)
+    │   └── BudgetExceededError      429 code=budget_exceeded (the key spent its budget; + Retry-After)
     └── ServiceUnavailableError      503 (+ Retry-After)
 
-Upstream failures (``backends.errors``) subclass ``GatewayError`` too.
+Upstream failures (``backends.errors``) subclass ``GatewayError`` too. Each class says its
+``type`` and ``code``, which the metrics and the traces' ``error.type`` read.
 """
 
 from __future__ import annotations
@@ -26,6 +33,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 __all__ = [
+    "AuthenticationError",
+    "BodyEncodingError",
+    "BudgetExceededError",
+    "CapExceededError",
     "ErrorBody",
     "ErrorEnvelope",
     "FieldRuleError",
@@ -34,7 +45,9 @@ __all__ = [
     "MethodNotAllowedError",
     "NotFoundError",
     "PayloadTooLargeError",
+    "PermissionDeniedError",
     "RateLimitError",
+    "RequestTimeoutError",
     "ServiceUnavailableError",
     "UnsupportedParameterError",
 ]
@@ -129,6 +142,48 @@ class UnsupportedParameterError(InvalidRequestError):
         self.backend = backend
 
 
+class CapExceededError(InvalidRequestError):
+    """Over a request cap (``caps:`` or ``auth.keys[].caps``): a bound on the request's size, not money."""
+
+    code = "cap_exceeded"
+
+    def __init__(self, message: str, *, param: str, cap: str) -> None:
+        super().__init__(message, param=param)
+        self.cap = cap  # which cap (n, best_of, max_tokens, prompts, total_tokens, prompt_array), for metrics
+
+
+class BodyEncodingError(GatewayError):
+    """The body's ``Content-Encoding`` is unknown (415) or the body does not decode per it (400)."""
+
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_content_encoding"
+
+
+class AuthenticationError(GatewayError):
+    """401: no key, or one we do not know. The message never quotes the presented key."""
+
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class PermissionDeniedError(GatewayError):
+    """403: a known key asking for something it may not use (a model, an admin endpoint)."""
+
+    status = 403
+    type = "permission_error"
+    code = "model_not_allowed"
+
+
+class RequestTimeoutError(GatewayError):
+    """408: the client sent its body too slowly (``server.client_body_timeout``)."""
+
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
 class NotFoundError(GatewayError):
     status = 404
     type = "invalid_request_error"
@@ -148,6 +203,13 @@ class PayloadTooLargeError(GatewayError):
 class RateLimitError(GatewayError):
     status = 429
     type = "rate_limit_error"
+
+
+class BudgetExceededError(RateLimitError):
+    """The key has spent its budget for the period (``auth.keys[].budget``); ``retry_after``: until it
+    restarts (None for a ``total`` budget, which never does)."""
+
+    code = "budget_exceeded"
 
 
 class ServiceUnavailableError(GatewayError):

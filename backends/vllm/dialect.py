@@ -32,7 +32,11 @@ from typing import Any
 
 from backends.capabilities import Capabilities
 from backends.emulation.best_of import is_greedy
-from backends.errors import UpstreamProtocolError, UpstreamStatusError, error_from_upstream_body
+from backends.errors import (
+    UpstreamGenerationError,
+    UpstreamStatusError,
+    error_from_upstream_body,
+)
 from backends.vllm.capabilities import capabilities_for
 from backends.vllm.versions import VLLMFeatures, VLLMVersion, parse_version
 from schemas.chat import ChatCompletionRequest
@@ -75,12 +79,6 @@ class Plan(Enum):
     FORWARD = "forward"  # one upstream request (possibly translated), answer relayed
     BEST_OF = "best_of"  # n = best_of candidates with logprobs, ranked in the gateway
     REPLICATE = "replicate"  # n = 1 greedy, the choice repeated n times in the gateway
-
-
-class UpstreamGenerationError(UpstreamProtocolError):
-    """vLLM ended a generation with ``finish_reason`` ``abort`` or ``error``: no usable answer."""
-
-    code = "upstream_generation_failed"
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable
 from enum import IntEnum
 
@@ -81,7 +82,7 @@ def health_verdict(exc: UpstreamError) -> bool | None:
 class CircuitBreaker:
     __slots__ = (
         "_clock", "_cooldown", "_enabled", "_fails", "_i", "_max_streak", "_min", "_n", "_on_change",
-        "_opened_at", "_rate", "_ring", "_streak", "_trial", "name", "state",
+        "_opened_at", "_rate", "_ring", "_streak", "_trial", "last_probe", "name", "state",
     )  # fmt: skip
 
     def __init__(
@@ -108,6 +109,7 @@ class CircuitBreaker:
         self._i = 0
         self._n = 0
         self._fails = 0
+        self.last_probe: tuple[float, bool] | None = None  # (epoch seconds, healthy) of the last active probe
 
     # --- asking ------------------------------------------------------------------------
     def allow(self) -> Permit:
@@ -178,6 +180,7 @@ class CircuitBreaker:
 
     def probe(self, healthy: bool) -> None:
         """An active probe's result: a failure counts like a request's; a success ends a cooldown early."""
+        self.last_probe = (time.time(), healthy)
         if not healthy:
             if self.state is CircuitState.OPEN:
                 self._opened_at = self._clock.now()  # still down: no trial yet

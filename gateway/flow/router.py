@@ -39,7 +39,8 @@ from gateway.flow.endpoints import EndpointOps
 from gateway.flow.health import CircuitBreaker
 from gateway.flow.retry import RetryPolicy
 from gateway.served import ServedRequest
-from schemas.config import GatewayConfig, ModelConfig
+from gateway.spend.prices import Price
+from schemas.config import GatewayConfig, ModelConfig, PricingConfig
 from schemas.endpoints import ENDPOINT_PATHS, TOKENIZER_ENDPOINTS, Endpoint
 from schemas.errors import NotFoundError, UnsupportedParameterError
 
@@ -75,6 +76,9 @@ class Route:
     weight: float
     guard: BackendGuard
     context: int | None = None  # ``routes[].context_length``: the window in tokens, when configured
+    # What this route's tokens cost (``routes[].pricing``, else ``models[].pricing``); None: nothing.
+    # Part of the route, so a request keeps the prices of the config it was routed under.
+    price: Price | None = None
 
     def context_length(self) -> int | None:
         """The upstream model's context window: the configured one, else what the backend reports."""
@@ -252,7 +256,15 @@ class Router:
     @staticmethod
     def _entry(model: ModelConfig, backends: Mapping[str, Backend], guards: Mapping[str, BackendGuard]) -> ModelEntry:
         routes = tuple(
-            Route(backends[r.backend], r.model, r.weight, guards[r.backend], r.context_length) for r in model.routes
+            Route(
+                backends[r.backend],
+                r.model,
+                r.weight,
+                guards[r.backend],
+                r.context_length,
+                _price(r.pricing or model.pricing),
+            )
+            for r in model.routes
         )
         listed = set(model.endpoints) if model.endpoints is not None else None
         served: dict[Endpoint, tuple[Route, ...]] = {}
@@ -303,6 +315,10 @@ class Router:
             assert error is not None  # not eligible: it refuses something
             raise error
         return entry.strategy.order(eligible) if len(eligible) > 1 else eligible
+
+
+def _price(config: PricingConfig | None) -> Price | None:
+    return Price.of(config) if config is not None else None
 
 
 _UNRECORDED_USER = (

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from time import monotonic
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from backends.base import Call, CompletionResult, CompletionStream
@@ -181,7 +182,7 @@ class _Setbacks:
     latest retryable failure (the answer when nothing is left).
     """
 
-    __slots__ = ("busy", "clock", "denied", "due", "i", "last", "left", "retries", "started", "tries")
+    __slots__ = ("account", "busy", "clock", "denied", "due", "i", "last", "left", "retries", "started", "tries")
 
     def __init__(self, routes: list[Route], clock: Clock, started: float) -> None:
         self.tries = list(routes)  # copied: it is the caller's list, and retries grow it
@@ -194,6 +195,7 @@ class _Setbacks:
         self.denied: list[Route] = []  # open circuits
         self.last: UpstreamError | None = None  # the latest retryable failure
         self.left: Route | None = None  # the route that failure came from
+        self.account: list[tuple[str, str]] = []  # (backend, what happened there), in order: the answer's story
 
     async def next(self) -> tuple[Route, str | None, bool] | None:
         """The next route: (route, the retry's reason or None, whether to queue for a slot).
@@ -220,6 +222,7 @@ class _Setbacks:
         """A retryable failure on ``route``: remembered, and a later try of the same backend
         scheduled when its retry policy allows one. Returns that try's backoff, or None."""
         self.last, self.left = exc, route
+        self.account.append((route.backend.name, _what(exc)))
         policy = route.guard.retry
         if policy.attempts == 1:
             return None
@@ -232,22 +235,59 @@ class _Setbacks:
             self.due[len(self.tries) - 1] = (self.clock.now() + wait, exc.reason)
         return wait
 
+    def deny(self, route: Route) -> None:
+        """``route``'s circuit is open: skipped."""
+        self.denied.append(route)
+        self.account.append(
+            (route.backend.name, f"skipped, circuit open (retry in {route.guard.breaker.retry_in():.1f}s)")
+        )
+
     def moves_on(self, route: Route) -> bool:
         """Whether the next try goes to another route than ``route`` (for the log)."""
         return self.i < len(self.tries) and self.tries[self.i] is not route
 
-    def answer(self, metrics: GatewayMetrics, model: str) -> UpstreamError | ServiceUnavailableError:
-        """What the client gets when no route is left: the last failure, or 503 when every circuit was open."""
+    def answer(
+        self, metrics: GatewayMetrics, model: str, skipped: list[tuple[str, str]]
+    ) -> UpstreamError | ServiceUnavailableError:
+        """What the client gets when no route is left: the last failure, or 503 when every circuit was open.
+
+        With more than one route in the story (``account``, plus the routes ``skipped`` before any try
+        because they cannot honour the request), the message says what each did, in order.
+        """
+        error: UpstreamError | ServiceUnavailableError
         if self.last is not None:
-            return self.last
-        assert self.denied, "every route is tried, skipped as busy then waited for, or denied"
-        metrics.unavailable(model)
-        wait = min(r.guard.breaker.retry_in() for r in self.denied)
-        return ServiceUnavailableError(
-            "no healthy backend can serve this model right now; retry later",
-            code="no_healthy_upstream",
-            retry_after=max(1.0, wait),
-        )
+            error = self.last
+        else:
+            assert self.denied, "every route is tried, skipped as busy then waited for, or denied"
+            metrics.unavailable(model)
+            wait = min(r.guard.breaker.retry_in() for r in self.denied)
+            error = ServiceUnavailableError(
+                "no healthy backend can serve this model right now; retry later",
+                code="no_healthy_upstream",
+                retry_after=max(1.0, wait),
+            )
+        story = _merged(self.account + skipped)
+        if len(story) > 1 or len(self.account) > 1:
+            routes = "; ".join(f"{name}: {', then '.join(what)}" for name, what in story)
+            error.message = f"No route of model '{model}' could answer: {routes}."
+        return error
+
+
+def _what(exc: UpstreamError) -> str:
+    """One failure, short: its message (already redacted and bounded) cut to a line."""
+    text = exc.message if len(exc.message) <= _WHAT_MAX else exc.message[:_WHAT_MAX] + "..."
+    return text.replace("\n", " ")
+
+
+_WHAT_MAX = 200
+
+
+def _merged(account: list[tuple[str, str]]) -> list[tuple[str, list[str]]]:
+    """``account`` by backend, in order of first appearance (a backend retried says each try)."""
+    out: dict[str, list[str]] = {}
+    for name, what in account:
+        out.setdefault(name, []).append(what)
+    return list(out.items())
 
 
 class CompletionService:
@@ -274,7 +314,7 @@ class CompletionService:
     ) -> tuple[CompletionResult, Route]:
         """A non-streaming answer on ``ops``'s endpoint (``request``: that endpoint's validated type)."""
         result, route, _ = await self._run(
-            ops, entry.name, routes, request, request_id, priority, _call_complete, hold=False, record=record
+            ops, entry, routes, request, request_id, priority, _call_complete, hold=False, record=record
         )
         trace = record.trace if record is not None else None
         if trace is not None and trace.sampled:
@@ -292,7 +332,7 @@ class CompletionService:
         record: RequestRecord | None = None,
     ) -> OpenedStream:
         (first, stream), route, permit = await self._run(
-            ops, entry.name, routes, request, request_id, priority, _call_stream, hold=True, record=record
+            ops, entry, routes, request, request_id, priority, _call_stream, hold=True, record=record
         )
         trace = record.trace if record is not None else None
         if trace is not None and trace.sampled:
@@ -302,7 +342,7 @@ class CompletionService:
     async def _run(
         self,
         ops: EndpointOps,
-        model: str,
+        entry: ModelEntry,
         routes: list[Route],
         request: Any,
         request_id: str,
@@ -313,6 +353,7 @@ class CompletionService:
         record: RequestRecord | None,
     ) -> tuple[_T, Route, Permit]:
         """Try ``routes`` in order until one answers (module docstring: the policy)."""
+        model = entry.name
         metrics = self._metrics
         started = self._clock.now()
         trace = record.trace if record is not None else None
@@ -324,7 +365,7 @@ class CompletionService:
             permit = guard.breaker.allow()
             if permit is Permit.DENY:  # an open circuit: skip it
                 setbacks = setbacks or _Setbacks(routes, self._clock, started)
-                setbacks.denied.append(route)
+                setbacks.deny(route)
             elif guard.limiter.try_acquire() or (queue and await _queue_for(guard, permit, priority)):
                 if setbacks is not None and setbacks.left is not None and setbacks.last is not None:
                     if retry_reason is not None:
@@ -333,6 +374,8 @@ class CompletionService:
                         metrics.failed_over(model, setbacks.left.backend.name, setbacks.last.reason)
                 if record is not None:
                     record.reached = True
+                    record.route = route
+                    record.upstream_started = monotonic()
                 # The attempt's client span (gateway.tracing); its headers go upstream inside the call.
                 attempt_trace = (
                     trace.attempt(route.backend, route.upstream_model, retry_reason is not None)
@@ -351,6 +394,7 @@ class CompletionService:
                     metrics.upstream_error(route.backend.name, exc.reason)
                     if record is not None:
                         record.reached = False
+                        record.route = None
                     if not retryable(exc):
                         log.info(
                             "request %s: backend %s failed (%s), not retryable",
@@ -377,6 +421,8 @@ class CompletionService:
                     raise
                 else:
                     if not hold:
+                        if record is not None:
+                            record.upstream_ended = monotonic()
                         if recording and attempt_trace is not None:
                             attempt_trace.end()
                         guard.breaker.succeeded()
@@ -390,8 +436,22 @@ class CompletionService:
                 setbacks.busy.append(route)
             after = await setbacks.next()
             if after is None:
-                raise setbacks.answer(metrics, model)
+                error = setbacks.answer(metrics, model, _skipped(ops, entry, routes, request))
+                log.warning("request %s: %s", request_id, error.message)
+                raise error
             route, retry_reason, queue = after
+
+
+def _skipped(ops: EndpointOps, entry: ModelEntry, routes: list[Route], request: Any) -> list[tuple[str, str]]:
+    """The model's routes on this endpoint that were never tried because they cannot honour the request
+    (computed only for a request that failed on every route it had)."""
+    out: list[tuple[str, str]] = []
+    for route in entry.served.get(ops.endpoint, ()):
+        if route not in routes:
+            refusal = ops.refusal(route.backend, request)
+            if refusal is not None:
+                out.append((route.backend.name, f"skipped, cannot honour `{refusal.param}`"))
+    return out
 
 
 async def _queue_for(guard: BackendGuard, permit: Permit, priority: int) -> bool:

@@ -19,6 +19,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from time import monotonic
 from types import MappingProxyType
 from typing import Any, NoReturn
 
@@ -115,6 +116,7 @@ async def serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     record = RequestRecord(state.metrics, guard.audit, request_id_of(request), endpoint)
     tracing = state.tracing
     status = 500  # a bug: the middleware answers 500
+    body = b""
     try:
         if tracing is not None:  # off: no tracing call at all (gateway.tracing)
             record.trace = tracing.start(request, endpoint)
@@ -125,6 +127,7 @@ async def serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         try:
             # Everything that can refuse the request without an upstream, before the key's budget is touched.
             req: ServedRequest = PARSERS[endpoint](body)
+            record.request = req
             record.user = req.user
             if record.trace is not None:
                 record.trace.request = req
@@ -146,6 +149,11 @@ async def serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         except UnsupportedParameterError as exc:
             state.metrics.unsupported_parameter(exc.backend, exc.param or "", endpoint=endpoint)
             raise
+        ledger = guard.ledger
+        if ledger is not None and record.key is not None:  # auth on: the key's spend is counted
+            record.ledger = ledger
+            if record.key.name in ledger.budgets:
+                await guard.check_budget(record.key)
         if guard.store is not None:  # no store: no key has limits, nothing to reserve
             record.reservation, record.prompt_estimate = await guard.reserve(request, record.key, req)
         metrics = state.metrics
@@ -202,6 +210,8 @@ async def serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         record.error = exc
         if record.backend is None and isinstance(exc, UpstreamError):
             record.backend = exc.backend or None  # the backend whose failure is the answer
+        elif record.model is None and body:  # refused before the lookup: a body that failed its schema
+            record.model = _named_model(body, state)
         raise
     except web.HTTPException as exc:  # aiohttp's own answers: the body limit's 413
         status = exc.status
@@ -228,6 +238,17 @@ HANDLERS: Mapping[Endpoint, Callable[[web.Request], Awaitable[web.StreamResponse
      Endpoint.RERANK: rerank, Endpoint.RESPONSES: responses, Endpoint.TOKENIZE: tokenize,
      Endpoint.DETOKENIZE: detokenize}
 )  # fmt: skip
+
+
+def _named_model(body: bytes, state: GatewayState) -> str | None:
+    """The configured model a refused body names, so its 400 counts under that model, not ``_unknown``
+    (read only on this error path; a name the config does not have stays unknown)."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    model = data.get("model") if type(data) is dict else None
+    return model if type(model) is str and model in state.router.models else None
 
 
 def _cancelled(state: GatewayState) -> NoReturn:
@@ -276,6 +297,7 @@ async def _stream(
         # When the upstream has already finished, the chunk, [DONE] and the end of the
         # body leave in one write (one syscall instead of three for short streams).
         if stream.finished:
+            record.upstream_ended = monotonic()
             if end is not None:
                 await end()
             await response.write_eof(opened.first + done)
@@ -287,15 +309,19 @@ async def _stream(
             await response.write(opened.first)
             record.relayed = (stream.relayed_events or 0) if counts else opened.first.count(_EVENT)
         metrics.first_token(model, backend, asyncio.get_running_loop().time() - record.started, endpoint=endpoint)
+        record.first_at = monotonic()
         tail = done
         try:
             async for chunk in opened:  # an upstream failure reaches the breaker through ``opened``
                 if stream.finished:
+                    record.upstream_ended = monotonic()
                     tail = chunk + done
                     record.relayed = (stream.relayed_events or 0) if counts else record.relayed + chunk.count(_EVENT)
                     break
                 await response.write(chunk)
                 record.relayed = (stream.relayed_events or 0) if counts else record.relayed + chunk.count(_EVENT)
+            else:  # ended without a chunk marked last (an upstream that just closes after its [DONE])
+                record.upstream_ended = monotonic()
         except UpstreamError as exc:
             # After the first byte nothing is retried: say what happened, then end cleanly.
             record.status = exc.status

@@ -40,25 +40,11 @@ from pydantic import BaseModel, SecretStr
 from backends.errors import redact, register_secret
 from gateway.http.protocol import UNSUPPORTED_ENCODING, malformed_message
 from schemas.config import ServerConfig
-from schemas.errors import GatewayError
+from schemas.errors import BodyEncodingError, RequestTimeoutError
 
 __all__ = ["BodyEncodingError", "RequestTimeoutError", "handler_args", "read_body", "redact", "register_secrets"]
 
 _LINGERING = 10.0  # aiohttp's default
-
-
-class RequestTimeoutError(GatewayError):
-    status = 408
-    type = "invalid_request_error"
-    code = "request_timeout"
-
-
-class BodyEncodingError(GatewayError):
-    """The body's ``Content-Encoding`` is unknown (415) or the body does not decode per it (400)."""
-
-    status = 400
-    type = "invalid_request_error"
-    code = "invalid_content_encoding"
 
 
 # What aiohttp inflates itself (br and zstd only with optional libraries: it refuses them at

@@ -138,14 +138,14 @@ def _errors(*statuses: int) -> dict[str, Any]:
 
 
 _REASONS = {
-    400: "Invalid request: malformed JSON, a field out of range, a rule broken, an unsupported field or a cost cap",
+    400: "Invalid request: malformed JSON, a field out of range, a rule broken, an unsupported field or a request cap",
     401: "Missing or unknown API key",
-    403: "The key may not use this model",
+    403: "The key may not use this model (admin endpoints: no auth.admin_key configured)",
     404: "Unknown model, or a model not served on this endpoint; a response id unknown to this key",
     408: "The request body arrived too slowly",
     413: "The request body is too large",
     415: "The request's Content-Encoding is not supported",
-    429: "Rate limited (per key), the gateway at capacity, or the upstream's 429",
+    429: "Rate limited (per key), the key's budget spent, the gateway at capacity, or the upstream's 429",
     500: "A gateway bug (details only in its log)",
     502: "The upstream failed or refused our credentials",
     503: "The upstream or the gateway is unavailable",
@@ -471,6 +471,7 @@ def build_openapi(config: GatewayConfig, visible: list[str] | None = None) -> di
             },
             "/metrics": {"get": metrics},
             **({"/docs": _EXPLORER} if config.server.api_explorer else {}),
+            **_admin_paths(api_security),
             "/openapi.json": {
                 "get": {
                     "operationId": "openapi",
@@ -486,6 +487,27 @@ def build_openapi(config: GatewayConfig, visible: list[str] | None = None) -> di
         },
         "components": components,
     }
+
+
+def _admin_paths(security: list[dict[str, list[str]]]) -> dict[str, Any]:
+    """The operators' endpoints (gateway.http.admin): with auth on, behind ``auth.admin_key``."""
+    paths: dict[str, Any] = {}
+    for path, operation_id, summary in (
+        ("/admin/health", "adminHealth", "Deep health: each backend's circuit, last probe, version, models"),
+        ("/admin/keys", "adminKeys", "Each key's spend (day, month, total) and budget"),
+    ):
+        operation: dict[str, Any] = {
+            "operationId": operation_id,
+            "summary": summary,
+            "responses": {
+                "200": {"description": summary, "content": {"application/json": {"schema": {"type": "object"}}}},
+                **(_errors(401, 403) if security else {}),
+            },
+        }
+        if security:
+            operation["security"] = security
+        paths[path] = {"get": operation}
+    return paths
 
 
 def openapi_handler(config: GatewayConfig, keyring: KeyRing | None = None) -> Handler:

@@ -6,7 +6,13 @@ status, as the metrics do), token counts from the upstream's usage and the laten
 
     {"event":"completion","time":1700000000.123,"request_id":"req-...","key":"team-a",
      "model":"gpt-x","backend":"openai-main","status":200,"prompt_tokens":12,
-     "completion_tokens":30,"latency_ms":412.7,"endpoint":"completions","user":"user-1234"}
+     "completion_tokens":30,"latency_ms":412.7,"endpoint":"completions","user":"user-1234",
+     "cached_tokens":0,"cost":0.0000315}
+
+``cost`` is what the request cost at its route's ``pricing`` (``gateway.spend``), in the prices'
+currency, exact to the usage charged (the upstream's, or the gateway's estimate when it reported
+none); null when the route has no price or nothing was charged. ``cached_tokens`` is the part of
+``prompt_tokens`` the upstream read from its prompt cache.
 
 ``endpoint`` is ``completions`` or ``chat``; ``event`` stays ``completion`` for both. With tracing
 on (``telemetry``), ``trace_id`` and ``span_id`` name the request's server span, sampled or not.
@@ -72,8 +78,11 @@ class AuditLog:
         endpoint: str = "completions",
         user: str | None = None,
         trace: tuple[str, str] | None = None,
+        cost: int | None = None,
+        cached_tokens: int | None = None,
     ) -> None:
-        """One line; ``trace``: the request's ``(trace_id, span_id)`` when tracing is on (hex, as W3C writes them)."""
+        """One line; ``trace``: the request's ``(trace_id, span_id)`` when tracing is on (hex, as W3C writes them);
+        ``cost`` in units of 10^-12 of the currency (``gateway.spend.prices.UNIT``)."""
         fields = {
             "event": "completion",
             "time": round(time.time(), 3),
@@ -87,6 +96,9 @@ class AuditLog:
             "latency_ms": round(latency * 1000, 1),
             "endpoint": endpoint,
             "user": audit_user(user),
+            "cached_tokens": cached_tokens,
+            # int / int is correctly rounded, and orjson writes a float's shortest repr: the exact decimal.
+            "cost": cost / 10**12 if cost is not None else None,
         }
         if trace is not None:
             fields["trace_id"], fields["span_id"] = trace

@@ -30,8 +30,8 @@ from aiohttp.typedefs import Handler
 
 from gateway.security.caps import Caps
 from gateway.security.ratelimit import Limits
-from schemas.config import ApiKeyConfig, AuthConfig, CostCaps
-from schemas.errors import GatewayError
+from schemas.config import ApiKeyConfig, AuthConfig, RequestCaps
+from schemas.errors import AuthenticationError, PermissionDeniedError
 
 __all__ = [
     "API_KEY",
@@ -42,23 +42,8 @@ __all__ = [
     "presented_key",
     "protect",
     "request_key",
+    "require",
 ]
-
-
-class AuthenticationError(GatewayError):
-    """401: no key, or one we do not know."""
-
-    status = 401
-    type = "authentication_error"
-    code = "invalid_api_key"
-
-
-class PermissionDeniedError(GatewayError):
-    """403: a known key asking for a model it may not use."""
-
-    status = 403
-    type = "permission_error"
-    code = "model_not_allowed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +99,7 @@ class KeyRing:
         auth: AuthConfig,
         *,
         models: Iterable[str],
-        deployment_caps: CostCaps,
+        deployment_caps: RequestCaps,
         max_prompt_array: int,
     ) -> None:
         names = list(models)
@@ -124,11 +109,12 @@ class KeyRing:
             key = self._build(entry, names, deployment_caps, max_prompt_array)
             self._by_digest[key.digest] = key
             self.keys.append(key)
-        metrics = auth.metrics_sha256
+        metrics, admin = auth.metrics_sha256, auth.admin_sha256
         self.metrics_digest: bytes | None = bytes.fromhex(metrics) if metrics is not None else None
+        self.admin_digest: bytes | None = bytes.fromhex(admin) if admin is not None else None
 
     @staticmethod
-    def _build(entry: ApiKeyConfig, names: list[str], caps: CostCaps, max_prompt_array: int) -> ApiKey:
+    def _build(entry: ApiKeyConfig, names: list[str], caps: RequestCaps, max_prompt_array: int) -> ApiKey:
         allowed = _allowed_models(entry.models, names)
         return ApiKey(
             name=entry.name,
@@ -162,15 +148,20 @@ class KeyRing:
             )
 
 
+def require(headers: Mapping[str, str], digest: bytes) -> None:
+    """Raise :class:`AuthenticationError` (401) unless ``headers`` present the key whose SHA-256 is ``digest``."""
+    secret = presented_key(headers)
+    if secret is None:
+        raise AuthenticationError(_NO_KEY)
+    if not hmac.compare_digest(_digest(secret), digest):
+        raise AuthenticationError(_BAD_KEY)
+
+
 def protect(handler: Handler, digest: bytes) -> Handler:
     """``handler`` behind its own key (e.g. ``GET /metrics`` behind ``auth.metrics_key``)."""
 
     async def protected(request: web.Request) -> web.StreamResponse:
-        secret = presented_key(request.headers)
-        if secret is None:
-            raise AuthenticationError(_NO_KEY)
-        if not hmac.compare_digest(_digest(secret), digest):
-            raise AuthenticationError(_BAD_KEY)
+        require(request.headers, digest)
         return await handler(request)
 
     return protected

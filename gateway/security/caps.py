@@ -1,6 +1,6 @@
-"""Cost caps: the largest request one caller may send, checked before anything is reserved or called.
+"""Request caps: the largest request one caller may send, checked before anything is reserved or called.
 
-A refusal is a 400 ``invalid_request_error`` with ``code: cost_cap_exceeded``, ``param`` set
+A refusal is a 400 ``invalid_request_error`` with ``code: cap_exceeded``, ``param`` set
 to the field the client can change and a message naming the cap and where it comes from
 (the deployment's ``caps:`` or the key's ``auth.keys[].caps``). The same place bounds the
 ``prompt`` arrays (``server.max_prompt_array``, a hardening limit that is always on).
@@ -31,20 +31,12 @@ from typing import cast
 from pydantic import BaseModel
 
 from gateway.served import ServedRequest
-from schemas.config import CostCaps
-from schemas.errors import InvalidRequestError
+from schemas.config import RequestCaps
+from schemas.errors import CapExceededError
 
 __all__ = ["CAP_FIELDS", "CapExceededError", "Caps", "reserve_tokens"]
 
 CAP_FIELDS = ("n", "best_of", "max_tokens", "prompts", "total_tokens")
-
-
-class CapExceededError(InvalidRequestError):
-    code = "cost_cap_exceeded"
-
-    def __init__(self, message: str, *, param: str, cap: str) -> None:
-        super().__init__(message, param=param)
-        self.cap = cap  # which cap (one of CAP_FIELDS, or "prompt_array"), for metrics
 
 
 def reserve_tokens(request: ServedRequest) -> int:
@@ -70,7 +62,7 @@ class Caps:
 
     @classmethod
     def build(
-        cls, max_prompt_array: int, deployment: CostCaps, key: CostCaps | None = None, key_name: str = ""
+        cls, max_prompt_array: int, deployment: RequestCaps, key: RequestCaps | None = None, key_name: str = ""
     ) -> Caps:
         values: dict[str, int | None] = {}
         sources: list[tuple[str, str]] = []

@@ -5,7 +5,9 @@ In the order the handler calls them:
 - :meth:`RequestGuard.identify`, before the body is read: the caller's key (401), or None
   when auth is off;
 - :meth:`RequestGuard.check`, once the model is known: the key's model permission (403),
-  the cost caps and the prompt-array bound (400);
+  the request caps and the prompt-array bound (400);
+- :meth:`RequestGuard.check_budget`, for a key with a budget: its spend (429 when it has spent
+  its budget: ``gateway.spend.budgets``);
 - :meth:`RequestGuard.reserve`, last, once everything that can refuse the request without
   an upstream has passed (schema, capabilities, priority header): the key's rate limits,
   tokens reserved from the request's worst case (429 with ``Retry-After`` when over). A
@@ -33,8 +35,10 @@ from gateway.security.auth import API_KEY, ApiKey, AuthenticationError, KeyRing,
 from gateway.security.caps import CapExceededError, Caps, reserve_tokens
 from gateway.security.ratelimit import LimitStore, MemoryStore, RedisStore, Reservation, Verdict
 from gateway.served import ServedRequest
+from gateway.spend.budgets import Budget, Counters, MemoryCounters, SpendLedger
+from gateway.spend.redis import RedisCounters
 from schemas.config import GatewayConfig
-from schemas.errors import RateLimitError
+from schemas.errors import BudgetExceededError, RateLimitError
 
 __all__ = ["RATE_HEADERS", "RequestGuard"]
 
@@ -53,15 +57,20 @@ class RequestGuard:
         keyring: KeyRing | None = None,
         store: LimitStore | None = None,
         audit: AuditLog | None = None,
+        ledger: SpendLedger | None = None,
     ) -> None:
         self._metrics = metrics
-        self.caps = caps  # the deployment's caps: what a request without a key may spend
+        self.caps = caps  # the deployment's caps: what a request without a key may send
         self.keyring = keyring  # None: auth is off
         self.store = store  # None: no key has rate limits
         self.audit = audit  # written when a request's record closes (None when off)
+        self.ledger = ledger  # each key's spend and budget (gateway.spend.budgets); None: auth is off
 
     @classmethod
-    def from_config(cls, config: GatewayConfig, metrics: GatewayMetrics) -> RequestGuard:
+    def from_config(
+        cls, config: GatewayConfig, metrics: GatewayMetrics, previous: RequestGuard | None = None
+    ) -> RequestGuard:
+        """The guard of ``config``; ``previous``: the one a reload replaces (in-memory spend carries over)."""
         server = config.server
         caps = Caps.build(server.max_prompt_array, config.caps)
         audit = AuditLog() if server.audit_log else None
@@ -90,7 +99,9 @@ class RequestGuard:
                     on_error=metrics.ratelimit_store_error,
                 )
             )
-        return cls(metrics=metrics, caps=caps, keyring=keyring, store=store, audit=audit)
+        budgets = {k.name: Budget.of(k.budget) for k in auth.keys if k.budget is not None}
+        ledger = SpendLedger(budgets, _spend_counters(config, previous), on_error=metrics.spend_store_error)
+        return cls(metrics=metrics, caps=caps, keyring=keyring, store=store, audit=audit, ledger=ledger)
 
     # --- the handler's hooks, in the order it calls them ---------------------------------------
     def identify(self, request: web.Request) -> ApiKey | None:
@@ -113,7 +124,16 @@ class RequestGuard:
             KeyRing.check_model(key, model)
             return key.caps.check(req)
         except (PermissionDeniedError, CapExceededError) as exc:
-            self._metrics.key_rejected(key.name, "model" if isinstance(exc, PermissionDeniedError) else "cost_cap")
+            self._metrics.key_rejected(key.name, "model" if isinstance(exc, PermissionDeniedError) else "cap")
+            raise
+
+    async def check_budget(self, key: ApiKey) -> None:
+        """Refuse ``key`` when it has spent its budget (429)."""
+        assert self.ledger is not None
+        try:
+            await self.ledger.check(key.name)
+        except BudgetExceededError:
+            self._metrics.key_rejected(key.name, "budget")
             raise
 
     async def reserve(
@@ -151,6 +171,21 @@ class RequestGuard:
     async def close(self) -> None:
         if self.store is not None:
             await self.store.close()
+        if self.ledger is not None:
+            await self.ledger.close()
+
+
+def _spend_counters(config: GatewayConfig, previous: RequestGuard | None) -> Counters:
+    """Where the keys' spend is counted: ``auth.store`` (Redis: shared by every worker and replica),
+    else this process, keeping the previous config's counters (a reload keeps what was spent)."""
+    assert config.auth is not None
+    url = config.auth.store_url
+    if url is not None:
+        return RedisCounters(url, prefix=config.auth.store_prefix, timeout=config.auth.redis_timeout)
+    old = previous.ledger.counters if previous is not None and previous.ledger is not None else None
+    if isinstance(old, MemoryCounters):
+        return old
+    return MemoryCounters()
 
 
 def _refusal(key: ApiKey, verdict: Verdict, tokens: int, limit_param: str) -> RateLimitError:

@@ -7,18 +7,20 @@ snapshot of every live worker plus the folded totals of the workers that are gon
 never goes down when a worker is replaced (prometheus-client's multiprocess mode gives the same
 guarantee with a file per process and ~2.5x the cost of every metric update; see the spec).
 
-Merge rules, by family type: counters, histograms and summaries are summed (``*_created``
-samples take the earliest); gauges are summed (requests in flight, queue depth: the gateway's
-total) except the families in :data:`MAX_GAUGES`, which take the largest worker's value: state
-gauges (the worst worker's), and the ``vllm-pool`` figures the control process publishes to every
-worker alike (state, restarts, scraped queue and KV cache: summing would count them N times; the
-pool's calls in flight and routing decisions are each worker's own, so they are summed); a gone
-worker's gauges are dropped, its counters kept.
+Merge rules, by family type: counters, histograms and summaries are summed (spend as decimals,
+so it stays exact; ``*_created`` samples, if a backend's collector has any, take the earliest);
+gauges are summed (requests in flight, queue depth: the gateway's total) except the families in
+:data:`MAX_GAUGES`, which take the largest worker's value: state gauges (the worst worker's), and
+the ``vllm-pool`` figures the control process publishes to every worker alike (state, restarts,
+scraped queue and KV cache: summing would count them N times; the pool's calls in flight and
+routing decisions are each worker's own, so they are summed); a gone worker's gauges are dropped,
+its counters kept.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from decimal import Decimal
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -49,6 +51,9 @@ MAX_GAUGES = frozenset(
     }
 )
 _KEPT = frozenset({"counter", "histogram", "summary", "gaugehistogram"})
+# Sums of decimal amounts (spend: gateway.spend): each worker's value is the float nearest its exact
+# total, whose shortest repr is that total; summed as decimals, so the merged view is exact too.
+_DECIMAL_SUMS = frozenset({"gateway_cost"})
 
 
 def snapshot(registry: CollectorRegistry) -> Snapshot:
@@ -75,6 +80,8 @@ class _Family:
             self.samples[key] = min(old, value)
         elif family in MAX_GAUGES:
             self.samples[key] = max(old, value)
+        elif family in _DECIMAL_SUMS:
+            self.samples[key] = float(Decimal(repr(old)) + Decimal(repr(value)))
         elif self.type in _KEPT or self.type == "gauge":
             self.samples[key] = old + value
         else:  # info, stateset, unknown: the last worker's word

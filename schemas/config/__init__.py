@@ -9,7 +9,7 @@ never show in ``repr``, logs or a config dump.
 from __future__ import annotations
 
 # One import path for the whole config; the sections live in their own modules.
-from schemas.config.auth import ApiKeyConfig, AuthConfig, CostCaps
+from schemas.config.auth import ApiKeyConfig, AuthConfig, RequestCaps
 from schemas.config.backends import (
     BACKEND_TYPES,
     BackendConfig,
@@ -43,6 +43,7 @@ from schemas.config.pool import (
     ScoreWeights,
     VLLMPoolBackendConfig,
 )
+from schemas.config.pricing import BudgetConfig, PricingConfig
 from schemas.config.responses import ResponsesConfig
 from schemas.config.server import PRIORITIES, AdmissionConfig, ServerConfig
 from schemas.config.telemetry import TelemetryConfig
@@ -55,9 +56,9 @@ __all__ = [
     "ApiKeyConfig",
     "AuthConfig",
     "BackendConfig",
+    "BudgetConfig",
     "CapabilityLevelName",
     "CircuitBreakerConfig",
-    "CostCaps",
     "DNSDiscoveryConfig",
     "EmbedBatchingConfig",
     "GatewayConfig",
@@ -72,6 +73,8 @@ __all__ = [
     "PoolProbeConfig",
     "PoolRestartConfig",
     "PoolRoutingConfig",
+    "PricingConfig",
+    "RequestCaps",
     "ResponsesConfig",
     "ResponsesModelConfig",
     "RetryConfig",

@@ -1,4 +1,4 @@
-"""API keys, per-key limits and cost caps (used by ``gateway.security``)."""
+"""API keys, per-key limits and request caps (used by ``gateway.security``)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from schemas.config.common import Name, _Strict, unique_name
+from schemas.config.pricing import BudgetConfig
 
 # --- security and tenancy (gateway.security: auth, ratelimit, caps) ------------------------------
 Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-fA-F]{64}$")]
@@ -15,7 +16,7 @@ _STORE_SCHEMES = ("redis://", "rediss://", "unix://")
 _MIN_SECRET = 16
 
 
-class CostCaps(_Strict):
+class RequestCaps(_Strict):
     """The largest request a caller may send (null = no cap); a refusal names the field and the cap.
 
     Deployment-wide as ``caps:``, per key as ``auth.keys[].caps``; the lower of the two wins.
@@ -71,7 +72,9 @@ class ApiKeyConfig(_Strict):
     rpm: Annotated[int, Field(ge=1)] | None = None
     tpm: Annotated[int, Field(ge=1)] | None = None
     max_concurrent: Annotated[int, Field(ge=1)] | None = None
-    caps: CostCaps = Field(default_factory=CostCaps)
+    caps: RequestCaps = Field(default_factory=RequestCaps)
+    # The most this key may spend, in the currency of ``models[].pricing`` (null = no budget).
+    budget: BudgetConfig | None = None
 
     @field_validator("key")
     @classmethod
@@ -97,6 +100,10 @@ class AuthConfig(_Strict):
     # A key for GET /metrics alone (null = /metrics stays open, e.g. on a private port).
     metrics_key: SecretStr | None = None
     metrics_key_sha256: Sha256Hex | None = None
+    # A key for the operators' endpoints (GET /admin/health, GET /admin/keys: `gateway keys usage`);
+    # null = those endpoints are not served while auth is on.
+    admin_key: SecretStr | None = None
+    admin_key_sha256: Sha256Hex | None = None
     # ``memory`` (per replica) or a Redis URL (``redis://[:password@]host:port/db``, ``rediss://``,
     # ``unix://``) shared by replicas. A secret: it may carry a password.
     store: SecretStr = SecretStr("memory")
@@ -110,7 +117,7 @@ class AuthConfig(_Strict):
     # replica renews its slots every third of this while their requests run.
     concurrency_lease: Annotated[float, Field(gt=0, le=86400)] = 30.0
 
-    @field_validator("metrics_key")
+    @field_validator("metrics_key", "admin_key")
     @classmethod
     def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
         return _strong(value)
@@ -124,6 +131,8 @@ class AuthConfig(_Strict):
     def _distinct(self) -> AuthConfig:
         if self.metrics_key is not None and self.metrics_key_sha256 is not None:
             raise ValueError("give at most one of metrics_key, metrics_key_sha256")
+        if self.admin_key is not None and self.admin_key_sha256 is not None:
+            raise ValueError("give at most one of admin_key, admin_key_sha256")
         names: dict[str, int] = {}
         digests: dict[str, int] = {}
         for i, key in enumerate(self.keys):
@@ -131,10 +140,20 @@ class AuthConfig(_Strict):
             if key.sha256 in digests:
                 raise ValueError(f"auth.keys[{i}]: the same secret as auth.keys[{digests[key.sha256]}]")
             digests[key.sha256] = i
-        metrics = self.metrics_sha256
+        metrics, admin = self.metrics_sha256, self.admin_sha256
         if metrics is not None and metrics in digests:
             raise ValueError(f"auth.metrics_key: the same secret as auth.keys[{digests[metrics]}]")
+        if admin is not None and admin in digests:
+            raise ValueError(f"auth.admin_key: the same secret as auth.keys[{digests[admin]}]")
+        if admin is not None and admin == metrics:
+            raise ValueError("auth.admin_key: the same secret as auth.metrics_key")
         return self
+
+    @property
+    def admin_sha256(self) -> str | None:
+        if self.admin_key is None and self.admin_key_sha256 is None:
+            return None
+        return _sha256_of(self.admin_key, self.admin_key_sha256)
 
     @property
     def metrics_sha256(self) -> str | None:

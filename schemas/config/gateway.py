@@ -6,7 +6,7 @@ from typing import Annotated
 
 from pydantic import Field, model_validator
 
-from schemas.config.auth import AuthConfig, CostCaps
+from schemas.config.auth import AuthConfig, RequestCaps
 from schemas.config.backends import BackendConfig
 from schemas.config.common import _Strict
 from schemas.config.models import ModelConfig
@@ -23,8 +23,8 @@ class GatewayConfig(_Strict):
     models: Annotated[list[ModelConfig], Field(min_length=1)]
     # API keys and per-key limits; absent = no authentication (the quickstart).
     auth: AuthConfig | None = None
-    # Deployment-wide cost caps (every caller, with or without a key).
-    caps: CostCaps = Field(default_factory=CostCaps)
+    # Deployment-wide request caps (every caller, with or without a key).
+    caps: RequestCaps = Field(default_factory=RequestCaps)
     # OpenTelemetry traces; absent = off unless the standard OTEL_* variables turn them on.
     telemetry: TelemetryConfig | None = None
     # Stored responses and conversations (``store: true``, ``previous_response_id``).

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 
 from schemas.config.common import Name, _Strict
+from schemas.config.pricing import PricingConfig
 from schemas.endpoints import Endpoint
 
 
@@ -18,6 +19,9 @@ class RouteConfig(_Strict):
     # The upstream model's context window in tokens, for Responses' ``truncation``; unset: what
     # the backend reports (vLLM's ``max_model_len``), else unknown (the upstream decides).
     context_length: Annotated[int, Field(ge=1)] | None = None
+    # What this route's tokens cost, when it differs from the model's ``pricing`` (the same model
+    # on OpenAI and on your own vLLM); unset: the model's.
+    pricing: PricingConfig | None = None
 
 
 class ResponsesModelConfig(_Strict):
@@ -38,6 +42,9 @@ class ModelConfig(_Strict):
     # routes' backends can serve. A request to another endpoint gets 404 naming the ones it serves.
     endpoints: Annotated[list[Endpoint], Field(min_length=1)] | None = None
     responses: ResponsesModelConfig = ResponsesModelConfig()
+    # Prices per million tokens (gateway.spend): the cost counter, the audit line's cost and the
+    # keys' budgets read them. Unset (and unset on the route that answered): the request costs nothing.
+    pricing: PricingConfig | None = None
 
     @field_validator("endpoints")
     @classmethod

@@ -16,8 +16,8 @@ def worker_problems(config: GatewayConfig, workers: int) -> list[str]:
 
     A ``vllm-pool`` backend is fine: the control process runs its supervisor once
     (``gateway.workers.pools``) and the workers route over its vLLM processes.
-    Per-key limits (``rpm``, ``tpm``, ``max_concurrent``) counted in the in-memory store would hold
-    per worker, so N workers would allow N times the limit: with N > 1 they need the Redis store.
+    Per-key limits (``rpm``, ``tpm``, ``max_concurrent``, ``budget``) counted in the in-memory store would
+    hold per worker, so N workers would allow N times the limit: with N > 1 they need the Redis store.
     """
     if workers <= 1:
         return []
@@ -25,7 +25,7 @@ def worker_problems(config: GatewayConfig, workers: int) -> list[str]:
     if config.auth is None or config.auth.store_url is not None:
         return problems
     for i, key in enumerate(config.auth.keys):
-        limited = [name for name in ("rpm", "tpm", "max_concurrent") if getattr(key, name) is not None]
+        limited = [name for name in ("rpm", "tpm", "max_concurrent", "budget") if getattr(key, name) is not None]
         if limited:
             problems.append(
                 f"auth.keys[{i}] ({key.name}): {', '.join(limited)} with {workers} workers need "

@@ -9,6 +9,8 @@ from __future__ import annotations
 ENDPOINT_SERIES = (
     "gateway_requests",
     "gateway_request_duration_seconds",
+    "gateway_upstream_duration_seconds",
+    "gateway_time_per_output_token_seconds",
     "gateway_time_to_first_token_seconds",
     "gateway_prompt_tokens",
     "gateway_completion_tokens",

@@ -9,6 +9,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.state import STATE
 from tests.conftest import MOCK_MODEL, OPENAI_MODEL, VLLM_MODEL, RunningGateway, eventually
 from tests.fakes import Behaviour
 from tests.gateway.endpoint_labels import with_endpoint
@@ -57,8 +58,10 @@ async def test_metrics_after_mixed_traffic(gateway: RunningGateway, session: aio
     # ok, non-streaming, openai type: upstream usage prompt 3 / completion 2
     assert (await post(gateway, session, {**base, "model": OPENAI_MODEL}))[0] == 200
     assert (await post(gateway, session, {**base, "model": OPENAI_MODEL}))[0] == 200
-    # 400: invalid value (rejected before the model is resolved)
+    # 400: invalid value (rejected by the schema, before the lookup: counted under the model it names)
     assert (await post(gateway, session, {**base, "model": OPENAI_MODEL, "temperature": 3}))[0] == 400
+    # 400: the same for a model nobody configured: _unknown
+    assert (await post(gateway, session, {**base, "model": SECRET_MODEL, "temperature": 3}))[0] == 400
     # 404: a model name the client made up
     assert (await post(gateway, session, {**base, "model": SECRET_MODEL}))[0] == 404
     # 400 unsupported_parameter on the openai-type backend
@@ -81,11 +84,11 @@ async def test_metrics_after_mixed_traffic(gateway: RunningGateway, session: aio
     assert m.value(req, model=OPENAI_MODEL, backend="up-openai", status="200") == 2
     assert m.value(req, model="_unknown", backend="_none", status="400") == 1
     assert m.value(req, model="_unknown", backend="_none", status="404") == 1
-    assert m.value(req, model=OPENAI_MODEL, backend="_none", status="400") == 1
+    assert m.value(req, model=OPENAI_MODEL, backend="_none", status="400") == 2
     assert m.value(req, model=VLLM_MODEL, backend="up-vllm", status="200") == 1
     assert m.value(req, model=MOCK_MODEL, backend="sim", status="200") == 1
     assert m.value(req, model=VLLM_MODEL, backend="up-vllm", status="502") == 1
-    assert sum(s.value for s in m.samples if s.name == req) == 8
+    assert sum(s.value for s in m.samples if s.name == req) == 9
 
     # unsupported parameter, labelled by backend and parameter
     assert m.value("gateway_unsupported_parameter_rejections_total", backend="up-openai", param="top_k") == 1
@@ -108,11 +111,25 @@ async def test_metrics_after_mixed_traffic(gateway: RunningGateway, session: aio
     assert m.value(ttft, model=OPENAI_MODEL, backend="up-openai") == 0
     assert m.value("gateway_time_to_first_token_seconds_bucket", model=VLLM_MODEL, backend="up-vllm", le="+Inf") == 1
 
-    # latency histogram for answered requests that reached a backend
+    # the duration of every answer, refusals included, by status class: as many as gateway_requests_total
     lat = "gateway_request_duration_seconds_count"
-    assert m.value(lat, model=OPENAI_MODEL, backend="up-openai") == 2
-    assert m.value(lat, model=VLLM_MODEL, backend="up-vllm") == 2
-    assert m.value(lat, model=MOCK_MODEL, backend="sim") == 1
+    assert m.value(lat, model=OPENAI_MODEL, backend="up-openai", status_class="2xx") == 2
+    assert m.value(lat, model=VLLM_MODEL, backend="up-vllm", status_class="2xx") == 1
+    assert m.value(lat, model=VLLM_MODEL, backend="up-vllm", status_class="5xx") == 1
+    assert m.value(lat, model=MOCK_MODEL, backend="sim", status_class="2xx") == 1
+    assert m.value(lat, model=OPENAI_MODEL, backend="_none", status_class="4xx") == 2
+    assert m.value(lat, model="_unknown", backend="_none", status_class="4xx") == 2
+    assert sum(s.value for s in m.samples if s.name == lat) == 9
+
+    # the answering upstream attempt's own time: every answer an upstream gave
+    up = "gateway_upstream_duration_seconds_count"
+    assert m.value(up, model=OPENAI_MODEL, backend="up-openai") == 2
+    assert m.value(up, model=VLLM_MODEL, backend="up-vllm") == 1
+    assert m.value(up, model=MOCK_MODEL, backend="sim") == 1
+    assert sum(s.value for s in m.samples if s.name == up) == 4
+
+    # no _created series doubling the output
+    assert "_created" not in m.text
 
     # nothing in flight any more, every configured model present
     in_flight = {s.labels["model"]: s.value for s in m.samples if s.name == "gateway_requests_in_flight"}
@@ -152,6 +169,26 @@ async def test_metrics_before_any_traffic(gateway: RunningGateway, session: aioh
     in_flight = {s.labels["model"]: s.value for s in m.samples if s.name == "gateway_requests_in_flight"}
     assert in_flight == {OPENAI_MODEL: 0, VLLM_MODEL: 0, MOCK_MODEL: 0}
     assert not [s for s in m.samples if s.name == "gateway_requests_total"]
+    # in flight: a series for each endpoint a model is served on, and only those
+    served = {(s.labels["model"], s.labels["endpoint"]) for s in m.samples if s.name == "gateway_requests_in_flight"}
+    expected = {(name, e.value) for name, entry in gateway.app[STATE].router.models.items() for e in entry.served}
+    assert served == expected
+    assert (MOCK_MODEL, "chat") in served and all(e != "embeddings" for _, e in served)  # no embedding route here
+
+
+async def test_time_per_output_token(gateway: RunningGateway, session: aiohttp.ClientSession) -> None:
+    """A stream whose tokens come 20 ms apart: its time per output token is about 20 ms, and only streams have one."""
+    gateway.upstream.script.append(Behaviour(kind="ok", delay=0.02))
+    body = {"model": OPENAI_MODEL, "prompt": "x", "max_tokens": 6, "stream": True}
+    status, raw = await post(gateway, session, body)
+    assert status == 200 and raw.endswith(b"data: [DONE]\n\n")
+    assert (await post(gateway, session, {**body, "stream": False}))[0] == 200
+    m = await scrape(gateway, session)
+    name = "gateway_time_per_output_token_seconds"
+    assert m.value(f"{name}_count", model=OPENAI_MODEL, backend="up-openai") == 1
+    per_token = m.value(f"{name}_sum", model=OPENAI_MODEL, backend="up-openai")
+    assert 0.015 <= per_token <= 0.5  # 5 gaps of 20 ms over 5 tokens after the first; generous for a busy box
+    assert m.value(f"{name}_bucket", model=OPENAI_MODEL, backend="up-openai", le="0.01") == 0
 
 
 async def test_client_disconnect_mid_stream_cancels_upstream(

@@ -32,7 +32,9 @@ def test_request_series_add_up_through_the_cached_adders() -> None:
     refused = {"model": UNKNOWN, "backend": NONE, "status": "404", "endpoint": "completions"}
     assert _value(m, "gateway_requests_total", **refused) == 1
     pair = {"model": "m", "backend": "b", "endpoint": "chat"}
-    assert _value(m, "gateway_request_duration_seconds_count", **pair) == 2
+    assert _value(m, "gateway_request_duration_seconds_count", **pair, status_class="2xx") == 2
+    refused_class = {"model": UNKNOWN, "backend": NONE, "endpoint": "completions", "status_class": "4xx"}
+    assert _value(m, "gateway_request_duration_seconds_count", **refused_class) == 0  # no time given: no observation
     assert _value(m, "gateway_prompt_tokens_total", **pair) == 6
     assert _value(m, "gateway_completion_tokens_total", **pair) == 7
 
@@ -90,3 +92,24 @@ def test_request_closed_records_what_the_three_separate_calls_record() -> None:
     assert _value(closed, "gateway_client_disconnects_total", model="m", backend="b", endpoint="chat") == 1
     assert _value(closed, "gateway_prompt_tokens_total", model="m", backend="b", endpoint="chat") == 10
     assert ("m", "gone", Endpoint.COMPLETIONS) not in closed._closing  # unknown names keep no bundle
+    # every answer's duration, refusals too, under its status class
+    refused = {"model": "_unknown", "backend": "_none", "endpoint": "completions", "status_class": "4xx"}
+    assert _value(closed, "gateway_request_duration_seconds_count", **refused) == 1
+    assert _value(closed, "gateway_request_duration_seconds_count", **refused | {"model": "m"}) is None
+
+
+def test_exact_spend_and_no_created_series() -> None:
+    """The cost counter adds integers and shows their exact decimal: 10,000 charges of 0.000001 add up to
+    0.01 exactly (a float counter gives 0.009999999999999155), and no ``*_created`` series exist."""
+    m = GatewayMetrics(["m"], ["b"], keys=["team-a"])
+    for _ in range(10_000):
+        m.spent("m", "b", "team-a", 10**6, False)  # 10^6 units = 0.000001 of the currency
+    m.spent("m", "b", "intruder", 3, True)  # an unknown key name is never a label
+    assert _value(m, "gateway_cost_total", model="m", backend="b", key="team-a", source="upstream") == 0.01
+    assert _value(m, "gateway_cost_total", model="m", backend="b", key="_none", source="estimate") == 3e-12
+    drift = 0.0
+    for _ in range(10_000):
+        drift += 0.000001
+    assert drift != 0.01  # what a float counter would show
+    m.request_finished("m", "b", 200, 0.1)
+    assert not [s for f in m.registry.collect() for s in f.samples if s.name.endswith("_created")]

@@ -41,7 +41,7 @@ from backends.base import (
     TokenizeCall,
     UpstreamCall,
 )
-from backends.errors import UpstreamError, retryable
+from backends.errors import NoReadyWorkerError, UpstreamError, retryable
 from backends.vllm.capabilities import vllm_chat_capabilities, vllm_pooling_tables
 from backends.vllm.routing.balancer import Balancer, Endpoint
 from backends.vllm.routing.prefix import request_keys
@@ -59,15 +59,6 @@ _T = TypeVar("_T")
 # Retry-After for a 503: soon while workers are starting, later when none can.
 _RETRY_AFTER_STARTING = 5.0
 _RETRY_AFTER_HOPELESS = 30.0
-
-
-class NoReadyWorkerError(UpstreamError):
-    """No endpoint of the backend could take the call in time (503, retryable elsewhere)."""
-
-    status = 503
-    code = "upstream_unavailable"
-    retryable = True
-    default_reason = "no_ready_worker"
 
 
 class Dispatcher:

@@ -12,6 +12,7 @@ and no persistence; tests using it skip when the binary is missing (``.ci/run`` 
 from __future__ import annotations
 
 import hashlib
+import logging
 import shutil
 import socket
 import subprocess
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from aiohttp import web
 
@@ -77,6 +79,29 @@ async def secure_gateway(fake_upstream: FakeUpstream) -> AsyncIterator[MakeSecur
     finally:
         for runner in reversed(runners):
             await runner.cleanup()
+
+
+# --- the audit log -------------------------------------------------------------------------
+class Lines(logging.Handler):
+    """Every audit line written while installed, parsed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[dict[str, Any]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(orjson.loads(record.getMessage()))
+
+
+@pytest.fixture
+def audit_lines() -> Iterator[Lines]:
+    handler = Lines()
+    logger = logging.getLogger("gateway.audit")
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
 
 
 # --- redis-server ---------------------------------------------------------------------------

@@ -5,8 +5,6 @@ upstream did when the client leaves (issue 13 items 9, 11 and 12)."""
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -17,27 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import OPENAI_MODEL, RunningGateway
 from tests.fakes import Behaviour
-from tests.gateway.security.conftest import AUTH_A, MakeSecureGateway, auth_section
-
-
-class Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[dict[str, Any]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(orjson.loads(record.getMessage()))
-
-
-@pytest.fixture
-def audit_lines() -> Iterator[Lines]:
-    handler = Lines()
-    logger = logging.getLogger("gateway.audit")
-    logger.addHandler(handler)
-    try:
-        yield handler
-    finally:
-        logger.removeHandler(handler)
+from tests.gateway.security.conftest import AUTH_A, Lines, MakeSecureGateway, auth_section
 
 
 async def post(

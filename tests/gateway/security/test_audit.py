@@ -2,38 +2,15 @@
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
 import orjson
-import pytest
 
 from gateway.security.audit import USER_MAX, audit_user
 from tests.conftest import MOCK_MODEL, OPENAI_MODEL
 from tests.fakes import Behaviour
-from tests.gateway.security.conftest import AUTH_A, AUTH_B, KEY_A, MakeSecureGateway, auth_section
-
-
-class Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[dict[str, Any]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(orjson.loads(record.getMessage()))
-
-
-@pytest.fixture
-def audit_lines() -> Iterator[Lines]:
-    handler = Lines()
-    logger = logging.getLogger("gateway.audit")
-    logger.addHandler(handler)
-    try:
-        yield handler
-    finally:
-        logger.removeHandler(handler)
+from tests.gateway.security.conftest import AUTH_A, AUTH_B, KEY_A, Lines, MakeSecureGateway, auth_section
 
 
 async def post(url: str, body: dict[str, Any], headers: dict[str, str]) -> int:

@@ -1,4 +1,4 @@
-"""Cost caps, per deployment and per key: each refusal is a 400 naming the field and the cap,
+"""Request caps, per deployment and per key: each refusal is a 400 naming the field and the cap,
 decided before any upstream is called."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ async def test_deployment_caps(
     status, answer = await post(gw.url, body)
     assert status == 400, answer
     error = answer["error"]
-    assert error["code"] == "cost_cap_exceeded"
+    assert error["code"] == "cap_exceeded"
     assert error["param"] == param
     assert value in error["message"]
     assert f"the {cap} cap of" in error["message"]
@@ -93,7 +93,7 @@ async def test_cap_rejections_are_counted_per_key(secure_gateway: MakeSecureGate
     async with aiohttp.ClientSession() as session:
         async with session.get(gw.url + "/metrics") as resp:
             text = await resp.text()
-    assert 'gateway_key_rejections_total{key="team-a",reason="cost_cap"} 1.0' in text
+    assert 'gateway_key_rejections_total{key="team-a",reason="cap"} 1.0' in text
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Auth, cost caps, rate limits and the audit line cover ``/v1/chat/completions`` through the shared path."""
+"""Auth, request caps, rate limits and the audit line cover ``/v1/chat/completions`` through the shared path."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ async def test_max_tokens_cap_names_the_chat_field(secure_gateway: MakeSecureGat
     gw = await secure_gateway("caps: {max_tokens: 50, n: 2}\n")
     status, body = await post(gw.url, {"model": MOCK_MODEL, "messages": MESSAGES, "max_completion_tokens": 51})
     assert status == 400 and body["error"]["param"] == "max_completion_tokens", body
-    assert body["error"]["code"] == "cost_cap_exceeded"
+    assert body["error"]["code"] == "cap_exceeded"
     status, body = await post(gw.url, {"model": MOCK_MODEL, "messages": MESSAGES, "max_tokens": 51})
     assert status == 400 and body["error"]["param"] == "max_tokens", body
     status, body = await post(gw.url, {"model": MOCK_MODEL, "messages": MESSAGES, "max_tokens": 5, "n": 3})

@@ -174,7 +174,7 @@ def test_any_body_gets_2xx_or_an_enveloped_4xx(live_gateway: Gateway) -> None:
 
 # --- schemathesis: the API against its own OpenAPI document ------------------------------------------
 # Schema-valid but refused is expected: cross-field rules (best_of >= n, stream_options only with
-# stream, ...), cost caps and the configured model names cannot be written in JSON Schema, and
+# stream, ...), request caps and the configured model names cannot be written in JSON Schema, and
 # are answered 400/404 by design. Every other check runs, negative_data_rejection included.
 _EXCLUDED = [schemathesis.checks.positive_data_acceptance]
 

@@ -40,6 +40,8 @@ async def test_document_describes_the_endpoints(secure_gateway: MakeSecureGatewa
         "/health",
         "/ready",
         "/metrics",
+        "/admin/health",
+        "/admin/keys",
         "/openapi.json",
         "/docs",
     }
@@ -102,6 +104,8 @@ async def test_security_schemes_with_auth_on(secure_gateway: MakeSecureGateway) 
         ("/v1/chat/completions", "post"),
         ("/v1/models", "get"),
         ("/metrics", "get"),
+        ("/admin/health", "get"),
+        ("/admin/keys", "get"),
     ):
         operation = doc["paths"][path][method]
         assert operation["security"] == [{"bearer": []}, {"apiKeyHeader": []}]

@@ -143,6 +143,8 @@ def _lines(text: bytes, prefix: str) -> list[str]:
 
 def test_merge_sums_counters_and_histograms_and_keeps_gone_workers() -> None:
     a, b = GatewayMetrics(["m"], ["x"]), GatewayMetrics(["m"], ["x"])
+    for each in (a, b):
+        each.serve({"m": [Endpoint.COMPLETIONS, Endpoint.CHAT]})  # the router's: only those have series
     a.request_finished("m", "x", 200, 0.1)
     b.request_finished("m", "x", 200, 0.2)
     b.request_finished("m", "x", 500, 0.2)
@@ -158,11 +160,12 @@ def test_merge_sums_counters_and_histograms_and_keeps_gone_workers() -> None:
         'gateway_requests_total{backend="x",endpoint="completions",model="m",status="500"} 1.0',
     ]
     assert _lines(text, "gateway_request_duration_seconds_count") == [
-        'gateway_request_duration_seconds_count{backend="x",endpoint="completions",model="m"} 3.0'
+        'gateway_request_duration_seconds_count{backend="x",endpoint="completions",model="m",status_class="2xx"} 2.0',
+        'gateway_request_duration_seconds_count{backend="x",endpoint="completions",model="m",status_class="5xx"} 1.0',
     ]
     assert _lines(text, "gateway_requests_in_flight") == [
-        f'gateway_requests_in_flight{{endpoint="{e.value}",model="m"}} {2.0 if e is Endpoint.COMPLETIONS else 0.0}'
-        for e in Endpoint  # every endpoint's series exists from the start
+        'gateway_requests_in_flight{endpoint="completions",model="m"} 2.0',
+        'gateway_requests_in_flight{endpoint="chat",model="m"} 0.0',  # served on two endpoints: two series
     ]
     assert _lines(text, "gateway_circuit_state") == ['gateway_circuit_state{backend="x"} 2.0']  # the worst
     assert text.count(b"# TYPE gateway_requests_total counter") == 1
@@ -173,8 +176,8 @@ def test_merge_sums_counters_and_histograms_and_keeps_gone_workers() -> None:
     assert 'gateway_requests_total{backend="x",endpoint="completions",model="m",status="500"} 1.0' in text.decode()
     assert 'gateway_requests_total{backend="x",endpoint="completions",model="m",status="200"} 2.0' in text.decode()
     assert _lines(text, "gateway_requests_in_flight") == [
-        f'gateway_requests_in_flight{{endpoint="{e.value}",model="m"}} {1.0 if e is Endpoint.COMPLETIONS else 0.0}'
-        for e in Endpoint
+        'gateway_requests_in_flight{endpoint="completions",model="m"} 1.0',
+        'gateway_requests_in_flight{endpoint="chat",model="m"} 0.0',
     ]
 
 

@@ -1,0 +1,268 @@
+"""Each key's spend per day, month and in total, and its budget (``auth.keys[].budget``).
+
+The :class:`SpendLedger` keeps, per key (the tenant), a counter per period in a :class:`Counters`
+store: ``day:2026-12-01``, ``month:2026-12`` and ``total``; days and months are UTC, and a new
+period is simply a new counter. Amounts are integers in :data:`gateway.spend.prices.UNIT`.
+
+- :meth:`SpendLedger.check` (one store read, only for a key with a budget) refuses a key whose
+  counter for its budget's period has reached the budget: 429
+  :class:`~schemas.errors.BudgetExceededError` naming the budget, what was spent and when the
+  period restarts (``Retry-After``), before anything is reserved or any upstream called.
+- :meth:`SpendLedger.charge` adds a closed request's cost (:class:`gateway.accounting.RequestRecord`)
+  and never blocks the request. In memory it is three dict updates. A shared store (Redis) gets
+  the charges of about :data:`FLUSH_EVERY` seconds in one round trip from a background task: the
+  figures other workers and replicas read lag by that much, and this process counts what it has
+  not sent yet. What the store did not take (Redis away) is kept and sent again, so an outage
+  delays spend, never loses it; during it :meth:`check` lets requests through (counted in
+  ``gateway_spend_store_errors_total``), as the rate limits do.
+
+A budget bounds what a key starts, not what is in flight: requests admitted while the key was
+under its budget finish and are charged, so the spend may end above the budget by what they cost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import calendar
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from gateway.spend.prices import money_text, units
+from schemas.config import BudgetConfig
+from schemas.errors import BudgetExceededError
+
+__all__ = ["FLUSH_EVERY", "PERIODS", "Budget", "Counters", "MemoryCounters", "SpendLedger", "period_of"]
+
+log = logging.getLogger("gateway.spend")
+
+PERIODS = ("day", "month", "total")
+FLUSH_EVERY = 0.5  # seconds between the batches a shared store gets
+# How long a period's counter outlives its period in a shared store (None: for ever).
+_KEEP = {"day": 3 * 86400.0, "month": 62 * 86400.0, "total": None}
+
+Add = tuple[str, str, int, float | None]  # tenant, counter, amount, seconds to live (None: no expiry)
+
+
+class Counters(Protocol):
+    """Integer counters under ``(tenant, counter)``: what the ledger needs of a store."""
+
+    async def get(self, tenant: str, keys: Sequence[str]) -> list[bytes | None]:
+        """The counters' values as decimal text (None: never added to), in one round trip."""
+
+    async def add_many(self, adds: Sequence[Add]) -> None:
+        """Add each amount atomically (absent: 0), in one round trip; raises when the store is away."""
+
+
+class MemoryCounters:
+    """Counters in this process (one worker: ``worker_problems`` refuses more without Redis).
+
+    Bounded by the configured keys: three counters each per day and month seen, the old ones
+    dropped when a new day begins."""
+
+    def __init__(self) -> None:
+        self._values: dict[tuple[str, str], int] = {}
+        self._today = ""
+
+    async def get(self, tenant: str, keys: Sequence[str]) -> list[bytes | None]:
+        values = self._values
+        return [str(values[(tenant, k)]).encode() if (tenant, k) in values else None for k in keys]
+
+    async def add_many(self, adds: Sequence[Add]) -> None:
+        for tenant, key, amount, _ in adds:
+            self.add_now(tenant, key, amount)
+
+    def add_now(self, tenant: str, key: str, amount: int) -> None:
+        values = self._values
+        if key.startswith("day:") and key != self._today:
+            self._forget(key)
+        values[(tenant, key)] = values.get((tenant, key), 0) + amount
+
+    def _forget(self, today: str) -> None:
+        """A new day: drop the counters of days and months that ended (what a shared store expires)."""
+        self._today = today
+        month = "month:" + today[4:11]
+        stale = [k for k in self._values if k[1].startswith(("day:", "month:")) and k[1] not in (today, month)]
+        for k in stale:
+            del self._values[k]
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """One key's budget: ``amount`` in :data:`~gateway.spend.prices.UNIT` per ``period``."""
+
+    amount: int
+    period: str  # day, month, total
+
+    @classmethod
+    def of(cls, config: BudgetConfig) -> Budget:
+        return cls(units(config.amount, 12), config.period)
+
+    def describe(self) -> str:
+        per = {"day": " per day (UTC)", "month": " per month (UTC)"}.get(self.period, " in total")
+        return f"{money_text(self.amount)}{per}"
+
+
+def period_of(period: str, now: float) -> tuple[str, float | None]:
+    """The counter of ``period`` at ``now`` (epoch seconds) and when the period ends (None: never)."""
+    if period == "total":
+        return "total", None
+    day = datetime.fromtimestamp(now, UTC)
+    if period == "day":
+        start = calendar.timegm((day.year, day.month, day.day, 0, 0, 0))
+        return f"day:{day:%Y-%m-%d}", float(start + 86400)
+    year, month = (day.year + 1, 1) if day.month == 12 else (day.year, day.month + 1)
+    return f"month:{day:%Y-%m}", float(calendar.timegm((year, month, 1, 0, 0, 0)))
+
+
+def _at(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class SpendLedger:
+    """Every key's spend and the budgets of those that have one (module docstring: how).
+
+    ``clock`` gives epoch seconds (periods are calendar days and months); ``on_error`` hears every
+    failed store call (a metric). One event loop. A reload builds a new ledger over the same
+    in-memory counters (``gateway.security.guard``); a shared store needs nothing carried over.
+    """
+
+    def __init__(
+        self,
+        budgets: dict[str, Budget],
+        counters: Counters,
+        *,
+        clock: Callable[[], float] = time.time,
+        on_error: Callable[[], None] | None = None,
+    ) -> None:
+        self.budgets = budgets
+        self.counters = counters
+        self._clock = clock
+        self._on_error = on_error
+        self._add_now: Callable[[str, str, int], None] | None = getattr(counters, "add_now", None)
+        self._owed: dict[tuple[str, str], int] = {}  # charged here, not yet in the shared store
+        self._flusher: asyncio.Task[None] | None = None
+        self._failing = False
+
+    # --- the request path --------------------------------------------------------------------
+    async def check(self, key: str) -> None:
+        """Raise :class:`BudgetExceededError` (429) when ``key`` has spent its budget; a store that is
+        away lets the request through (the error is counted, and logged once per outage)."""
+        budget = self.budgets.get(key)
+        if budget is None:
+            return
+        period, ends = period_of(budget.period, self._clock())
+        try:
+            (spent,) = await self._spent(key, [period])
+        except Exception as exc:  # the store is away: budgets hold again once it is back
+            self._failed(exc)
+            return
+        self._back()
+        if spent < budget.amount:
+            return
+        when = f"It restarts at {_at(ends)}." if ends is not None else "It does not restart (a total budget)."
+        raise BudgetExceededError(
+            f"Budget exceeded for key '{key}': spent {money_text(spent)} of its budget of {budget.describe()}. {when}",
+            retry_after=max(1.0, ends - self._clock()) if ends is not None else None,
+            type="insufficient_quota",
+        )
+
+    def charge(self, key: str, amount: int) -> None:
+        """Add ``amount`` to ``key``'s day, month and total; never raises, never waits."""
+        if amount <= 0:
+            return
+        now = self._clock()
+        add_now = self._add_now
+        for period in PERIODS:
+            counter = period_of(period, now)[0]
+            if add_now is not None:
+                add_now(key, counter, amount)
+            else:
+                self._owed[(key, counter)] = self._owed.get((key, counter), 0) + amount
+        if add_now is None and (self._flusher is None or self._flusher.done()):
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_soon())
+
+    # --- the shared store --------------------------------------------------------------------
+    async def _spent(self, key: str, counters: Sequence[str]) -> list[int]:
+        """``key``'s counters: the store's figure plus what this process has not sent yet."""
+        values = await self.counters.get(key, counters)
+        owed = self._owed
+        return [(int(v) if v is not None else 0) + owed.get((key, c), 0) for c, v in zip(counters, values, strict=True)]
+
+    async def _flush_soon(self) -> None:
+        while self._owed:
+            await asyncio.sleep(FLUSH_EVERY)
+            await self.flush()
+
+    async def flush(self) -> bool:
+        """Send what was charged here to the store in one round trip; True when it took it."""
+        if not self._owed:
+            return True
+        batch, self._owed = self._owed, {}
+        adds = [(key, counter, amount, _KEEP[counter.partition(":")[0]]) for (key, counter), amount in batch.items()]
+        try:
+            await self.counters.add_many(adds)
+        except Exception as exc:  # kept, and sent again with the next batch
+            self._failed(exc)
+            for slot, amount in batch.items():
+                self._owed[slot] = self._owed.get(slot, 0) + amount
+            return False
+        self._back()
+        return True
+
+    def _failed(self, exc: BaseException) -> None:
+        if self._on_error is not None:
+            self._on_error()
+        if not self._failing:
+            self._failing = True
+            log.warning("spend store failed (%s): budgets are not enforced until it is back", type(exc).__name__)
+
+    def _back(self) -> None:
+        if self._failing:
+            self._failing = False
+            log.warning("spend store is back: budgets are enforced again")
+
+    # --- operators -----------------------------------------------------------------------------
+    async def usage(self, keys: Iterable[str]) -> list[dict[str, Any]]:
+        """Each key's spend today, this month and in total, and its budget (null when it has none)."""
+        now = self._clock()
+        counters = [period_of(p, now)[0] for p in PERIODS]
+        out: list[dict[str, Any]] = []
+        for key in keys:
+            day, month, total = await self._spent(key, counters)
+            entry: dict[str, Any] = {
+                "key": key,
+                "spent": {"day": money_text(day), "month": money_text(month), "total": money_text(total)},
+                "budget": None,
+            }
+            budget = self.budgets.get(key)
+            if budget is not None:
+                spent = {"day": day, "month": month, "total": total}[budget.period]
+                ends = period_of(budget.period, now)[1]
+                entry["budget"] = {
+                    "amount": money_text(budget.amount),
+                    "period": budget.period,
+                    "remaining": money_text(max(0, budget.amount - spent)),
+                    "exceeded": spent >= budget.amount,
+                    "resets_at": _at(ends) if ends is not None else None,
+                }
+            out.append(entry)
+        return out
+
+    async def close(self) -> None:
+        """Send what is still owed (at most a second's wait); called once at shutdown."""
+        if self._flusher is not None:
+            self._flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flusher
+        if self._owed:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await self.flush()
+        close = getattr(self.counters, "close", None)  # a shared store's connections (memory has none)
+        if close is not None:
+            await close()
