@@ -4,6 +4,7 @@
     .venv/bin/python bench/request_cost.py --ref /work/wt/baseline  # and another one, side by side
     .venv/bin/python bench/request_cost.py --scenarios ns,chat_ns --top 30 --dump /tmp/prof
     .venv/bin/python bench/request_cost.py --trace 0,1,100     # and this checkout with tracing on (sampled %)
+    .venv/bin/python bench/request_cost.py --pricing           # and this checkout with models[].pricing set
 
 Starts the fast fake upstream (bench/fake_upstream.py) and one ``gateway serve`` per
 checkout (each with that checkout's ``.venv/bin/python``, a ``type: openai`` backend (``--backend-type vllm``:
@@ -238,7 +239,14 @@ def run_ns(pid: int) -> int:
 
 class Target:
     def __init__(
-        self, name: str, checkout: Path, upstream: int, work: Path, kind: str = "openai", trace_pct: float | None = None
+        self,
+        name: str,
+        checkout: Path,
+        upstream: int,
+        work: Path,
+        kind: str = "openai",
+        trace_pct: float | None = None,
+        pricing: bool = False,
     ) -> None:
         self.name, self.checkout = name, checkout
         self.port = free_port()
@@ -255,7 +263,7 @@ class Target:
   - {{name: upstream, type: {kind}, base_url: "http://127.0.0.1:{upstream}/v1", api_key: sk-bench}}
 models:
   - name: bench
-    routes:
+{"    pricing: {input: 0.15, output: 0.6, cached_input: 0.075}" + chr(10) if pricing else ""}    routes:
       - {{backend: upstream, model: bench}}
     endpoints: [completions, chat, responses, embeddings]
 """)
@@ -350,6 +358,9 @@ def main() -> None:
         default="",
         help="also this checkout with tracing on at these sampled percentages, e.g. 0,1,100 (columns trace<PCT>)",
     )
+    ap.add_argument(
+        "--pricing", action="store_true", help="also this checkout with models[].pricing set (column priced)"
+    )
     ap.add_argument("--top", type=int, default=0, help="print the top N functions per cell")
     ap.add_argument(
         "--backend-type",
@@ -388,6 +399,8 @@ def main() -> None:
                 for pct in args.trace.split(",")
                 if pct
             ]
+            if args.pricing:
+                targets.append(Target("priced", ROOT, upstream_port, work, args.backend_type, pricing=True))
             results: dict[tuple[str, str], dict[str, Any]] = {}
             for s in scenarios:
                 for t in targets:
