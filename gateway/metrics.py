@@ -14,9 +14,10 @@ so recording a request is a dict lookup plus a few lock-protected adds.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
@@ -71,6 +72,24 @@ _CLASSES = {2: "2xx", 4: "4xx", 5: "5xx"}
 _Observe = Callable[[float], None]
 # A (model, backend, endpoint)'s children: TTFT, prompt and completion tokens, upstream duration, time per token.
 _Pair = tuple[_Observe, _Add, _Add, _Observe, _Observe]
+
+
+def _observer(child: Histogram) -> _Observe:
+    """What ``child.observe`` does without its checks and its Python loop over the buckets: the sum's
+    add, a bisect, the bucket's add (prometheus-client keeps one count per bucket, made cumulative
+    when collected). Falls back to ``child.observe`` should the client keep its values elsewhere."""
+    bounds = getattr(child, "_upper_bounds", None)
+    total = getattr(getattr(child, "_sum", None), "inc", None)
+    buckets = getattr(child, "_buckets", None)
+    if not isinstance(bounds, list) or not callable(total) or not isinstance(buckets, list):
+        return child.observe
+    adds = [bucket.inc for bucket in buckets]
+
+    def observe(amount: float) -> None:
+        total(amount)
+        adds[bisect_left(bounds, amount)](1)
+
+    return observe
 
 
 class _Closing:
@@ -136,11 +155,11 @@ class GatewayMetrics(MetricFamilies):
         if children is None:
             labels = (model, backend, endpoint.value)
             children = (
-                self.ttft.labels(*labels).observe,
+                _observer(self.ttft.labels(*labels)),
                 _adder(self.prompt_tokens.labels(*labels)),
                 _adder(self.completion_tokens.labels(*labels)),
-                self.upstream_latency.labels(*labels).observe,
-                self.tpot.labels(*labels).observe,
+                _observer(self.upstream_latency.labels(*labels)),
+                _observer(self.tpot.labels(*labels)),
             )
             self._pair_children[key] = children
         return children
@@ -150,7 +169,7 @@ class GatewayMetrics(MetricFamilies):
         model, backend, endpoint = labels
         return (
             _adder(self.requests.labels(model, backend, str(status), endpoint)),
-            self.latency.labels(model, backend, endpoint, status_class(status)).observe,
+            _observer(self.latency.labels(model, backend, endpoint, status_class(status))),
         )
 
     # --- recording -----------------------------------------------------------------------

@@ -6,7 +6,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.pooling_gateway import MakePooling
-from tests.gateway.security.test_accounting import Lines, audit_lines
+from tests.gateway.security.conftest import Lines, audit_lines
 
 __all__ = ["audit_lines"]  # the fixture
 

@@ -113,3 +113,25 @@ def test_exact_spend_and_no_created_series() -> None:
     assert drift != 0.01  # what a float counter would show
     m.request_finished("m", "b", 200, 0.1)
     assert not [s for f in m.registry.collect() for s in f.samples if s.name.endswith("_created")]
+
+
+def test_observer_records_what_observe_records() -> None:
+    """The bisecting observer against prometheus-client's own loop: values on, between and past the bounds."""
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from gateway.metrics import _observer
+
+    registry = CollectorRegistry()
+    family = Histogram("h", "h", ("k",), buckets=(0.1, 0.5, 1.0), registry=registry)
+    fast, slow = _observer(family.labels("fast")), family.labels("slow").observe
+    for value in (0.0, 0.05, 0.1, 0.10000001, 0.5, 0.7, 1.0, 3.0, 1e9, -1.0):
+        fast(value)
+        slow(value)
+    samples = {
+        (s.name, s.labels.get("le")): s.value for f in registry.collect() for s in f.samples if s.labels["k"] == "fast"
+    }
+    expected = {
+        (s.name, s.labels.get("le")): s.value for f in registry.collect() for s in f.samples if s.labels["k"] == "slow"
+    }
+    assert samples == expected
+    assert samples[("h_bucket", "0.1")] == 4 and samples[("h_bucket", "+Inf")] == 10
