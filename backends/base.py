@@ -218,16 +218,15 @@ def usage_of(
             and 0 <= prompt < _MAX_COUNT
             and 0 <= completion < _MAX_COUNT
         ):
-            details = obj.get(_DETAILS.get(prompt_key, ""))
-            if type(details) is dict:
-                cached = details.get("cached_tokens")
-                if type(cached) is int and 0 < cached <= prompt:
-                    return TokenUsage(prompt, completion, cached)
+            details_key = "input_tokens_details" if prompt_key == "input_tokens" else "prompt_tokens_details"
+            if details_key in obj:  # ``in`` and ``[]``, not ``get``: no call for the usage that has none
+                details = obj[details_key]
+                if type(details) is dict and "cached_tokens" in details:
+                    cached = details["cached_tokens"]
+                    if type(cached) is int and 0 < cached <= prompt:
+                        return TokenUsage(prompt, completion, cached)
             return TokenUsage(prompt, completion)
     return None
-
-
-_DETAILS = {"prompt_tokens": "prompt_tokens_details", "input_tokens": "input_tokens_details"}
 
 
 @dataclass(slots=True)

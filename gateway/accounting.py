@@ -173,8 +173,16 @@ class RequestRecord:
             self.reservation.store.release(self.reservation, self.used_tokens())
         key = self.key
         route = self.route
-        if route is not None and route.price is not None:
-            self._charge(route, key)
+        if route is not None:
+            price = route.price
+            if price is not None:  # what the request cost: the cost counter, the key's spend
+                billed = (usage, False) if usage is not None else self.billed_usage()
+                if billed is not None:
+                    amount = self.cost = price.cost(billed[0])
+                    name = key.name if key is not None else None
+                    metrics.spent(model, route.backend.name, name, amount, billed[1])
+                    if self.ledger is not None and name is not None:
+                        self.ledger.charge(name, amount)
         if key is not None:
             metrics.key_request(key.name, status)
             if usage is not None:
@@ -198,16 +206,3 @@ class RequestRecord:
                 cost=self.cost,
                 cached_tokens=usage.cached_tokens if usage is not None else None,
             )
-
-    def _charge(self, route: Route, key: ApiKey | None) -> None:
-        """What the request cost at ``route``'s price: the cost counter, the key's budget, :attr:`cost`."""
-        billed = self.billed_usage()
-        if billed is None:
-            return
-        price = route.price
-        assert price is not None
-        amount = self.cost = price.cost(billed[0])
-        name = key.name if key is not None else None
-        self._metrics.spent(self.model, route.backend.name, name, amount, billed[1])
-        if self.ledger is not None and name is not None:
-            self.ledger.charge(name, amount)

@@ -14,6 +14,7 @@ so recording a request is a dict lookup plus a few lock-protected adds.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 
@@ -70,20 +71,32 @@ def status_class(status: int) -> str:
 
 _CLASSES = {2: "2xx", 4: "4xx", 5: "5xx"}
 _Observe = Callable[[float], None]
+_Hist = tuple[list[float], _Observe, list[_Observe]]  # bounds, the sum's adder, each bucket's adder: _histogram
 # A (model, backend, endpoint)'s children: TTFT, prompt and completion tokens, upstream duration, time per token.
-_Pair = tuple[_Observe, _Add, _Add, _Observe, _Observe]
+_Pair = tuple[_Observe, _Add, _Add, _Hist, _Observe]
 
 
-def _observer(child: Histogram) -> _Observe:
-    """What ``child.observe`` does without its checks and its Python loop over the buckets: the sum's
-    add, a bisect, the bucket's add (prometheus-client keeps one count per bucket, made cumulative
-    when collected). Falls back to ``child.observe`` should the client keep its values elsewhere."""
+def _histogram(child: Histogram) -> _Hist:
+    """A histogram child as what its ``observe`` touches: the bounds, the sum's adder and each bucket's,
+    so an observation is ``total(v); adds[bisect_left(bounds, v)](1)``: three C calls, none of
+    prometheus-client's checks and Python loop over the buckets (it keeps one count per bucket and
+    makes them cumulative when collected). Should the client keep its values elsewhere one day, the
+    sum's adder is ``child.observe`` itself and the one bucket does nothing."""
     bounds = getattr(child, "_upper_bounds", None)
     total = getattr(getattr(child, "_sum", None), "inc", None)
     buckets = getattr(child, "_buckets", None)
     if not isinstance(bounds, list) or not callable(total) or not isinstance(buckets, list):
-        return child.observe
-    adds = [bucket.inc for bucket in buckets]
+        return [math.inf], child.observe, [_nothing]
+    return bounds, total, [bucket.inc for bucket in buckets]
+
+
+def _nothing(_: float) -> None:
+    return None
+
+
+def _observer(child: Histogram) -> _Observe:
+    """``child.observe`` as one call over :func:`_histogram` (for the observations made one at a time)."""
+    bounds, total, adds = _histogram(child)
 
     def observe(amount: float) -> None:
         total(amount)
@@ -102,7 +115,7 @@ class _Closing:
         known = model in m._models and backend in m._backends
         self.pair = m._pair(self.labels[0], self.labels[1], endpoint) if known else None
         self.disconnect: _Add | None = None  # made at the first 499: no zero series before
-        self.requests: dict[int, tuple[_Add, _Observe]] = {}  # status -> its count, its class's duration
+        self.requests: dict[int, tuple[_Add, _Hist]] = {}  # status -> its count, its class's duration
 
 
 class GatewayMetrics(MetricFamilies):
@@ -127,7 +140,7 @@ class GatewayMetrics(MetricFamilies):
         # Set by a worker of ``gateway serve --workers N``: the whole gateway's exposition, merged by
         # the control process (gateway.workers.merge); None: this process is the gateway.
         self.gateway_view: Callable[[], Awaitable[bytes]] | None = None
-        self._request_children: dict[tuple[str, str, int, Endpoint], tuple[_Add, _Observe]] = {}
+        self._request_children: dict[tuple[str, str, int, Endpoint], tuple[_Add, _Hist]] = {}
         self._pair_children: dict[tuple[str, str, Endpoint], _Pair] = {}
         self._closing: dict[tuple[str | None, str | None, Endpoint], _Closing] = {}
         self._in_flight_children: dict[tuple[str, Endpoint], _Add] = {}
@@ -158,18 +171,18 @@ class GatewayMetrics(MetricFamilies):
                 _observer(self.ttft.labels(*labels)),
                 _adder(self.prompt_tokens.labels(*labels)),
                 _adder(self.completion_tokens.labels(*labels)),
-                _observer(self.upstream_latency.labels(*labels)),
+                _histogram(self.upstream_latency.labels(*labels)),
                 _observer(self.tpot.labels(*labels)),
             )
             self._pair_children[key] = children
         return children
 
-    def _finished(self, labels: tuple[str, str, str], status: int) -> tuple[_Add, _Observe]:
+    def _finished(self, labels: tuple[str, str, str], status: int) -> tuple[_Add, _Hist]:
         """A status's request count and its class's duration histogram, for ``(model, backend, endpoint)``."""
         model, backend, endpoint = labels
         return (
             _adder(self.requests.labels(model, backend, str(status), endpoint)),
-            _observer(self.latency.labels(model, backend, endpoint, status_class(status))),
+            _histogram(self.latency.labels(model, backend, endpoint, status_class(status))),
         )
 
     # --- recording -----------------------------------------------------------------------
@@ -204,7 +217,9 @@ class GatewayMetrics(MetricFamilies):
             children = self._request_children[key] = self._finished((model_l, backend_l, endpoint.value), status)
         children[0](1)
         if seconds is not None:
-            children[1](seconds)
+            bounds, total, adds = children[1]
+            total(seconds)
+            adds[bisect_left(bounds, seconds)](1)
 
     def first_token(
         self, model: str, backend: str, seconds: float, *, endpoint: Endpoint = Endpoint.COMPLETIONS
@@ -253,8 +268,10 @@ class GatewayMetrics(MetricFamilies):
                     pair[1](usage.prompt_tokens)
                 if usage.completion_tokens > 0:
                     pair[2](usage.completion_tokens)
-            if upstream is not None:
-                pair[3](upstream)
+            if upstream is not None:  # _histogram's observation, written out: once per request
+                bounds, total, adds = pair[3]
+                total(upstream)
+                adds[bisect_left(bounds, upstream)](1)
             if per_token is not None:
                 pair[4](per_token)
         if status == 499:  # nginx's "client closed request"
@@ -265,18 +282,23 @@ class GatewayMetrics(MetricFamilies):
         if children is None:
             children = series.requests[status] = self._finished(series.labels, status)
         children[0](1)
-        children[1](seconds)
+        bounds, total, adds = children[1]
+        total(seconds)
+        adds[bisect_left(bounds, seconds)](1)
 
     def spent(self, model: str | None, backend: str | None, key: str | None, amount: int, estimate: bool) -> None:
         """``amount`` units (``gateway.spend.prices.UNIT``) spent; ``estimate``: from the gateway's own count."""
-        labels = (
-            self.model_label(model),
-            self.backend_label(backend),
-            self.key_label(key),
+        labels = (  # the label checks inline: once per priced request
+            model if model in self._models else UNKNOWN,
+            backend if backend in self._backends else NONE,
+            key if key in self._keys else NONE,
             "estimate" if estimate else "upstream",
         )
         totals = self.cost.totals
-        totals[labels] = totals.get(labels, 0) + amount
+        try:
+            totals[labels] += amount
+        except KeyError:
+            totals[labels] = amount
 
     def unsupported_parameter(self, backend: str, param: str, *, endpoint: Endpoint = Endpoint.COMPLETIONS) -> None:
         label = param if param in self._fields else UNKNOWN

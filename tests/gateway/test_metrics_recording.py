@@ -119,11 +119,13 @@ def test_observer_records_what_observe_records() -> None:
     """The bisecting observer against prometheus-client's own loop: values on, between and past the bounds."""
     from prometheus_client import CollectorRegistry, Histogram
 
-    from gateway.metrics import _observer
+    from gateway.metrics import _histogram, _observer
 
     registry = CollectorRegistry()
     family = Histogram("h", "h", ("k",), buckets=(0.1, 0.5, 1.0), registry=registry)
     fast, slow = _observer(family.labels("fast")), family.labels("slow").observe
+    bounds, total, adds = _histogram(family.labels("fast"))
+    assert bounds[-1] == float("inf") and len(adds) == len(bounds)
     for value in (0.0, 0.05, 0.1, 0.10000001, 0.5, 0.7, 1.0, 3.0, 1e9, -1.0):
         fast(value)
         slow(value)
