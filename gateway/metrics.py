@@ -249,7 +249,10 @@ class GatewayMetrics(MetricFamilies):
         """One request's end as ``tokens``, ``client_disconnected`` (499), ``request_finished``, and the
         answering attempt's ``upstream`` duration and a stream's time ``per_token`` when known: one cached
         bundle per (model, backend, endpoint), one lookup, the adds bound once (not kept for unknown names)."""
-        series = self._closing.get((model, backend, endpoint))
+        try:  # an index, not a get: no call on the path every request takes
+            series = self._closing[(model, backend, endpoint)]
+        except KeyError:
+            series = None
         if series is None:
             if (model is not None and model not in self._models) or (
                 backend is not None and backend not in self._backends
@@ -278,8 +281,9 @@ class GatewayMetrics(MetricFamilies):
             if series.disconnect is None:
                 series.disconnect = _adder(self.client_disconnects.labels(*series.labels))
             series.disconnect(1)
-        children = series.requests.get(status)
-        if children is None:
+        try:
+            children = series.requests[status]
+        except KeyError:
             children = series.requests[status] = self._finished(series.labels, status)
         children[0](1)
         bounds, total, adds = children[1]
