@@ -181,7 +181,9 @@ def _add_routes(app: web.Application, config: GatewayConfig, guard: RequestGuard
         app.router.add_get(path, handler)
     if guard.store is not None:
         app.on_response_prepare.append(guard.on_prepare)
-        app.on_cleanup.append(_close_guard)
+    # The running guard's stores (rate limits, spend: what it has not sent yet) close last, whatever
+    # a reload put in place since start-up.
+    app.on_cleanup.append(_close_guard)
 
 
 async def _close_conversations(app: web.Application) -> None:

@@ -19,8 +19,7 @@ import urllib.request
 from typing import Any
 
 from gateway.configfile import ConfigError, load_config
-from gateway.spend.budgets import Budget, SpendLedger
-from gateway.spend.redis import RedisCounters
+from gateway.spend.budgets import Budget, SpendLedger, shared_spend_store
 from schemas.config import GatewayConfig
 
 __all__ = ["add_keys_parser", "keys_command"]
@@ -63,7 +62,7 @@ def keys_command(args: argparse.Namespace) -> int:
 
 async def _from_redis(config: GatewayConfig, url: str) -> list[dict[str, Any]]:
     assert config.auth is not None
-    counters = RedisCounters(url, prefix=config.auth.store_prefix, timeout=max(config.auth.redis_timeout, 2.0))
+    counters = shared_spend_store(url, prefix=config.auth.store_prefix, timeout=max(config.auth.redis_timeout, 2.0))
     budgets = {k.name: Budget.of(k.budget) for k in config.auth.keys if k.budget is not None}
     ledger = SpendLedger(budgets, counters)
     try:

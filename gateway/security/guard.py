@@ -35,8 +35,9 @@ from gateway.security.auth import API_KEY, ApiKey, AuthenticationError, KeyRing,
 from gateway.security.caps import CapExceededError, Caps, reserve_tokens
 from gateway.security.ratelimit import LimitStore, MemoryStore, RedisStore, Reservation, Verdict
 from gateway.served import ServedRequest
-from gateway.spend.budgets import Budget, Counters, MemoryCounters, SpendLedger
-from gateway.spend.redis import RedisCounters
+from gateway.spend.budgets import Budget, SpendLedger, memory_spend_store, shared_spend_store
+from gateway.store import MemoryStore as MemoryTenantStore
+from gateway.store import TenantStore
 from schemas.config import GatewayConfig
 from schemas.errors import BudgetExceededError, RateLimitError
 
@@ -175,17 +176,17 @@ class RequestGuard:
             await self.ledger.close()
 
 
-def _spend_counters(config: GatewayConfig, previous: RequestGuard | None) -> Counters:
+def _spend_counters(config: GatewayConfig, previous: RequestGuard | None) -> TenantStore:
     """Where the keys' spend is counted: ``auth.store`` (Redis: shared by every worker and replica),
     else this process, keeping the previous config's counters (a reload keeps what was spent)."""
     assert config.auth is not None
     url = config.auth.store_url
     if url is not None:
-        return RedisCounters(url, prefix=config.auth.store_prefix, timeout=config.auth.redis_timeout)
+        return shared_spend_store(url, prefix=config.auth.store_prefix, timeout=config.auth.redis_timeout)
     old = previous.ledger.counters if previous is not None and previous.ledger is not None else None
-    if isinstance(old, MemoryCounters):
+    if isinstance(old, MemoryTenantStore):
         return old
-    return MemoryCounters()
+    return memory_spend_store(len(config.auth.keys))
 
 
 def _refusal(key: ApiKey, verdict: Verdict, tokens: int, limit_param: str) -> RateLimitError:

@@ -1,15 +1,16 @@
 """Each key's spend per day, month and in total, and its budget (``auth.keys[].budget``).
 
-The :class:`SpendLedger` keeps, per key (the tenant), a counter per period in a :class:`Counters`
-store: ``day:2026-12-01``, ``month:2026-12`` and ``total``; days and months are UTC, and a new
-period is simply a new counter. Amounts are integers in :data:`gateway.spend.prices.UNIT`.
+The :class:`SpendLedger` keeps, per key (the tenant), an integer counter per period in the
+``spend`` namespace of a :class:`~gateway.store.TenantStore`: ``day:2026-12-01``, ``month:2026-12``
+and ``total``; days and months are UTC, and a new period is simply a new counter. Amounts are
+integers in :data:`gateway.spend.prices.UNIT`.
 
 - :meth:`SpendLedger.check` (one store read, only for a key with a budget) refuses a key whose
   counter for its budget's period has reached the budget: 429
   :class:`~schemas.errors.BudgetExceededError` naming the budget, what was spent and when the
   period restarts (``Retry-After``), before anything is reserved or any upstream called.
 - :meth:`SpendLedger.charge` adds a closed request's cost (:class:`gateway.accounting.RequestRecord`)
-  and never blocks the request. In memory it is three dict updates. A shared store (Redis) gets
+  and never blocks the request. In memory it is three counter adds. A shared store (Redis) gets
   the charges of about :data:`FLUSH_EVERY` seconds in one round trip from a background task: the
   figures other workers and replicas read lag by that much, and this process counts what it has
   not sent yet. What the store did not take (Redis away) is kept and sent again, so an outage
@@ -26,69 +27,49 @@ import asyncio
 import calendar
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 from gateway.spend.prices import money_text, units
+from gateway.store import MemoryStore, RedisStore, TenantStore
 from schemas.config import BudgetConfig
 from schemas.errors import BudgetExceededError
 
-__all__ = ["FLUSH_EVERY", "PERIODS", "Budget", "Counters", "MemoryCounters", "SpendLedger", "period_of"]
+__all__ = [
+    "FLUSH_EVERY",
+    "NAMESPACE",
+    "PERIODS",
+    "Budget",
+    "SpendLedger",
+    "memory_spend_store",
+    "period_of",
+    "shared_spend_store",
+]
 
 log = logging.getLogger("gateway.spend")
 
+NAMESPACE = "spend"
 PERIODS = ("day", "month", "total")
 FLUSH_EVERY = 0.5  # seconds between the batches a shared store gets
-# How long a period's counter outlives its period in a shared store (None: for ever).
-_KEEP = {"day": 3 * 86400.0, "month": 62 * 86400.0, "total": None}
-
-Add = tuple[str, str, int, float | None]  # tenant, counter, amount, seconds to live (None: no expiry)
+# How long a period's counter outlives its last charge: a day's three days, a month's 62, the total for ever.
+_KEEP = {"day": 3 * 86400.0, "month": 62 * 86400.0, "total": math.inf}
 
 
-class Counters(Protocol):
-    """Integer counters under ``(tenant, counter)``: what the ledger needs of a store."""
-
-    async def get(self, tenant: str, keys: Sequence[str]) -> list[bytes | None]:
-        """The counters' values as decimal text (None: never added to), in one round trip."""
-
-    async def add_many(self, adds: Sequence[Add]) -> None:
-        """Add each amount atomically (absent: 0), in one round trip; raises when the store is away."""
+def memory_spend_store(keys: int) -> MemoryStore:
+    """The in-process spend store: room for every key's counters of many periods (the oldest periods
+    are the least recently used, so they go first if it ever fills)."""
+    items = 1024 + 128 * keys
+    return MemoryStore(NAMESPACE, ttl=_KEEP["month"], max_items=items, max_bytes=items * 512)
 
 
-class MemoryCounters:
-    """Counters in this process (one worker: ``worker_problems`` refuses more without Redis).
-
-    Bounded by the configured keys: three counters each per day and month seen, the old ones
-    dropped when a new day begins."""
-
-    def __init__(self) -> None:
-        self._values: dict[tuple[str, str], int] = {}
-        self._today = ""
-
-    async def get(self, tenant: str, keys: Sequence[str]) -> list[bytes | None]:
-        values = self._values
-        return [str(values[(tenant, k)]).encode() if (tenant, k) in values else None for k in keys]
-
-    async def add_many(self, adds: Sequence[Add]) -> None:
-        for tenant, key, amount, _ in adds:
-            self.add_now(tenant, key, amount)
-
-    def add_now(self, tenant: str, key: str, amount: int) -> None:
-        values = self._values
-        if key.startswith("day:") and key != self._today:
-            self._forget(key)
-        values[(tenant, key)] = values.get((tenant, key), 0) + amount
-
-    def _forget(self, today: str) -> None:
-        """A new day: drop the counters of days and months that ended (what a shared store expires)."""
-        self._today = today
-        month = "month:" + today[4:11]
-        stale = [k for k in self._values if k[1].startswith(("day:", "month:")) and k[1] not in (today, month)]
-        for k in stale:
-            del self._values[k]
+def shared_spend_store(url: str, *, prefix: str, timeout: float) -> RedisStore:
+    """The spend store in Redis: keys ``<prefix>:spend:{<key name>}:<counter>``, exact integers (INCRBY).
+    Its failures are the ledger's to count (``on_error``), once."""
+    return RedisStore(url, NAMESPACE, ttl=_KEEP["month"], prefix=prefix, timeout=timeout)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +115,7 @@ class SpendLedger:
     def __init__(
         self,
         budgets: dict[str, Budget],
-        counters: Counters,
+        counters: TenantStore,
         *,
         clock: Callable[[], float] = time.time,
         on_error: Callable[[], None] | None = None,
@@ -143,7 +124,10 @@ class SpendLedger:
         self.counters = counters
         self._clock = clock
         self._on_error = on_error
-        self._add_now: Callable[[str, str, int], None] | None = getattr(counters, "add_now", None)
+        # In memory a charge is added at once; a shared store gets batches (FLUSH_EVERY).
+        self._add_now: Callable[[str, str, int, float | None], int] | None = (
+            counters.add_now if isinstance(counters, MemoryStore) else None
+        )
         self._owed: dict[tuple[str, str], int] = {}  # charged here, not yet in the shared store
         self._flusher: asyncio.Task[None] | None = None
         self._failing = False
@@ -180,7 +164,7 @@ class SpendLedger:
         for period in PERIODS:
             counter = period_of(period, now)[0]
             if add_now is not None:
-                add_now(key, counter, amount)
+                add_now(key, counter, amount, _KEEP[period])
             else:
                 self._owed[(key, counter)] = self._owed.get((key, counter), 0) + amount
         if add_now is None and (self._flusher is None or self._flusher.done()):
@@ -263,6 +247,5 @@ class SpendLedger:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(1.0):
                     await self.flush()
-        close = getattr(self.counters, "close", None)  # a shared store's connections (memory has none)
-        if close is not None:
-            await close()
+        if self._add_now is None:  # a shared store's connections (the in-memory one outlives a reload)
+            await self.counters.close()

@@ -8,10 +8,12 @@ from dataclasses import dataclass
 
 from schemas.errors import ServiceUnavailableError
 
-__all__ = ["ANONYMOUS", "StoreStats", "StoreUnavailableError", "TenantStore"]
+__all__ = ["ANONYMOUS", "Add", "StoreStats", "StoreUnavailableError", "TenantStore"]
 
 # The one tenant when auth is off (key names start with a letter or digit: never this).
 ANONYMOUS = "_"
+
+Add = tuple[str, str, int, float | None]  # tenant, counter, amount, its time to live (None: the store's)
 
 
 class StoreUnavailableError(ServiceUnavailableError):
@@ -53,8 +55,15 @@ class TenantStore(ABC):
         """Remove the value; False when there was none."""
 
     @abstractmethod
-    async def add(self, tenant: str, key: str, amount: float) -> float:
-        """Add ``amount`` to a counter (absent: 0) atomically, restart its ``ttl``; the new total."""
+    async def add(self, tenant: str, key: str, amount: int) -> int:
+        """Add ``amount`` to an integer counter (absent: 0) atomically, restart its ``ttl``; the new total.
+        Integers, so sums are exact (spend counts in integer units: ``gateway.spend``)."""
+
+    @abstractmethod
+    async def add_many(self, adds: Sequence[Add]) -> None:
+        """Several :meth:`add` in one round trip, all or none (a batch that failed can be sent again
+        whole). Each names its counter's time to live: None is the store's ``ttl``, ``math.inf`` no
+        expiry (a counter of all time)."""
 
     def stats(self) -> StoreStats | None:
         """Items and bytes held against the bounds; None when the store does not count them (Redis)."""

@@ -6,7 +6,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
-from gateway.store.base import StoreStats, TenantStore
+from gateway.store.base import Add, StoreStats, TenantStore
 
 __all__ = ["ENTRY_OVERHEAD", "MemoryStore"]
 
@@ -115,10 +115,19 @@ class MemoryStore(TenantStore):
         self._drop(slot, entry)
         return entry.expires > self._clock()  # an expired value was already gone
 
-    async def add(self, tenant: str, key: str, amount: float) -> float:
+    async def add(self, tenant: str, key: str, amount: int) -> int:
+        return self.add_now(tenant, key, amount)
+
+    async def add_many(self, adds: Sequence[Add]) -> None:
+        for tenant, key, amount, ttl in adds:
+            self.add_now(tenant, key, amount, ttl)
+
+    def add_now(self, tenant: str, key: str, amount: int, ttl: float | None = None) -> int:
+        """:meth:`add` without awaiting; ``ttl`` as in :meth:`add_many`."""
         (current,) = self.get_now(tenant, [key])
-        total = (float(current) if current is not None else 0.0) + amount
-        self.put_now(tenant, key, repr(total).encode())
+        total = (int(current) if current is not None else 0) + amount
+        if self.put_now(tenant, key, str(total).encode()) and ttl is not None:
+            self._entries[(tenant, key)].expires = self._clock() + ttl  # inf: never
         return total
 
     def stats(self) -> StoreStats:
@@ -131,7 +140,9 @@ class MemoryStore(TenantStore):
         self._bytes -= entry.size
 
     def _sweep(self, now: float) -> None:
-        """Drop the expired values at the front (values share one ttl, so the front expires first)."""
+        """Drop the expired values at the front (values share one ttl, so the front expires first;
+        a counter added with a ttl of its own stops the sweep while it lives, and what expired
+        behind it is dropped when met or evicted as the oldest)."""
         entries = self._entries
         dropped = 0
         while entries:

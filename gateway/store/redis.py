@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from gateway.store.base import StoreUnavailableError, TenantStore
+from gateway.store.base import Add, StoreUnavailableError, TenantStore
 from gateway.store.redis_client import connect, where
 
 __all__ = ["RedisStore"]
@@ -99,17 +100,35 @@ class RedisStore(TenantStore):
         removed: int = await self._call(lambda: self._redis.delete(self._key(tenant, key)))
         return removed > 0
 
-    async def add(self, tenant: str, key: str, amount: float) -> float:
+    async def add(self, tenant: str, key: str, amount: int) -> int:
         name = self._key(tenant, key)
 
-        async def added() -> float:
+        async def added() -> int:
             pipe = self._redis.pipeline(transaction=True)
-            pipe.incrbyfloat(name, amount)
+            pipe.incrby(name, amount)
             pipe.pexpire(name, self._ttl_ms)
             total, _ = await pipe.execute()
-            return float(total)
+            return int(total)
 
         return await self._call(added)
+
+    async def add_many(self, adds: Sequence[Add]) -> None:
+        """One ``MULTI``: ``INCRBY`` (64-bit, exact) and ``PEXPIRE`` (``PERSIST`` for ``inf``) per counter."""
+        if not adds:
+            return
+
+        async def added() -> None:
+            pipe = self._redis.pipeline(transaction=True)
+            for tenant, key, amount, ttl in adds:
+                name = self._key(tenant, key)
+                pipe.incrby(name, amount)
+                if ttl == math.inf:
+                    pipe.persist(name)
+                else:
+                    pipe.pexpire(name, max(1, int(ttl * 1000)) if ttl is not None else self._ttl_ms)
+            await pipe.execute()
+
+        await self._call(added)
 
     async def close(self) -> None:
         await self._redis.aclose()

@@ -124,7 +124,7 @@ def test_observer_records_what_observe_records() -> None:
     registry = CollectorRegistry()
     family = Histogram("h", "h", ("k",), buckets=(0.1, 0.5, 1.0), registry=registry)
     fast, slow = _observer(family.labels("fast")), family.labels("slow").observe
-    bounds, total, adds = _histogram(family.labels("fast"))
+    bounds, _, adds = _histogram(family.labels("fast"))
     assert bounds[-1] == float("inf") and len(adds) == len(bounds)
     for value in (0.0, 0.05, 0.1, 0.10000001, 0.5, 0.7, 1.0, 3.0, 1e9, -1.0):
         fast(value)

@@ -10,7 +10,7 @@ import aiohttp
 import orjson
 import pytest
 
-from gateway.spend.budgets import Budget, MemoryCounters, SpendLedger, period_of
+from gateway.spend.budgets import Budget, SpendLedger, memory_spend_store, period_of
 from schemas.config import BudgetConfig
 from schemas.errors import BudgetExceededError
 from tests.gateway.security.conftest import AUTH_A, AUTH_B, MakeSecureGateway, auth_section
@@ -72,7 +72,7 @@ def test_periods_are_utc_calendar_days_and_months() -> None:
 async def test_a_new_day_restarts_the_budget() -> None:
     now = [1798761000.0]  # 2026-12-31, 23:50 UTC
     ledger = SpendLedger(
-        {"k": Budget.of(BudgetConfig(amount=Decimal("0.5"), period="day"))}, MemoryCounters(), clock=lambda: now[0]
+        {"k": Budget.of(BudgetConfig(amount=Decimal("0.5"), period="day"))}, memory_spend_store(1), clock=lambda: now[0]
     )
     ledger.charge("k", 5 * 10**11)  # 0.5
     with pytest.raises(BudgetExceededError) as refused:
@@ -111,12 +111,17 @@ class FlakyStore:
         for tenant, key, amount, _ in adds:
             self.values[(tenant, key)] = self.values.get((tenant, key), 0) + amount
 
+    async def close(self) -> None:
+        self.closed = True
+
 
 async def test_a_store_outage_delays_spend_and_loses_none() -> None:
     errors: list[None] = []
     store = FlakyStore()
     ledger = SpendLedger(
-        {"k": Budget.of(BudgetConfig(amount=Decimal("1"), period="total"))}, store, on_error=lambda: errors.append(None)
+        {"k": Budget.of(BudgetConfig(amount=Decimal("1"), period="total"))},
+        store,  # type: ignore[arg-type]  # a TenantStore in what the ledger uses of one
+        on_error=lambda: errors.append(None),
     )
     ledger.charge("k", 7 * 10**11)
     assert not await ledger.flush()  # away: kept
@@ -130,3 +135,4 @@ async def test_a_store_outage_delays_spend_and_loses_none() -> None:
     assert store.batches == 1  # everything owed, in one round trip
     assert store.values[("k", "total")] == 11 * 10**11
     await ledger.close()
+    assert store.closed  # a shared store's connections are the ledger's to close

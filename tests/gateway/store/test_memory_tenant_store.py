@@ -3,6 +3,8 @@ out first), every eviction heard with its reason, counters."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from gateway.store import MemoryStore, StoreStats
@@ -110,11 +112,24 @@ async def test_new_bounds_apply_at_once_oldest_out() -> None:
 async def test_counters_add_per_tenant() -> None:
     clock = Clock()
     store = make(clock, [])
-    assert await store.add("a", "spend", 1.5) == 1.5
-    assert await store.add("a", "spend", 2.25) == 3.75
-    assert await store.add("b", "spend", 1.0) == 1.0
+    assert await store.add("a", "spend", 15) == 15
+    assert await store.add("a", "spend", 2**62) == 2**62 + 15  # integers: exact at any size
+    assert await store.add("b", "spend", 1) == 1
     clock.t += 61
-    assert await store.add("a", "spend", 1.0) == 1.0  # the window's counter expired
+    assert await store.add("a", "spend", 1) == 1  # the window's counter expired
+
+
+async def test_a_batch_of_counters_each_with_its_own_ttl() -> None:
+    clock = Clock()
+    store = make(clock, [])
+    await store.add_many([("a", "day", 3, 10.0), ("a", "total", 3, math.inf), ("b", "day", 4, None)])
+    await store.add_many([("a", "day", 2, 10.0), ("a", "total", 2, math.inf)])
+    assert await store.get("a", ["day", "total"]) == [b"5", b"5"]
+    clock.t += 11  # a's day counter is gone; b's lives the store's 60 s
+    assert await store.get("a", ["day", "total"]) == [None, b"5"]
+    assert await store.get("b", ["day"]) == [b"4"]
+    clock.t += 10**6
+    assert await store.get("a", ["total"]) == [b"5"]  # no expiry
 
 
 @pytest.mark.parametrize("touch", [False, True])
