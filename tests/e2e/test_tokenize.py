@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.pooling_gateway import EMBEDDERS, MakePooling, PoolingGateway
-from tests.gateway.security.test_accounting import Lines, audit_lines
+from tests.gateway.security.conftest import Lines, audit_lines
 from tests.pooling_upstream import MAX_MODEL_LEN, word_id
 
 __all__ = ["audit_lines"]  # the fixture
