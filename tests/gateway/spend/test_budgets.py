@@ -11,6 +11,8 @@ import orjson
 import pytest
 
 from gateway.spend.budgets import Budget, SpendLedger, memory_spend_store, period_of
+from gateway.spend.prices import units
+from gateway.state import STATE
 from schemas.config import BudgetConfig
 from schemas.errors import BudgetExceededError
 from tests.gateway.security.conftest import AUTH_A, AUTH_B, MakeSecureGateway, auth_section
@@ -27,8 +29,13 @@ async def post(session: aiohttp.ClientSession, url: str, headers: dict[str, str]
         return resp.status, orjson.loads(await resp.read()), resp.headers
 
 
-async def test_a_key_that_spent_its_budget_is_refused_before_any_upstream(secure_gateway: MakeSecureGateway) -> None:
-    auth = auth_section(a='budget: {amount: "0.000004", period: day}', b="models: ['*']")
+@pytest.mark.parametrize("store", ["memory", "redis"])
+async def test_a_key_that_spent_its_budget_is_refused_before_any_upstream(
+    secure_gateway: MakeSecureGateway, store: str, request: pytest.FixtureRequest
+) -> None:
+    """In memory and in Redis (a real redis-server): the same refusal, before the upstream is called."""
+    url = "memory" if store == "memory" else request.getfixturevalue("redis_server").url
+    auth = auth_section(a='budget: {amount: "0.000004", period: day}', b="models: ['*']", extra=f"  store: {url}\n")
     gw = await secure_gateway(auth, extra_models=MODELS)
     async with aiohttp.ClientSession() as session:
         for _ in range(3):
@@ -50,6 +57,17 @@ async def test_a_key_that_spent_its_budget_is_refused_before_any_upstream(secure
         async with session.get(gw.url + "/metrics") as resp:
             text = await resp.text()
     assert 'gateway_key_rejections_total{key="team-a",reason="budget"} 1.0' in text
+    if store == "redis":  # the charges reached the shared store (the ledger sends them every FLUSH_EVERY s)
+        ledger = gw.app[STATE].request_guard.ledger
+        assert ledger is not None and await ledger.flush()
+        (usage,) = await ledger.counters.get("team-a", ["total"])
+        assert usage == str(units(3 * PER_REQUEST, 12)).encode()  # the three served
+        replica = await secure_gateway(auth, extra_models=MODELS)  # another replica on the same Redis
+        sent = len(gw.upstream.requests)
+        async with aiohttp.ClientSession() as session:
+            status, body, _ = await post(session, replica.url, AUTH_A)
+        assert status == 429 and body["error"]["code"] == "budget_exceeded"
+        assert len(gw.upstream.requests) == sent
 
 
 async def test_a_total_budget_never_restarts(secure_gateway: MakeSecureGateway) -> None:
