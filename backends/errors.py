@@ -4,6 +4,8 @@ Tree (all :class:`schemas.errors.GatewayError`)::
 
     UpstreamError                 502, base; ``retryable`` says whether another try may help
     ├── UpstreamConnectError      502, retryable: no connection (refused, DNS, dead before the request was sent)
+    │   ├── Unsent                502, retryable: a pooled connection dead before the request was written
+    │   │                         (backends.transport.httptools_exchange: sent again at once on a new one)
     │   ├── UpstreamClosedError   502, retryable: the request was sent, the connection closed unanswered
     │   ├── UpstreamTLSError      502, failed over, not retried here: a certificate refused (either side)
     │   └── UpstreamProxyError    502, failed over: the forward proxy unreachable, 407, a refused CONNECT

@@ -18,9 +18,12 @@ Tree::
     ├── MethodNotAllowedError        405
     ├── RequestTimeoutError          408 code=request_timeout (the body came too slowly)
     ├── PayloadTooLargeError         413
+    ├── ExpectationFailedError       417 code=expectation_failed (an ``Expect`` other than 100-continue)
     ├── RateLimitError               429 rate_limit_error (+ Retry-After)
-    │   └── BudgetExceededError      429 code=budget_exceeded (the key spent its budget; + Retry-After)
+    │   ├── BudgetExceededError      429 code=budget_exceeded (the key spent its budget; + Retry-After)
+    │   └── QueueRejected            429 code=queue_full/queue_timeout (gateway.flow.admission)
     └── ServiceUnavailableError      503 (+ Retry-After)
+        └── StoreUnavailableError    503 code=state_store_unavailable (gateway.store: Redis did not answer)
 
 Upstream failures (``backends.errors``) subclass ``GatewayError`` too. Each class says its
 ``type`` and ``code``, which the metrics and the traces' ``error.type`` read.
@@ -39,6 +42,7 @@ __all__ = [
     "CapExceededError",
     "ErrorBody",
     "ErrorEnvelope",
+    "ExpectationFailedError",
     "FieldRuleError",
     "GatewayError",
     "InvalidRequestError",
@@ -198,6 +202,14 @@ class PayloadTooLargeError(GatewayError):
     status = 413
     type = "invalid_request_error"
     code = "request_too_large"
+
+
+class ExpectationFailedError(GatewayError):
+    """417: the request's ``Expect`` header asks for something other than ``100-continue``."""
+
+    status = 417
+    type = "invalid_request_error"
+    code = "expectation_failed"
 
 
 class RateLimitError(GatewayError):

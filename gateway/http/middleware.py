@@ -24,6 +24,7 @@ from gateway.http.protocol import EXPECTATION_FAILED
 from gateway.http.request_id import REQUEST_ID, new_request_id
 from gateway.state import GatewayState
 from schemas.errors import (
+    ExpectationFailedError,
     GatewayError,
     MethodNotAllowedError,
     NotFoundError,
@@ -80,12 +81,7 @@ async def expect_handler(request: web.Request) -> web.StreamResponse | None:
         return None  # HTTP/1.0 has no 100 Continue: the client sends its body anyway
     refusal: GatewayError
     if request.headers.get(hdrs.EXPECT, "").strip().lower() != "100-continue":
-        refusal = GatewayError(
-            EXPECTATION_FAILED,
-            status=417,
-            type="invalid_request_error",
-            code="expectation_failed",
-        )
+        refusal = ExpectationFailedError(EXPECTATION_FAILED)
     else:
         limit = request.app._client_max_size
         length = request.content_length
