@@ -57,6 +57,7 @@ PERIODS = ("day", "month", "total")
 FLUSH_EVERY = 0.5  # seconds between the batches a shared store gets
 # How long a period's counter outlives its last charge: a day's three days, a month's 62, the total for ever.
 _KEEP = {"day": 3 * 86400.0, "month": 62 * 86400.0, "total": math.inf}
+_KEEP_DAY, _KEEP_MONTH = _KEEP["day"], _KEEP["month"]
 
 
 def memory_spend_store(keys: int) -> MemoryStore:
@@ -129,6 +130,11 @@ class SpendLedger:
             counters.add_now if isinstance(counters, MemoryStore) else None
         )
         self._owed: dict[tuple[str, str], int] = {}  # charged here, not yet in the shared store
+        # The counters of "now" (day, month, total) and their ends, valid from _since until _until (the
+        # next UTC midnight): computed once a day, not three calendar conversions per request.
+        self._since = self._until = 0.0
+        self._counters: tuple[str, str, str] = ("", "", "")
+        self._ends: dict[str, float | None] = {}
         self._flusher: asyncio.Task[None] | None = None
         self._failing = False
 
@@ -139,7 +145,10 @@ class SpendLedger:
         budget = self.budgets.get(key)
         if budget is None:
             return
-        period, ends = period_of(budget.period, self._clock())
+        now = self._clock()
+        counters = self._counters if self._since <= now < self._until else self._periods(now)
+        period = counters[0] if budget.period == "day" else counters[1] if budget.period == "month" else "total"
+        ends = self._ends[budget.period]
         try:
             (spent,) = await self._spent(key, [period])
         except Exception as exc:  # the store is away: budgets hold again once it is back
@@ -151,7 +160,7 @@ class SpendLedger:
         when = f"It restarts at {_at(ends)}." if ends is not None else "It does not restart (a total budget)."
         raise BudgetExceededError(
             f"Budget exceeded for key '{key}': spent {money_text(spent)} of its budget of {budget.describe()}. {when}",
-            retry_after=max(1.0, ends - self._clock()) if ends is not None else None,
+            retry_after=max(1.0, ends - now) if ends is not None else None,
             type="insufficient_quota",
         )
 
@@ -160,15 +169,27 @@ class SpendLedger:
         if amount <= 0:
             return
         now = self._clock()
+        day, month, total = self._counters if self._since <= now < self._until else self._periods(now)
         add_now = self._add_now
-        for period in PERIODS:
-            counter = period_of(period, now)[0]
-            if add_now is not None:
-                add_now(key, counter, amount, _KEEP[period])
-            else:
-                self._owed[(key, counter)] = self._owed.get((key, counter), 0) + amount
-        if add_now is None and (self._flusher is None or self._flusher.done()):
+        if add_now is not None:
+            add_now(key, day, amount, _KEEP_DAY)
+            add_now(key, month, amount, _KEEP_MONTH)
+            add_now(key, total, amount, math.inf)  # the total never expires
+            return
+        owed = self._owed
+        for counter in (day, month, total):
+            owed[(key, counter)] = owed.get((key, counter), 0) + amount
+        if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.get_running_loop().create_task(self._flush_soon())
+
+    def _periods(self, now: float) -> tuple[str, str, str]:
+        """The counters of ``now`` (cached until the next UTC midnight, where a day, maybe a month, ends)."""
+        (day, day_ends), (month, month_ends) = period_of("day", now), period_of("month", now)
+        assert day_ends is not None
+        self._counters = (day, month, "total")
+        self._ends = {"day": day_ends, "month": month_ends, "total": None}
+        self._since, self._until = day_ends - 86400.0, day_ends
+        return self._counters
 
     # --- the shared store --------------------------------------------------------------------
     async def _spent(self, key: str, counters: Sequence[str]) -> list[int]:

@@ -124,6 +124,23 @@ class MemoryStore(TenantStore):
 
     def add_now(self, tenant: str, key: str, amount: int, ttl: float | None = None) -> int:
         """:meth:`add` without awaiting; ``ttl`` as in :meth:`add_many`."""
+        slot = (tenant, key)
+        entry = self._entries.get(slot)
+        now = self._clock()
+        if entry is not None and entry.expires > now:
+            # A live counter is updated in place (what a write does: newest, its time to live anew),
+            # without a new entry: the spend ledger adds to three counters on every request.
+            total = int(entry.value) + amount
+            value = str(total).encode()
+            grown = len(value) - len(entry.value)
+            entry.value = value
+            entry.expires = now + (self.ttl if ttl is None else ttl)
+            self._entries.move_to_end(slot)
+            if grown:
+                entry.size += grown
+                self._bytes += grown
+                self._enforce()
+            return total
         (current,) = self.get_now(tenant, [key])
         total = (int(current) if current is not None else 0) + amount
         if self.put_now(tenant, key, str(total).encode()) and ttl is not None:

@@ -132,6 +132,28 @@ async def test_a_batch_of_counters_each_with_its_own_ttl() -> None:
     assert await store.get("a", ["total"]) == [b"5"]  # no expiry
 
 
+async def test_a_counter_added_to_is_a_write() -> None:
+    """Adding to a live counter (updated in place) counts its bytes anew, makes it the newest and
+    renews its time to live, as a write does."""
+    clock = Clock()
+    evictions: list[tuple[str, int]] = []
+    store = make(clock, evictions, max_items=2)
+    store.add_now("a", "c", 9)
+    await store.put("a", "v", b"x")
+    before = store.stats().bytes
+    clock.t += 50
+    assert store.add_now("a", "c", 1) == 10  # b"9" -> b"10": one byte more
+    assert store.stats().bytes == before + 1
+    await store.put("a", "w", b"y")  # over max_items: the oldest goes, now v, not the counter
+    assert evictions == [("items", 1)]
+    assert await store.get("a", ["c", "v"]) == [b"10", None]
+    clock.t += 59  # 109 s after the counter was made, 59 after its last add: alive
+    assert await store.get("a", ["c"]) == [b"10"]
+    store.add_now("a", "c", 1, math.inf)
+    clock.t += 10**6
+    assert await store.get("a", ["c"]) == [b"11"]
+
+
 @pytest.mark.parametrize("touch", [False, True])
 async def test_reads_of_missing_keys_are_none_in_order(touch: bool) -> None:
     store = make(Clock(), [])
