@@ -5,6 +5,7 @@
     .venv/bin/python bench/request_cost.py --scenarios ns,chat_ns --top 30 --dump /tmp/prof
     .venv/bin/python bench/request_cost.py --trace 0,1,100     # and this checkout with tracing on (sampled %)
     .venv/bin/python bench/request_cost.py --pricing           # and this checkout with models[].pricing set
+    .venv/bin/python bench/request_cost.py --auth --pricing    # every target with one key; priced's has a budget
 
 Starts the fast fake upstream (bench/fake_upstream.py) and one ``gateway serve`` per
 checkout (each with that checkout's ``.venv/bin/python``, a ``type: openai`` backend (``--backend-type vllm``:
@@ -25,6 +26,9 @@ Scenarios: ``ns`` (completions, 16 tokens), ``st`` (completions stream, 64 token
 words as a Responses ``input``, the same limit as ``max_output_tokens``; the fake upstream answers
 on its own ``/v1/responses``, OpenAI's events: the ``openai`` backend relays them), ``emb``
 (embeddings: one 64-word input, a 1,024-dim float vector back, as bench/run.py's ``emb_c64``).
+``--auth``: every target has ``auth:`` with one key (no store: in memory) and every request carries
+it; with ``--pricing`` the ``priced`` target's key also has a budget (``auth.keys[].budget``, never
+reached), so ``this`` against ``priced`` is what prices and a budget add to the same keyed request.
 ``resp_prev20`` (``resp_ns`` continuing a conversation of 20 stored turns with
 ``previous_response_id``: the store's read, the earlier turns' items sent again, the new turn
 stored; compare with ``resp_ns`` of the same run). A checkout that does not serve an endpoint
@@ -110,6 +114,10 @@ def serve_profiled(config: str, port: int, out: str) -> None:
 # --- the driver ----------------------------------------------------------------------------------
 
 
+AUTH_KEY = "sk-bench-key-0123456789"
+AUTH_HEADER = ""  # --auth: "Authorization: Bearer <AUTH_KEY>\r\n" on every request
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -149,7 +157,7 @@ def request_bytes(scenario: str, port: int) -> bytes:
     data = json.dumps(body, separators=(",", ":")).encode()
     head = (
         f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(data)}\r\n\r\n"
+        f"{AUTH_HEADER}Content-Length: {len(data)}\r\n\r\n"
     )
     return head.encode() + data
 
@@ -247,6 +255,7 @@ class Target:
         kind: str = "openai",
         trace_pct: float | None = None,
         pricing: bool = False,
+        auth: bool = False,
     ) -> None:
         self.name, self.checkout = name, checkout
         self.port = free_port()
@@ -258,8 +267,10 @@ class Target:
             if trace_pct is not None
             else ""
         )
+        budget = ", budget: {amount: 1000000, period: month}" if pricing else ""
+        keys = f"auth: {{keys: [{{name: bench, key: {AUTH_KEY}{budget}}}]}}\n" if auth else ""
         config.write_text(f"""server: {{host: 127.0.0.1, port: {self.port}, drain_timeout: 1}}
-{telemetry}backends:
+{telemetry}{keys}backends:
   - {{name: upstream, type: {kind}, base_url: "http://127.0.0.1:{upstream}/v1", api_key: sk-bench}}
 models:
   - name: bench
@@ -361,6 +372,11 @@ def main() -> None:
     ap.add_argument(
         "--pricing", action="store_true", help="also this checkout with models[].pricing set (column priced)"
     )
+    ap.add_argument(
+        "--auth",
+        action="store_true",
+        help="every target with auth: one key on every request (with --pricing, priced's key has a budget)",
+    )
     ap.add_argument("--top", type=int, default=0, help="print the top N functions per cell")
     ap.add_argument(
         "--backend-type",
@@ -393,14 +409,21 @@ def main() -> None:
             checkouts = [("this", ROOT)] + [
                 (f"ref{i}" if len(args.ref) > 1 else "ref", p.resolve()) for i, p in enumerate(args.ref)
             ]
-            targets = [Target(name, path, upstream_port, work, args.backend_type) for name, path in checkouts]
+            if args.auth:
+                global AUTH_HEADER
+                AUTH_HEADER = f"Authorization: Bearer {AUTH_KEY}\r\n"
+            targets = [
+                Target(name, path, upstream_port, work, args.backend_type, auth=args.auth) for name, path in checkouts
+            ]
             targets += [
-                Target(f"trace{pct}", ROOT, upstream_port, work, args.backend_type, float(pct))
+                Target(f"trace{pct}", ROOT, upstream_port, work, args.backend_type, float(pct), auth=args.auth)
                 for pct in args.trace.split(",")
                 if pct
             ]
             if args.pricing:
-                targets.append(Target("priced", ROOT, upstream_port, work, args.backend_type, pricing=True))
+                targets.append(
+                    Target("priced", ROOT, upstream_port, work, args.backend_type, pricing=True, auth=args.auth)
+                )
             results: dict[tuple[str, str], dict[str, Any]] = {}
             for s in scenarios:
                 for t in targets:
