@@ -70,7 +70,7 @@ async def test_on_missing_refuse_asks_for_a_bound(secure_gateway: MakeSecureGate
     status, body = await post(gw.url, {"model": MOCK_MODEL, "messages": MESSAGES}, AUTH_A)
     assert status == 200, body
     status, body = await post(gw.url, {"model": MOCK_MODEL, "messages": MESSAGES}, AUTH_B)
-    assert status == 400 and body["error"]["code"] == "cost_cap_exceeded", body
+    assert status == 400 and body["error"]["code"] == "cap_exceeded", body
 
 
 async def test_tpm_reserves_the_messages_estimate_and_settles_from_usage(secure_gateway: MakeSecureGateway) -> None:
