@@ -21,9 +21,9 @@ Why the byte scans are safe: inside JSON strings quotes and newlines are
 escaped, so ``"model":``, ``"prompt_tokens"`` and ``\\n\\ndata:`` can only occur as real
 structure, never inside generated text. What the fast path does not scan for: error events
 and an early ``[DONE]`` carry no ``"model"`` key, so a read holding one fails the self-check
-(one upstream-spelled ``"model"`` per event) and is parsed. An upstream that puts the model
-key into an error event gets that event relayed as it sent it (no upstream we know does:
-OpenAI, vLLM old and new, LiteLLM send none). An event cut short is caught by the framing
+(one upstream-spelled ``"model"`` per event, or the head learned from the stream's first
+event: its bytes through the model key) and is parsed; one that carries the model key still
+lacks the learned choice end. An event cut short is caught by the framing
 (``data: {`` ... ``}``) and the learned choice end (:func:`_choice_end_of`), which also sends
 the event that finishes a choice to the parse (where finishes are counted per choice). The
 rest of an event's bytes are not proven JSON on the byte path (a parse of every event costs
@@ -133,6 +133,19 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
     _cut_message = "the upstream closed the stream before [DONE]"
     relayed_events: int
     _done_early = False  # the parse met a [DONE] before the read's end: nothing after it is relayed
+    _usage_event: bytes | None = None  # the client's usage chunk, held until the end
+    # What the stream's first ordinary event teaches (:meth:`_learn`); class defaults until then, so a
+    # stream pays no store for them. The upstream's bytes from a null finish_reason to "]":
+    _choice_end: bytes | None = None
+    _finish_key = b'"finish_reason":"'  # and of a finish reason, and the bytes after it
+    _finish_tail = b"}]"
+    _head = b""  # the event's bytes from its start through the upstream's model key
+    _frame: bytes | None = None  # what lies between two events: "}", the separator and the head (:meth:`_rename`)
+    _frame_tail: bytes | None = None  # the choice end and "}\n\n", when an event ends with its choices
+    _same = False  # the head's model key is already the client's (nothing to rename)
+    _fused: bytes | None = None  # the choice end, "}" and the next event's start (when the head varies)
+    _fused_end = _fused_finish = b""
+    _peeled = False  # the stream's first event was parsed apart (:meth:`_split`)
 
     def __init__(
         self,
@@ -158,15 +171,8 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
         # prompts) is parsed event by event, so each choice's finish is known by its index.
         request = call.request
         self._one_choice = request.effective_n * request.prompt_count == 1
-        self._choice_end: bytes | None = None  # the upstream's bytes from a null finish_reason to "]"
-        self._finish_key = b'"finish_reason":"'  # and of a finish reason, and the bytes after it (:meth:`_learn`)
-        self._finish_tail = b"}]"
-        self._peeled = False  # the stream's first event was parsed apart (:meth:`_split`)
-        self._fused: bytes | None = None  # the choice end, "}" and the next event's start (:meth:`_learn`)
-        self._fused_end = self._fused_finish = b""
         self._open: set[Any] = set()  # choices seen in parsed events without their finish_reason yet
         self._ended: set[Any] = set()  # choices whose finish_reason came
-        self._usage_event: bytes | None = None  # the client's usage chunk, held until the end
 
     __anext__ = UpstreamEvents._pull  # an alias: the loop is the shared one, no call more per read
 
@@ -209,7 +215,8 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
                 if self._pending is not None or self._done_early:
                     break
                 block = block[end:]
-                at = block.find(b'"prompt_tokens"')
+                if block:
+                    at = block.find(b'"prompt_tokens"')
         if self._done_early:
             self.finished = True  # an earlier [DONE] than the tail's: what follows it is not relayed
         if self._pending is not None:
@@ -254,9 +261,45 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
         another model is parsed. The replace itself counts the renamed keys (its length
         change) when the two names differ in length. The event count is also what the relay
         reports as relayed (``relayed_events``): the handler does not scan the block again.
+
+        The usual read is checked by one count more than its LFs (the *frame*, :meth:`_learn`):
+        the bytes between two events of this stream, ``}``, the separator and the next event's
+        head (its start through the upstream's model key, the same in every chunk of one
+        upstream's stream: id, object, created, model), led by the choice end when the events
+        end with their choices (vLLM's layout). Every LF of the read is one of a frame's or of
+        the final ``}\n\n`` (twice the frames plus two), the read starts with the head and ends
+        as the events do: so each event is one line with its model key where the first had it
+        and (in vLLM's layout) the choice end just before its ``}``. A read that misses the frame
+        takes the checks above; one that passes them all the same (an upstream whose heads vary:
+        ``created`` ticking, say) turns the frame off for the rest of the stream.
         """
+        frame = self._frame
+        if frame is None and self._choice_end is None and self._one_choice:
+            frame = self._learn(block, 0)  # the stream's first read: its first event says how they look
+        if frame is not None:
+            lines = block.count(b"\n")
+            events = lines >> 1
+            if (
+                lines == events << 1
+                and (events == 1 or block.count(frame) == events - 1)
+                and block.startswith(self._head)
+            ):
+                tail = self._frame_tail
+                if tail is not None:  # the frames vouched for every event's choice end but the last's
+                    vouched = block.endswith(tail) or (
+                        block.endswith(self._fused_finish) and self._finishes_here(block, events, events - 1)
+                    )
+                else:  # OpenAI's layout: the choice end is counted
+                    end = self._choice_end
+                    held = -1 if end is None else block.count(end)
+                    vouched = block.endswith(b"}\n\n") and (held == events or self._finishes_here(block, events, held))
+                if vouched:
+                    if self._same:  # every event's model key is the head's, already the client's
+                        self.relayed_events += events
+                        return block
+                    return self._swap(block, events)
         fused = self._fused
-        if fused is not None:  # one count frames the events and vouches for each (the usual read)
+        if fused is not None:  # one count frames the events and vouches for each
             events = block.count(fused) + 1
             if (
                 block.count(b"\n") == 2 * events
@@ -266,6 +309,7 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
                     or (block.endswith(self._fused_finish) and self._finishes_here(block, events, events - 1))
                 )
             ):
+                self._frame = None  # framed and vouched, but the heads differ: the frame no longer pays
                 return self._swap(block, events)
         if block.startswith(b"data: {"):
             between = b"}\n\ndata: {"
@@ -277,13 +321,10 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
         if block.count(b"\n") != 2 * events or not block.endswith(b"}\n\n") or not self._one_choice:
             return self._process_slow(block)
         end = self._choice_end
-        if end is None:  # the first read: the upstream's spelling, from its first event (no scan more)
-            end = _choice_end_of(block)
-            if end is not None:
-                self._learn(end, block, 0)
         held = -1 if end is None else block.count(end)
         if held != events and not self._finishes_here(block, events, held):
             return self._split(block, events, held)
+        self._frame = None  # (as for the fused count above)
         return self._swap(block, events)
 
     def _swap(self, block: bytes, events: int) -> bytes:
@@ -343,7 +384,7 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
                 return head + self._process_slow(block[last:])
         learned = _choice_end_of(block)
         if learned is not None and learned != end:
-            self._learn(learned, block, 0)
+            self._learn(block, 0, learned)
             return self._rename(block)
         if events > 1 and not self._peeled:
             # A stream's first event may end its choice apart from the rest (vLLM's role chunk has
@@ -356,23 +397,48 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
                 head = self._process_slow(block[:at])
                 if self._pending is not None or self._done_early:
                     return head
-                self._learn(learned, block, at)
+                self._learn(block, at, learned)
                 return head + self._rename(block[at:])
         return self._process_slow(block)
 
-    def _learn(self, end: bytes, block: bytes, start: int) -> None:
-        """The upstream's spelling of an ordinary choice's end, and of a finishing one's key and tail,
-        from the event at ``start``; when that event ends with its choices (``...]}``, vLLM's layout),
-        the separator between two such events is counted instead (:meth:`_rename`'s first check)."""
+    def _learn(self, block: bytes, start: int, end: bytes | None = None) -> bytes | None:
+        """The upstream's spelling, from the event at ``start`` (its choice end ``end`` when already
+        found, :func:`_choice_end_of`): of an ordinary choice's end, of a finishing one's key and tail,
+        of the event's head and so of the frame between two events (:meth:`_rename`), returned (None
+        when the event holds no choice end, or no model key before it). When that event ends with
+        its choices (``...]}``, vLLM's layout) the frame starts with the choice end."""
+        line = block.find(b"\n", start)
+        if end is None:
+            at = block.find(b'"finish_reason":null', start, line)
+            if at < 0:
+                at = block.find(b'"finish_reason": null', start, line)
+            close = block.find(b"]", at, line) if at >= 0 else -1
+            if close < 0:
+                return None
+            end = block[at : close + 1]
+        else:
+            at = block.find(end, start, line)
         self._choice_end = end
         null = end.index(b"null") + 4
         self._finish_key = end[: null - 4] + b'"'
         self._finish_tail = end[null:]
-        at = block.find(end, start)
-        ends_with_choices = block.startswith(b"}\n\n", at + len(end)) and block.startswith(b"data: {", start)
-        self._fused = end + b"}\n\ndata: {" if ends_with_choices else None
         self._fused_end = end + b"}\n\n"
         self._fused_finish = self._finish_tail + b"}\n\n"
+        ends_with_choices = block.startswith(b"}\n\n", at + len(end))
+        self._fused = end + b"}\n\ndata: {" if ends_with_choices and block.startswith(b"data: {", start) else None
+        spelled = self._old
+        model = block.find(spelled, start, at)
+        if model < 0:
+            spelled = self._old_spaced
+            model = block.find(spelled, start, at)
+        if model < 0:  # another spelling (the parse learns it) or the key after the choices: no frame
+            self._frame = None
+            return None
+        self._head = head = block[start : model + len(spelled)]
+        self._same = spelled == self._new
+        self._frame_tail = self._fused_end if ends_with_choices else None
+        self._frame = frame = (self._fused_end if ends_with_choices else b"}\n\n") + head
+        return frame
 
     def _process_slow(self, block: bytes) -> bytes:
         out: list[bytes] = []

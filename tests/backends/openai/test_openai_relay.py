@@ -60,11 +60,16 @@ class FakeResponse:
 
 
 def make_relay(
-    chunks: Iterable[bytes | BaseException], *, wants_usage: bool = False, wants_continuous: bool = False
+    chunks: Iterable[bytes | BaseException],
+    *,
+    wants_usage: bool = False,
+    wants_continuous: bool = False,
+    public: str = PUB,
 ) -> tuple[OpenAIStreamRelay, FakeResponse]:
+    """A relay of ``chunks`` from upstream model ``UP``, served to the client as ``public``."""
     resp = FakeResponse(chunks)
-    request = CompletionRequest.model_validate({"model": PUB, "prompt": "hi", "stream": True})
-    call = UpstreamCall(request=request, upstream_model=UP, public_model=PUB, request_id="req-1")
+    request = CompletionRequest.model_validate({"model": public, "prompt": "hi", "stream": True})
+    call = UpstreamCall(request=request, upstream_model=UP, public_model=public, request_id="req-1")
     relay = OpenAIStreamRelay(
         resp, call, "up", client_wants_usage=wants_usage, client_wants_continuous_usage=wants_continuous
     )
@@ -344,6 +349,40 @@ async def test_usage_null_on_ordinary_chunks_takes_the_fast_path(parsed: list[by
     assert b"".join(await drain(relay)) == b"".join(renamed(e) for e in [*events, last])
     assert parsed == []
     assert relay.usage is None
+
+
+async def test_heads_that_vary_midway_stay_on_the_byte_path(parsed: list[bytes]) -> None:
+    # The relay learns an event's head (id, object, created, model) from the first one; an
+    # upstream that stamps each chunk (Ollama's created) changes it midway: same events, no parse.
+    first = [ev(chunk("a")), ev(chunk("b"))]
+    later = [ev(chunk("c") | {"created": 1700000001}), ev(chunk("d") | {"created": 1700000002})]
+    last = ev(chunk("e", finish="stop") | {"created": 1700000002})
+    relay, _ = make_relay([b"".join(first), b"".join(later), last + done()])
+    assert b"".join(await drain(relay)) == b"".join(renamed(e) for e in [*first, *later, last])
+    assert parsed == []
+
+
+@pytest.mark.parametrize("public", [PUB, UP])
+async def test_a_read_that_starts_with_another_model_is_renamed(public: str, parsed: list[bytes]) -> None:
+    # The client's name may be the upstream's own: then nothing is swapped on the byte path, and
+    # the head learned from the stream's first event is what shows every event carries that name.
+    other = chunk("c", model=UP + "-2024")
+    reads = [ev(chunk("a")) + ev(chunk("b")), ev(other), ev(other) + ev(chunk("d", finish="stop")) + done()]
+    relay, _ = make_relay(reads, public=public)
+    events = parse_sse(b"".join(await drain(relay)))
+    assert [e["model"] for e in events] == [public] * 5
+    assert parsed == [ev(other), ev(other) + ev(chunk("d", finish="stop"))]
+
+
+async def test_a_data_line_split_after_the_model_key_is_parsed(parsed: list[bytes]) -> None:
+    whole = orjson.dumps(chunk("b"))
+    at = whole.index(b'"choices"')
+    split = b"data: " + whole[:at] + b"\ndata: " + whole[at:] + b"\n\n"  # valid SSE: the lines are joined
+    relay, _ = make_relay([ev(chunk("a")), split, ev(chunk("c", finish="stop")) + done()], public=UP)
+    out = b"".join(await drain(relay))
+    assert [e["choices"][0]["text"] for e in parse_sse(out)] == ["a", "b", "c"]
+    assert all(line.startswith(b"data: {") for line in out.split(b"\n\n")[:-1])  # one line each
+    assert parsed == [split]
 
 
 # --- SSE framing edge cases ---------------------------------------------------------------

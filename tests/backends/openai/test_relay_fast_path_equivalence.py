@@ -49,10 +49,25 @@ def _event(obj: Any, spaced: bool) -> bytes:
 def pieces(draw: st.DrawFn) -> bytes:
     kind = draw(st.sampled_from(["chunk", "chunk", "chunk", "spaced", "other_model", "usage", "error", "vllm_error",
                                  "done", "done_nospace", "comment", "id_line", "continuous", "finish", "finish",
-                                 "spaced_finish", "cut", "nospace"]))  # fmt: skip
+                                 "spaced_finish", "cut", "nospace", "tick", "tick_finish", "other_id", "model_last",
+                                 "openai_layout", "multiline"]))  # fmt: skip
     text = draw(TEXTS)
     if kind in ("chunk", "spaced"):
         return _event(chunk(text), kind == "spaced")
+    if kind in ("tick", "tick_finish"):  # the head varies: created ticks (Ollama stamps each chunk)
+        obj = chunk(text, finish="stop" if kind == "tick_finish" else None)
+        return _event(obj | {"created": obj["created"] + draw(st.integers(1, 3))}, False)
+    if kind == "other_id":
+        return _event(chunk(text) | {"id": "cmpl-2"}, False)
+    if kind == "model_last":  # the model key after the choices: no head to learn
+        obj = chunk(text)
+        return _event({k: v for k, v in obj.items() if k != "model"} | {"model": obj["model"]}, False)
+    if kind == "multiline":  # one event's data on two lines, split after its model key (valid SSE and JSON)
+        whole = orjson.dumps(chunk(text))
+        at = whole.index(b'"choices"')
+        return b"data: " + whole[:at] + b"\ndata: " + whole[at:] + b"\n\n"
+    if kind == "openai_layout":  # keys after the choices (OpenAI's usage: null, system_fingerprint)
+        return _event(chunk(text, usage=None, system_fingerprint="fp_1"), False)
     if kind in ("finish", "spaced_finish"):
         return _event(chunk(text, finish=draw(st.sampled_from(["stop", "length"]))), kind == "spaced_finish")
     if kind == "nospace":
@@ -105,24 +120,30 @@ async def _run(relay: OpenAIStreamRelay) -> tuple[list[Any], str, Any, int]:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    body=st.lists(pieces(), min_size=1, max_size=12).map(b"".join),
+    parts=st.lists(pieces(), min_size=1, max_size=12),
     cuts=st.lists(st.integers(min_value=1, max_value=400), max_size=6),
+    between=st.lists(st.integers(min_value=1, max_value=11), max_size=4),  # reads cut between events too
     usage=st.booleans(),
     continuous=st.booleans(),
+    # The client's name: as long as the upstream's, the upstream's own (nothing to rename: the
+    # byte path's own checks are all that vouch for the model key), shorter.
+    public=st.sampled_from(["public-model", UP, "m"]),
 )
 async def test_the_fast_path_relays_what_the_parse_would(
-    body: bytes, cuts: list[int], usage: bool, continuous: bool
+    parts: list[bytes], cuts: list[int], between: list[int], usage: bool, continuous: bool, public: str
 ) -> None:
-    at = sorted({c for c in cuts if c < len(body)})
+    body = b"".join(parts)
+    ends = [len(b"".join(parts[:i])) for i in between if i < len(parts)]
+    at = sorted({c for c in [*cuts, *ends] if 0 < c < len(body)})
     reads = [body[a:b] for a, b in zip([0, *at], [*at, len(body)], strict=True)]
-    fast, _ = make_relay(list(reads), wants_usage=usage, wants_continuous=continuous)
-    slow, _ = make_relay(list(reads), wants_usage=usage, wants_continuous=continuous)
+    fast, _ = make_relay(list(reads), wants_usage=usage, wants_continuous=continuous, public=public)
+    slow, _ = make_relay(list(reads), wants_usage=usage, wants_continuous=continuous, public=public)
     slow.__class__ = ParsedRelay
     got, want = await _run(fast), await _run(slow)
     assert got == want
     events, end, _, _ = got
     for event in events:
-        assert event.get("model") in (None, "public-model"), event  # never the upstream's id
+        assert event.get("model") in (None, public), event  # never the upstream's id
     if end == "finished":
         assert any(c.get("finish_reason") for e in events for c in e.get("choices") or ()), events
         used = [i for i, e in enumerate(events) if e.get("usage") and not e.get("choices")]
