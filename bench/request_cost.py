@@ -19,7 +19,8 @@ connections from this process:
   move with the machine's load, so two checkouts compare on a busy machine.
 - CPU per request: the gateway's own run time (``/proc/<pid>/task/*/schedstat``, ns)
   over ``-n`` unprofiled requests, the median of ``--repeats`` rounds; the checkouts
-  take turns within each round (A/B interleaved), so a load spike hits both.
+  take turns within each round (A/B interleaved), so a load spike hits both. With ``--ref``
+  the median of the per-round ratios against each other column is printed too (each round's pair ran back to back).
 
 Scenarios: ``ns`` (completions, 16 tokens), ``st`` (completions stream, 64 tokens),
 ``chat_ns``, ``chat_st`` (the same words as one user message), ``resp_ns``, ``resp_st`` (the same
@@ -256,6 +257,7 @@ class Target:
         trace_pct: float | None = None,
         pricing: bool = False,
         auth: bool = False,
+        endpoints: str = "completions, chat, responses, embeddings",
     ) -> None:
         self.name, self.checkout = name, checkout
         self.port = free_port()
@@ -276,7 +278,7 @@ models:
   - name: bench
 {"    pricing: {input: 0.15, output: 0.6, cached_input: 0.075}" + chr(10) if pricing else ""}    routes:
       - {{backend: upstream, model: bench}}
-    endpoints: [completions, chat, responses, embeddings]
+    endpoints: [{endpoints}]
 """)
         python = checkout / ".venv" / "bin" / "python"
         argv = [str(python), str(Path(__file__).resolve()), "--serve-profiled", str(config), str(self.port), self.prof]
@@ -412,22 +414,52 @@ def main() -> None:
             if args.auth:
                 global AUTH_HEADER
                 AUTH_HEADER = f"Authorization: Bearer {AUTH_KEY}\r\n"
+            # Only the endpoints the scenarios use, so a checkout from before Responses or embeddings starts.
+            endpoints = ", ".join(
+                e
+                for e, used in (
+                    ("completions", True),
+                    ("chat", True),
+                    ("responses", any(s.startswith("resp") for s in scenarios)),
+                    ("embeddings", "emb" in scenarios),
+                )
+                if used
+            )
             targets = [
-                Target(name, path, upstream_port, work, args.backend_type, auth=args.auth) for name, path in checkouts
+                Target(name, path, upstream_port, work, args.backend_type, auth=args.auth, endpoints=endpoints)
+                for name, path in checkouts
             ]
             targets += [
-                Target(f"trace{pct}", ROOT, upstream_port, work, args.backend_type, float(pct), auth=args.auth)
+                Target(
+                    f"trace{pct}",
+                    ROOT,
+                    upstream_port,
+                    work,
+                    args.backend_type,
+                    float(pct),
+                    auth=args.auth,
+                    endpoints=endpoints,
+                )
                 for pct in args.trace.split(",")
                 if pct
             ]
             if args.pricing:
                 targets.append(
-                    Target("priced", ROOT, upstream_port, work, args.backend_type, pricing=True, auth=args.auth)
+                    Target(
+                        "priced",
+                        ROOT,
+                        upstream_port,
+                        work,
+                        args.backend_type,
+                        pricing=True,
+                        auth=args.auth,
+                        endpoints=endpoints,
+                    )
                 )
             results: dict[tuple[str, str], dict[str, Any]] = {}
             for s in scenarios:
                 for t in targets:
-                    results[(t.name, s)] = cell = {"calls": None, "lines": [], "cpu": []}
+                    results[(t.name, s)] = cell = {"calls": None, "lines": [], "cpu": [], "rounds": {}}
                     if s == "resp_prev20":
                         PREVIOUS[t.port] = asyncio.run(conversation(t.port, PREVIOUS_TURNS))
                     ok, _ = asyncio.run(drive(t.port, s, args.warmup, args.c))
@@ -448,6 +480,7 @@ def main() -> None:
                             us = t.cpu_us(s, args.n, args.c)
                             if us is not None:
                                 cell["cpu"].append(us)
+                                cell["rounds"][r] = us
         finally:
             for t in targets:
                 t.stop()
@@ -470,6 +503,17 @@ def main() -> None:
                 cpu = f"{statistics.median(cell['cpu']):.0f}" if cell["cpu"] else "-"
                 cells.append(f"{cell['calls']:.1f}, {cpu}")
         print(f"| {s} | {' | '.join(cells)} |")
+    # The paired figure: each round's ratio (the cells ran back to back, under the same load), then
+    # their median; steadier than the ratio of two medians when the load moves between rounds.
+    for name in names[1:]:
+        for s in scenarios:
+            mine, other = results[(names[0], s)]["rounds"], results[(name, s)]["rounds"]
+            ratios = sorted(mine[r] / other[r] for r in mine if r in other)
+            if ratios:
+                print(
+                    f"# {s}: {names[0]}/{name} CPU, median of {len(ratios)} per-round ratios"
+                    f" {statistics.median(ratios):.3f} (range {ratios[0]:.3f}-{ratios[-1]:.3f})"
+                )
     if args.top:
         for s in scenarios:
             for t in targets:
