@@ -18,8 +18,9 @@ chunk a client asked for is its last event wherever the upstream sent it; a ``[D
 every choice has its ``finish_reason`` is an error (reason ``stream_cut``), never a clean end.
 
 Why the byte scans are safe: inside JSON strings quotes and newlines are
-escaped, so ``"model":``, ``"prompt_tokens"`` and ``\\n\\ndata:`` can only occur as real
-structure, never inside generated text. What the fast path does not scan for: error events
+escaped, so ``"model":`` and ``\\n\\ndata:`` can only occur as real structure, never inside
+generated text; the usage key is searched for unquoted (``prompt_tokens``), so a text that
+names it only sends its event to the parse. What the fast path does not scan for: error events
 and an early ``[DONE]`` carry no ``"model"`` key, so a read holding one fails the self-check
 (one upstream-spelled ``"model"`` per event, or the head learned from the stream's first
 event: its bytes through the model key) and is parsed; one that carries the model key still
@@ -106,6 +107,11 @@ def _renamed_reserialised(data: bytes, obj: dict[str, Any], public: str, backend
 
 _DONE_TAIL = b"\n\ndata: [DONE]\n\n"  # how a normal stream's last read ends: a whole event after whole events
 _DONE_ALONE = b"data: [DONE]\n\n"  # or the whole of it
+_DONE_CUT = -len(_DONE_ALONE)
+# Where a usage object may be: its key, unquoted (a search for a pattern ending in a letter skips
+# ahead faster than for one ending in a quote, 2.7 against 3.4 us over a 64-token stream's 11 KB).
+# Also in generated text, where it sends that event to the parse: slower, never wrong.
+_USAGE_KEY = b"prompt_tokens"
 
 
 def _choice_end_of(block: bytes, start: int = 0) -> bytes | None:
@@ -182,16 +188,16 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
         # event-by-event parse honours it (the first [DONE] wins).
         if block.endswith(_DONE_TAIL):
             self.finished = True
-            block = block[: len(block) - len(_DONE_ALONE)]
+            block = block[:_DONE_CUT]
         elif block == _DONE_ALONE:
             self.finished = True
             block = b""
         # Only the events that carry something to act on are parsed; the runs of ordinary
-        # events between them take the byte-level fast path. '"prompt_tokens"' occurs only in
-        # a usage object (ordinary chunks carry "usage":null). Error events need no scan of
-        # their own: they carry no "model" key ({"error": ...}, vLLM's {"object": "error"}),
+        # events between them take the byte-level fast path. 'prompt_tokens' is in a usage
+        # object (ordinary chunks carry "usage":null) or in text (_USAGE_KEY). Error events need no
+        # scan of their own: they carry no "model" key ({"error": ...}, vLLM's {"object": "error"}),
         # so the self-check sends them to the parse.
-        at = block.find(b'"prompt_tokens"')
+        at = block.find(_USAGE_KEY)
         if at < 0 and not self.finished:  # the usual read: ordinary events, nothing to settle
             one = self._rename(block)
             if self._pending is None and not self._done_early:
@@ -211,12 +217,14 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
                     out.append(self._rename(block[:start]))
                     if self._pending is not None or self._done_early:
                         break
-                out.append(self._process_slow(block[start:end]))
+                parsed = self._process_slow(block[start:end])
+                if parsed:  # (a usage chunk the client did not ask for leaves nothing: no join of it)
+                    out.append(parsed)
                 if self._pending is not None or self._done_early:
                     break
                 block = block[end:]
                 if block:
-                    at = block.find(b'"prompt_tokens"')
+                    at = block.find(_USAGE_KEY)
         if self._done_early:
             self.finished = True  # an earlier [DONE] than the tail's: what follows it is not relayed
         if self._pending is not None:
@@ -225,7 +233,7 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
             self.finished = False
         elif self.finished:
             self._end(out)
-        return out[0] if len(out) == 1 else b"".join(out)
+        return (out[0] if len(out) == 1 else b"".join(out)) if out else b""
 
     def _end(self, out: list[bytes]) -> None:
         """At the upstream's [DONE]: every choice must have ended, and the usage chunk goes last.
@@ -442,7 +450,10 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
 
     def _process_slow(self, block: bytes) -> bytes:
         out: list[bytes] = []
-        for data in sse_data(block):  # events without data (comments, keep-alives) are dropped
+        # One event on one line (a usage chunk, say) is its own data; else the SSE decode, where
+        # events without data (comments, keep-alives) are dropped.
+        one = block.startswith(b"data: {") and block.find(b"\n") == len(block) - 2
+        for data in (block[6:-2],) if one else sse_data(block):
             if data == b"[DONE]":
                 self._done_early = True  # the first [DONE] ends the stream
                 break
