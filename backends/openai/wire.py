@@ -96,16 +96,15 @@ class OpenAIWire:
             ask_stream_usage(fields)
         return fields
 
-    def request_headers(self, call: Call[Any]) -> dict[str, str]:
-        """The entry's headers plus the attempt's own (request id, trace context: ``Call.headers``)."""
-        return call.headers(self._headers)
-
     async def post(
         self, url: str, fields: dict[str, Any], call: Call[Any], status_error: StatusError, *, stream: bool
     ) -> UpstreamResponse:
-        """POST one body; the 200 response (the caller releases it); another status raises ``status_error``'s error."""
+        """POST one body; the 200 response (the caller releases it); another status raises ``status_error``'s error.
+
+        The headers: the entry's plus the attempt's own (request id, trace context: ``Call.headers``).
+        """
         resp = await self.transport.send(
-            "POST", url, body=orjson.dumps(fields), headers=self.request_headers(call), stream=stream
+            "POST", url, body=orjson.dumps(fields), headers=call.headers(self._headers), stream=stream
         )
         if resp.status != 200:
             await refuse_status(resp, status_error, url)
@@ -114,7 +113,7 @@ class OpenAIWire:
     async def post_read(self, url: str, fields: dict[str, Any], call: Call[Any], status_error: StatusError) -> bytes:
         """POST one body and read the whole answer (non-streamed calls); another status than 200 raises."""
         resp = await self.transport.send(
-            "POST", url, body=orjson.dumps(fields), headers=self.request_headers(call), stream=False
+            "POST", url, body=orjson.dumps(fields), headers=call.headers(self._headers), stream=False
         )
         if resp.status != 200:
             await refuse_status(resp, status_error, url)
