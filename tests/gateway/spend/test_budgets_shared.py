@@ -104,25 +104,32 @@ async def test_a_budget_spent_on_one_worker_stops_the_key_on_every_worker(
             assert min(served.get(w, 0) for w in refused) * PER_REQUEST < Decimal("0.0001")
             assert (await _post(session, url, KEY_B))[0] == 200  # another key: no budget, served
 
-            await asyncio.sleep(1.5)  # every worker pushes its metrics snapshot about once a second
-            async with session.get(url + "/metrics") as resp:
-                text = await resp.text()
+            expected = {"team-a": float(8 * PER_REQUEST), "team-b": float(PER_REQUEST)}
+            deadline = time.monotonic() + 30
+            while (costs := await _costs(session, url)) != expected:  # each worker's snapshot: about once a second
+                assert time.monotonic() < deadline, costs
+                await asyncio.sleep(0.1)
     finally:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-    costs = {
-        s.labels["key"]: s.value
-        for f in text_string_to_metric_families(text)
-        for s in f.samples
-        if s.name == "gateway_cost_total"
-    }
-    assert costs == {"team-a": float(8 * PER_REQUEST), "team-b": float(PER_REQUEST)}
     code, rows = await asyncio.to_thread(_keys_usage, path)
     assert code == 0
     team_a = rows[0]
     assert team_a["key"] == "team-a" and team_a["budget"]["exceeded"] is True
     assert team_a["budget"]["remaining"] == "0"
+
+
+async def _costs(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    """``gateway_cost_total`` per key, from the merged ``/metrics`` of every worker."""
+    async with session.get(url + "/metrics") as resp:
+        text = await resp.text()
+    return {
+        s.labels["key"]: s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "gateway_cost_total"
+    }
 
 
 def _keys_usage(path: Path, *extra: str) -> tuple[int, list[dict[str, object]]]:
