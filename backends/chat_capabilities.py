@@ -38,6 +38,7 @@ from backends.capabilities import Capabilities, Level
 from schemas.chat import ChatCompletionRequest
 from schemas.chat_messages import FunctionTool, TextResponseFormat
 from schemas.errors import UnsupportedParameterError
+from schemas.vllm_extras import VLLM_EXTRAS_NEUTRAL
 
 __all__ = [
     "CHAT_FIELDS",
@@ -73,10 +74,10 @@ CHAT_NEUTRAL_VALUES: Mapping[str, tuple[Any, ...]] = MappingProxyType(
         "top_k": (-1, 0), "min_p": (0.0,), "repetition_penalty": (1.0,), "length_penalty": (1.0,),
         "stop_token_ids": ([],), "include_stop_str_in_output": (False,), "ignore_eos": (False,),
         "min_tokens": (0,), "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),
-        "documents": ([],), "chat_template_kwargs": ({},), "priority": (0,), "modalities": (["text"],),
+        "documents": ([],), "chat_template_kwargs": ({},), "modalities": (["text"],),
         "use_beam_search": (False,), "return_tokens_as_token_ids": (False,), "return_token_ids": (False,),
-        "include_reasoning": (True,), "bad_words": ([],), "vllm_xargs": ({},), "media_io_kwargs": ({},),
-        "mm_processor_kwargs": ({},), "watermarking": (False,), "routed_experts_prompt_start": (0,),
+        "include_reasoning": (True,), "media_io_kwargs": ({},), "mm_processor_kwargs": ({},),
+        **VLLM_EXTRAS_NEUTRAL,
     }
 )  # fmt: skip
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
 from schemas.chat_messages import (
     AllowedToolsChoice,
@@ -38,13 +38,11 @@ from schemas.chat_options import (
     ChatStreamOptions,
     ChatStructuredOutputs,
     Prediction,
-    RepetitionDetection,
     WebSearchOptions,
 )
 from schemas.common import (
     CHARS_PER_TOKEN,
     GUIDED_FIELDS,
-    INT64_MAX,
     ChoiceCount,
     Count,
     CountOrMinusOne,
@@ -66,6 +64,18 @@ from schemas.common import (
     check_stream_options,
 )
 from schemas.errors import FieldRuleError
+from schemas.vllm_extras import (
+    BadWords,
+    CacheSalt,
+    LogprobTokenIds,
+    RepetitionDetection,
+    StreamInterval,
+    ThinkingTokenBudget,
+    TransferParams,
+    VLLMXargs,
+    check_logprob_token_ids,
+    check_routed_experts,
+)
 
 __all__ = [
     "MAX_TOP_LOGPROBS",
@@ -89,16 +99,6 @@ class _Strict(BaseModel):
 # Named apart from schemas.completions.StructuredOutputs so the OpenAPI components keep both short names.
 StructuredOutputs = ChatStructuredOutputs
 
-
-def _no_int(value: Any) -> Any:
-    if isinstance(value, int):  # a float field takes an int as a float: 2**63 would lose its value
-        raise ValueError("an integer here must fit in 64 bits")
-    return value
-
-
-# vLLM's ``vllm_xargs`` values: strings, int64 integers, finite floats, or lists of those.
-_XargScalar = str | Int64 | Annotated[float, BeforeValidator(_no_int)]
-VLLMXargs = dict[str, _XargScalar | list[_XargScalar]]
 
 Metadata = Annotated[
     dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]], Field(max_length=16)
@@ -171,11 +171,10 @@ class ChatCompletionRequest(_Strict):
     # -1: every token of the vocabulary; bounded per backend (vLLM's --max-logprobs) like logprobs.
     prompt_logprobs: CountOrMinusOne | None = None
     allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None
-    bad_words: list[NonEmpty] | None = None
-    # Logprobs of these tokens at each position (with logprobs: true), instead of the top ones.
-    logprob_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None
+    bad_words: BadWords | None = None
+    logprob_token_ids: LogprobTokenIds | None = None
     include_reasoning: StrictBool | None = None  # false: the reasoning text is left out of the answer
-    thinking_token_budget: CountOrMinusOne | None = None  # -1: unlimited; needs the server's reasoning config
+    thinking_token_budget: ThinkingTokenBudget | None = None
     guided_json: str | JsonObject | None = None
     guided_regex: NonEmpty | None = None
     guided_choice: GuidedChoice | None = None
@@ -191,12 +190,12 @@ class ChatCompletionRequest(_Strict):
     # --enable-return-routed-experts); the answer keeps routed_experts for a request that sets it.
     routed_experts_prompt_start: Count | None = None
     session_id: NonEmpty | None = None
-    cache_salt: Annotated[str, Field(min_length=1, max_length=1024)] | None = None  # salts the prefix cache
-    kv_transfer_params: JsonObject | None = None  # disaggregated prefill/decode; the answer's come back
-    ec_transfer_params: JsonObject | None = None  # disaggregated encoder cache; the answer's come back
+    cache_salt: CacheSalt | None = None
+    kv_transfer_params: TransferParams | None = None  # disaggregated prefill/decode
+    ec_transfer_params: TransferParams | None = None  # disaggregated encoder cache
     vllm_xargs: VLLMXargs | None = None
     repetition_detection: RepetitionDetection | None = None
-    stream_interval: Annotated[StrictInt, Field(ge=1, le=INT64_MAX)] | None = None  # tokens per streamed chunk
+    stream_interval: StreamInterval | None = None
 
     # --- cross-field rules ----------------------------------------------------------------------
     @model_validator(mode="after")
@@ -306,18 +305,10 @@ class ChatCompletionRequest(_Strict):
             raise FieldRuleError("prompt_logprobs", "prompt_logprobs is not available with stream")
 
     def _check_routed_experts(self) -> None:
-        if self.routed_experts_prompt_start is not None and self.stream:
-            raise FieldRuleError(
-                "routed_experts_prompt_start", "routed_experts_prompt_start is not available with stream"
-            )  # vLLM streams no routed_experts
+        check_routed_experts(self.routed_experts_prompt_start, self.stream)
 
     def _check_logprob_token_ids(self) -> None:
-        if self.logprob_token_ids is None:
-            return
-        if not self.logprobs:
-            raise FieldRuleError("logprob_token_ids", "logprob_token_ids requires logprobs to be true")
-        if self.use_beam_search:
-            raise FieldRuleError("logprob_token_ids", "logprob_token_ids is not available with use_beam_search")
+        check_logprob_token_ids(self.logprob_token_ids, bool(self.logprobs), self.use_beam_search)
 
     def _check_one_constraint(self) -> None:
         """One output constraint at a time: guided_*, structured_outputs or a JSON response_format."""

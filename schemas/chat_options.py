@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from schemas.chat_messages import TextPart
-from schemas.common import Count, GuidedChoice, JsonObject, NonEmpty
+from schemas.common import GuidedChoice, JsonObject, NonEmpty
 from schemas.errors import FieldRuleError
 
 __all__ = [
@@ -19,7 +19,6 @@ __all__ = [
     "ChatStreamOptions",
     "ChatStructuredOutputs",
     "Prediction",
-    "RepetitionDetection",
     "UserLocation",
     "WebSearchOptions",
 ]
@@ -61,27 +60,6 @@ class UserLocation(_Strict):
 class WebSearchOptions(_Strict):
     search_context_size: Literal["low", "medium", "high"] | None = None
     user_location: UserLocation | None = None
-
-
-class RepetitionDetection(_Strict):
-    """vLLM's ``repetition_detection`` (0.18+): end the text when an n-gram repeats ``min_count`` times."""
-
-    max_pattern_size: Count | None = None
-    min_pattern_size: Count | None = None
-    min_count: Count | None = None
-
-    @model_validator(mode="after")
-    def check_sizes(self) -> RepetitionDetection:
-        largest, smallest = self.max_pattern_size or 0, self.min_pattern_size or 0
-        if smallest > largest:
-            raise FieldRuleError(
-                "repetition_detection", "repetition_detection.min_pattern_size must be <= max_pattern_size"
-            )
-        if largest > 0 and (self.min_count or 0) < 2:
-            raise FieldRuleError(
-                "repetition_detection", "repetition_detection.min_count must be >= 2 when max_pattern_size is set"
-            )
-        return self
 
 
 class ChatStructuredOutputs(_Strict):

@@ -40,6 +40,19 @@ from schemas.common import (
     check_stream_options,
 )
 from schemas.errors import FieldRuleError
+from schemas.vllm_extras import (
+    VLLM_EXTRAS_NEUTRAL,
+    BadWords,
+    CacheSalt,
+    LogprobTokenIds,
+    RepetitionDetection,
+    StreamInterval,
+    ThinkingTokenBudget,
+    TransferParams,
+    VLLMXargs,
+    check_logprob_token_ids,
+    check_routed_experts,
+)
 
 __all__ = [
     "CHARS_PER_TOKEN",
@@ -169,6 +182,22 @@ class CompletionRequest(BaseModel):
     guided_grammar: NonEmpty | None = None
     guided_decoding_backend: NonEmpty | None = None
     guided_whitespace_pattern: str | None = None
+    # vLLM's own fields that chat takes too (schemas.vllm_extras: one definition for both).
+    bad_words: BadWords | None = None
+    logprob_token_ids: LogprobTokenIds | None = None  # with logprobs: these tokens' logprobs, not the top ones
+    thinking_token_budget: ThinkingTokenBudget | None = None
+    watermarking: StrictBool | None = None  # false opts out of a server's default watermark
+    priority: Int64 | None = None  # lower is earlier; non-zero needs the server's priority scheduling
+    request_id: NonEmpty | None = None
+    session_id: NonEmpty | None = None
+    # The first prompt tokens left out of each choice's routed_experts (kept in the answer when set).
+    routed_experts_prompt_start: Count | None = None
+    cache_salt: CacheSalt | None = None
+    kv_transfer_params: TransferParams | None = None  # disaggregated prefill/decode
+    ec_transfer_params: TransferParams | None = None  # disaggregated encoder cache
+    vllm_xargs: VLLMXargs | None = None
+    repetition_detection: RepetitionDetection | None = None
+    stream_interval: StreamInterval | None = None
 
     # --- single-field rules ------------------------------------------------------
     @field_validator("prompt", mode="before")
@@ -231,6 +260,12 @@ class CompletionRequest(BaseModel):
     def _check_prompt_logprobs(self) -> None:
         if self.prompt_logprobs is not None and self.stream:
             raise FieldRuleError("prompt_logprobs", "prompt_logprobs is not available with stream")
+
+    def _check_logprob_token_ids(self) -> None:
+        check_logprob_token_ids(self.logprob_token_ids, self.logprobs is not None, self.use_beam_search)
+
+    def _check_routed_experts(self) -> None:
+        check_routed_experts(self.routed_experts_prompt_start, self.stream)
 
     def _check_guided_count(self) -> None:
         check_guides(
@@ -327,6 +362,8 @@ _RULES: FieldRules[CompletionRequest] = FieldRules(
     (frozenset({"min_tokens"}), CompletionRequest._check_min_tokens),
     (frozenset({"structured_outputs"}), CompletionRequest._check_structured_outputs),
     (frozenset({"prompt_logprobs"}), CompletionRequest._check_prompt_logprobs),
+    (frozenset({"logprob_token_ids"}), CompletionRequest._check_logprob_token_ids),
+    (frozenset({"routed_experts_prompt_start"}), CompletionRequest._check_routed_experts),
     (
         frozenset({*GUIDED_FIELDS, "guided_whitespace_pattern", "guided_decoding_backend"}),
         CompletionRequest._check_guided_count,
@@ -361,6 +398,7 @@ NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
     "frequency_penalty": (0.0,),
     "presence_penalty": (0.0,),
     "n": (1,),
+    **VLLM_EXTRAS_NEUTRAL,
 }
 
 # Fields inside an object field that a backend may honour or not on their own; capability
@@ -396,6 +434,20 @@ VLLM_EXTRA_FIELDS: frozenset[str] = frozenset(
         "guided_grammar",
         "guided_decoding_backend",
         "guided_whitespace_pattern",
+        "bad_words",
+        "logprob_token_ids",
+        "thinking_token_budget",
+        "watermarking",
+        "priority",
+        "request_id",
+        "session_id",
+        "routed_experts_prompt_start",
+        "cache_salt",
+        "kv_transfer_params",
+        "ec_transfer_params",
+        "vllm_xargs",
+        "repetition_detection",
+        "stream_interval",
     }
 )
 

@@ -17,7 +17,14 @@ from backends.capabilities import EMPTY_PROMPT, Capabilities, Level, Rule, empty
 from backends.chat_capabilities import CHAT_FIELDS, OPENAI_ONLY_FIELDS, ChatCapabilities
 from backends.pooling_capabilities import PoolingCapabilities, embedding_table, rerank_table
 from backends.responses.capabilities import ResponsesCapabilities
-from backends.vllm.versions import CHAT_BOUNDARIES, VLLM_MAX_LOGPROBS, VLLMChatFeatures, VLLMFeatures, VLLMVersion
+from backends.vllm.versions import (
+    CHAT_BOUNDARIES,
+    COMPLETIONS_EXTRAS_SINCE,
+    VLLM_MAX_LOGPROBS,
+    VLLMChatFeatures,
+    VLLMFeatures,
+    VLLMVersion,
+)
 from schemas.embeddings import VLLM_EMBEDDING_EXTRAS
 from schemas.rerank import VLLM_RERANK_EXTRAS
 
@@ -82,6 +89,21 @@ def _answer_reasons(features: VLLMFeatures) -> dict[str, str]:
     return reasons
 
 
+def _extras_reasons(features: VLLMFeatures) -> dict[str, str]:
+    """vLLM's own fields (``schemas.vllm_extras``) a version's /v1/completions does not honour.
+
+    Completions only: chat gates the same fields by its own boundaries (:func:`vllm_chat_capabilities`).
+    """
+    version = features.version
+    if version is None:
+        return dict.fromkeys(COMPLETIONS_EXTRAS_SINCE, _UNKNOWN + "the gateway cannot tell whether it honours it")
+    return {
+        name: f"vLLM {version} does not honour {name} in completions (from {since})"
+        for name, since in COMPLETIONS_EXTRAS_SINCE.items()
+        if version < since
+    }
+
+
 def _beam_reasons(features: VLLMFeatures) -> dict[str, str]:
     if features.early_stopping:
         return {}
@@ -135,7 +157,7 @@ _EMPTY_PROMPT_RULE = Rule(
 @lru_cache(maxsize=32)
 def capabilities_for(features: VLLMFeatures) -> Capabilities:
     """The capability table of one version (cached: computed once per feature set)."""
-    reasons = refusal_reasons(features)
+    reasons = refusal_reasons(features) | _extras_reasons(features)
     levels: dict[str, Level] = dict.fromkeys(reasons, Level.UNSUPPORTED)
     if features.structured_output and features.structured_outputs:
         for name in _GUIDES:

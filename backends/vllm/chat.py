@@ -41,7 +41,7 @@ from __future__ import annotations
 from typing import Any
 
 from backends.emulation.best_of import is_greedy
-from backends.vllm.dialect import answer_envelope, map_finish_reason, translate_structured
+from backends.vllm.dialect import answer_envelope, asked_extras, map_finish_reason, translate_structured
 from backends.vllm.stream import rename_reasoning
 from backends.vllm.versions import VLLMChatFeatures
 from schemas.chat import ChatCompletionRequest
@@ -83,13 +83,8 @@ def asked_chat_fields(request: ChatCompletionRequest | None) -> tuple[tuple[str,
     if request.return_token_ids:
         top += ("prompt_token_ids",)
         per_choice += ("token_ids",)
-    if request.routed_experts_prompt_start is not None:
-        per_choice += ("routed_experts",)
-    if request.kv_transfer_params is not None:
-        top += ("kv_transfer_params",)  # what the decode step needs from this prefill (P/D disaggregation)
-    if request.ec_transfer_params is not None:
-        top += ("ec_transfer_params",)  # the same for the encoder cache (E/P/D disaggregation)
-    return top, per_choice
+    extra_top, extra_choice = asked_extras(request)
+    return top + extra_top, per_choice + extra_choice
 
 
 def normalise_chat_body(

@@ -16,8 +16,8 @@ Request side (:class:`VLLMDialect`, one per detected version):
 
 Response side: :func:`normalise_body` rebuilds a non-streamed body in OpenAI's
 shape (vLLM-only fields such as ``stop_reason``, ``token_ids``,
-``prompt_logprobs``, ``kv_transfer_params`` dropped: no field of our request
-schema asks for them) and maps ``finish_reason`` (:func:`map_finish_reason`);
+``prompt_logprobs``, ``kv_transfer_params`` dropped unless the request asked for
+them: :func:`asked_choice_fields`, :func:`asked_extras`) and maps ``finish_reason`` (:func:`map_finish_reason`);
 :func:`vllm_error` turns any vLLM error body (flat before 0.10.1, nested after,
 bare string for 401) into our error type, keeping ``param`` when it names one of
 the client's fields.
@@ -183,7 +183,19 @@ def asked_choice_fields(request: CompletionRequest | None) -> tuple[str, ...]:
         kept += ("prompt_logprobs",)
     if request.return_token_ids:
         kept += ("prompt_token_ids", "token_ids")
-    return kept
+    return kept + asked_extras(request)[1]
+
+
+def asked_extras(request: CompletionRequest | ChatCompletionRequest) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The answer's fields that vLLM's own request fields (``schemas.vllm_extras``) ask for, on both
+    endpoints: (top-level, per choice)."""
+    top: tuple[str, ...] = ()
+    if request.kv_transfer_params is not None:
+        top += ("kv_transfer_params",)  # what the decode step needs from this prefill (P/D disaggregation)
+    if request.ec_transfer_params is not None:
+        top += ("ec_transfer_params",)  # the same for the encoder cache (E/P/D disaggregation)
+    per_choice = ("routed_experts",) if request.routed_experts_prompt_start is not None else ()
+    return top, per_choice
 
 
 def normalise_body(
@@ -191,12 +203,14 @@ def normalise_body(
 ) -> dict[str, Any]:
     """A vLLM ``text_completion`` body in OpenAI's shape, with the client's model name.
 
-    vLLM's extra per-choice fields are dropped unless ``request`` asked for them
-    (``prompt_logprobs``, ``return_token_ids``: see :func:`asked_choice_fields`).
+    vLLM's extra fields are dropped unless ``request`` asked for them (``prompt_logprobs``,
+    ``return_token_ids``, ``routed_experts_prompt_start``: see :func:`asked_choice_fields`; the
+    server's ``kv_transfer_params`` / ``ec_transfer_params`` for a request that sent some).
     Cost on the plain path: one small dict per choice, which also makes the
     serialised answer shorter (vLLM adds five null fields per choice).
     """
     extras = asked_choice_fields(request)
+    top = asked_extras(request)[0] if request is not None else ()
     choices = []
     for choice in obj["choices"]:
         finish = choice.get("finish_reason")
@@ -211,7 +225,10 @@ def normalise_body(
         for name in extras:
             out_choice[name] = choice.get(name)
         choices.append(out_choice)
-    return answer_envelope(obj, "text_completion", public_model, choices)
+    out = answer_envelope(obj, "text_completion", public_model, choices)
+    for name in top:
+        out[name] = obj.get(name)
+    return out
 
 
 def answer_envelope(obj: dict[str, Any], object_: str, public_model: str, choices: list[Any]) -> dict[str, Any]:

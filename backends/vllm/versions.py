@@ -28,6 +28,7 @@ from typing import NamedTuple
 __all__ = [
     "BOUNDARIES",
     "CHAT_BOUNDARIES",
+    "COMPLETIONS_EXTRAS_SINCE",
     "VLLM_MAX_LOGPROBS",
     "VLLMChatFeatures",
     "VLLMFeatures",
@@ -151,6 +152,28 @@ CHAT_BOUNDARIES: dict[str, VLLMVersion] = {
     # refuses what it cannot show a server honours (from 0.6.5 an unknown key is ignored with HTTP 200).
     "vllm_0_32_extras": VLLMVersion(0, 32, 0),
 }
+
+
+# First version whose /v1/completions honours each of vLLM's own fields that chat takes too
+# (schemas.vllm_extras). Before it a server refuses the key (extra=forbid) or drops it with HTTP 200
+# (extra=allow, spec section 6.1): the gateway refuses it by name, and on an unknown version too.
+COMPLETIONS_EXTRAS_SINCE: dict[str, VLLMVersion] = {
+    "priority": CHAT_BOUNDARIES["continue_final_message"],  # with priority scheduling (0.6.3)
+    "request_id": VLLMVersion(0, 10, 1),  # spec section 2 (chat: 0.6.4)
+    "cache_salt": CHAT_BOUNDARIES["cache_salt"],
+    "kv_transfer_params": CHAT_BOUNDARIES["cache_salt"],
+    "vllm_xargs": CHAT_BOUNDARIES["bad_words"],  # added to both endpoints at once (0.9.2)
+    "repetition_detection": CHAT_BOUNDARIES["repetition_detection"],
+    "watermarking": CHAT_BOUNDARIES["watermarking"],
+    # Not in the 0.12.0 wheel's CompletionRequest (chat had bad_words from 0.9.2); in 0.32.0's.
+    **dict.fromkeys(
+        (
+            "bad_words", "logprob_token_ids", "session_id", "thinking_token_budget", "stream_interval",
+            "ec_transfer_params", "routed_experts_prompt_start",
+        ),
+        CHAT_BOUNDARIES["vllm_0_32_extras"],
+    ),
+}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ CONTEXT: dict[str, dict[str, Any]] = {
     "stream_options": {"stream": True},
     "guided_whitespace_pattern": {"guided_json": {"type": "object"}},
     "guided_decoding_backend": {"guided_regex": "[a-z]+"},
+    "logprob_token_ids": {"logprobs": 0},
 }
 
 BOOL_FIELDS = [
@@ -144,6 +145,25 @@ CASES: list[tuple[str, Any, bool]] = [
     ("guided_decoding_backend", 1, False),
     ("guided_whitespace_pattern", r"\s*", True), ("guided_whitespace_pattern", "", True),
     ("guided_whitespace_pattern", 1, False),
+    # --- vLLM's own fields chat takes too (schemas.vllm_extras): the same bounds as chat's ---
+    ("bad_words", ["x", "y z"], True), ("bad_words", [""], False), ("bad_words", "x", False),
+    ("logprob_token_ids", [1, 2], True), ("logprob_token_ids", [], False), ("logprob_token_ids", [-1], False),
+    ("thinking_token_budget", -1, True), ("thinking_token_budget", 64, True), ("thinking_token_budget", -2, False),
+    ("watermarking", True, True), ("watermarking", 1, False),
+    ("priority", -5, True), ("priority", 2**63, False), ("priority", 1.5, False),
+    ("request_id", "r-1", True), ("request_id", "", False),
+    ("session_id", "s-1", True), ("session_id", "", False),
+    ("routed_experts_prompt_start", 0, True), ("routed_experts_prompt_start", -1, False),
+    ("cache_salt", "x" * 1024, True), ("cache_salt", "x" * 1025, False), ("cache_salt", "", False),
+    ("kv_transfer_params", {"do_remote_decode": True}, True), ("kv_transfer_params", {"a": math.nan}, False),
+    ("kv_transfer_params", [], False),
+    ("ec_transfer_params", {"e": [1]}, True), ("ec_transfer_params", "x", False),
+    ("vllm_xargs", {"a": "s", "b": 2**63 - 1, "c": 0.5, "d": [1, "x"]}, True),
+    ("vllm_xargs", {"a": 2**63}, False), ("vllm_xargs", {"a": {"b": 1}}, False),
+    ("repetition_detection", {"max_pattern_size": 4, "min_pattern_size": 2, "min_count": 3}, True),
+    ("repetition_detection", {"max_pattern_size": 4, "min_count": 1}, False),
+    ("repetition_detection", {"min_pattern_size": 3}, False), ("repetition_detection", {"size": 3}, False),
+    ("stream_interval", 1, True), ("stream_interval", 0, False), ("stream_interval", 1.0, False),
     # --- every boolean: strict, so no 0/1 and no "true" ---
     *[(f, v, True) for f in BOOL_FIELDS for v in (True, False)],
     *[(f, v, False) for f in BOOL_FIELDS for v in (0, 1, "true", "false")],

@@ -412,6 +412,21 @@ CASES: dict[str, Case] = {
     "return_tokens_as_token_ids": Case({"return_tokens_as_token_ids": True}),
     "return_token_ids": Case({"return_token_ids": True}),
     "structured_outputs": Case({"structured_outputs": {"regex": "[0-9]+"}}),
+    # vLLM's own fields chat takes too (schemas.vllm_extras): no native API has them.
+    "bad_words": Case({"bad_words": ["Paris"]}),
+    "logprob_token_ids": Case({"logprobs": 1, "logprob_token_ids": [5]}),
+    "thinking_token_budget": Case({"thinking_token_budget": 8}),
+    "watermarking": Case({"watermarking": True}),
+    "priority": Case({"priority": 3}),
+    "request_id": Case({"request_id": "rid-7"}),
+    "session_id": Case({"session_id": "s-7"}),
+    "routed_experts_prompt_start": Case({"routed_experts_prompt_start": 2}),
+    "cache_salt": Case({"cache_salt": "salt-7"}),
+    "kv_transfer_params": Case({"kv_transfer_params": {"do_remote_decode": True}}),
+    "ec_transfer_params": Case({"ec_transfer_params": {"ec": 7}}),
+    "vllm_xargs": Case({"vllm_xargs": {"k": 7}}),
+    "repetition_detection": Case({"repetition_detection": {"max_pattern_size": 3, "min_count": 2}}),
+    "stream_interval": Case({"stream": True, "stream_interval": 2}, stream=True),
     "stream_options.continuous_usage_stats": Case(
         {"stream": True, "stream_options": {"continuous_usage_stats": True}}, stream=True
     ),

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import json
 import re
+import urllib.request
 from typing import Any
 
+import orjson
 import pytest
 
 from backends.capabilities import Level
 from backends.vllm.adapter import VLLMBackend
 from backends.vllm.versions import parse_version
-from tests.backends.vllm.real.conftest import MAX_MODEL_LEN, Gateway, VLLMServer
+from tests.backends.vllm.real.conftest import MAX_MODEL_LEN, SERVED, Gateway, VLLMServer
 
 pytestmark = pytest.mark.vllm
 
@@ -389,6 +391,46 @@ async def test_penalties_and_special_token_fields_are_applied(gw: Gateway) -> No
     status, answer = await gw.post(body)
     assert status == 200, answer
     assert {k: v for k, v in gw.recorder.last.request.items() if k in body} == body
+
+
+def _vllm(server: VLLMServer, path: str, body: dict[str, Any]) -> Any:
+    req = urllib.request.Request(
+        server.url + path, data=orjson.dumps({"model": SERVED, **body}), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return orjson.loads(resp.read())
+
+
+def a_bannable_token(server: VLLMServer, ids: list[int]) -> str:
+    """The text of one of ``ids`` that vLLM's bad_words turns back into exactly that token (vLLM strips
+    a word's leading space, so a token that starts with one is not banned by its own text)."""
+    for token in ids:
+        text: str = _vllm(server, "/detokenize", {"tokens": [token]})["prompt"]
+        if (
+            text
+            and text == text.lstrip()
+            and _vllm(server, "/tokenize", {"prompt": text, "add_special_tokens": False})["tokens"] == [token]
+        ):
+            return text
+    raise AssertionError(f"no token of {ids} is its own text")
+
+
+async def test_vllm_own_fields_shared_with_chat_reach_vllm(gw: Gateway, vllm_server: VLLMServer) -> None:
+    body = {"prompt": PROMPT, "max_tokens": 6, "temperature": 0.0}
+    status, plain = await gw.post(body)
+    assert status == 200, plain
+    text, ids = greedy_ids(vllm_server, 6)
+    assert text == plain["choices"][0]["text"]
+    word = a_bannable_token(vllm_server, ids)
+    status, answer = await gw.post({**body, "bad_words": [word]})
+    assert status == 200 and gw.recorder.last.request["bad_words"] == [word], answer
+    assert answer["choices"][0]["text"] != plain["choices"][0]["text"]  # honoured: the greedy text changed
+    extras = {"cache_salt": "tenant-salt", "kv_transfer_params": {"x": 1}, "vllm_xargs": {"k": 1}}
+    status, answer = await gw.post({**body, **extras})
+    assert status == 200, answer
+    assert {k: gw.recorder.last.request[k] for k in extras} == extras
+    assert "kv_transfer_params" in answer  # asked for: the server's (null without a KV connector) comes back
+    assert answer["choices"][0]["text"] == plain["choices"][0]["text"]  # a salt changes the cache, not the text
 
 
 # --- errors -----------------------------------------------------------------------------------
