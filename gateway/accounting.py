@@ -188,7 +188,7 @@ class RequestRecord:
             if usage is not None:
                 metrics.key_tokens(key.name, usage.prompt_tokens, usage.completion_tokens)
         trace = self.trace
-        if trace is not None and trace.sampled:  # an unsampled trace has nothing to end
+        if trace is not None:  # sampled or not: ending it also breaks its request <-> attempt cycle
             trace.end(status, usage, self.error)
         if self._audit is not None:
             self._audit.write(
