@@ -174,16 +174,21 @@ def map_finish_reason(value: Any, backend: str) -> str:
     return "stop"
 
 
-def asked_choice_fields(request: CompletionRequest | None) -> tuple[str, ...]:
-    """vLLM's extra per-choice fields the client asked for (kept), in vLLM's order."""
+def asked_choice_fields(request: CompletionRequest | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """vLLM's extra fields the client asked for (kept): (top-level, per choice), in vLLM's order."""
     if request is None:
-        return ()
+        return (), ()
     kept: tuple[str, ...] = ()
     if request.prompt_logprobs is not None:
         kept += ("prompt_logprobs",)
     if request.return_token_ids:
         kept += ("prompt_token_ids", "token_ids")
-    return kept + asked_extras(request)[1]
+    # asked_extras' fields, looked at here first: a plain request makes no second call.
+    if request.kv_transfer_params is None and request.ec_transfer_params is None:
+        if request.routed_experts_prompt_start is None:
+            return (), kept
+    top, per_choice = asked_extras(request)
+    return top, kept + per_choice
 
 
 def asked_extras(request: CompletionRequest | ChatCompletionRequest) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -209,8 +214,7 @@ def normalise_body(
     Cost on the plain path: one small dict per choice, which also makes the
     serialised answer shorter (vLLM adds five null fields per choice).
     """
-    extras = asked_choice_fields(request)
-    top = asked_extras(request)[0] if request is not None else ()
+    top, extras = asked_choice_fields(request)
     choices = []
     for choice in obj["choices"]:
         finish = choice.get("finish_reason")

@@ -16,6 +16,8 @@ The fixtures (registered for the whole suite by ``tests/conftest.py``): ``pki`` 
 
 from __future__ import annotations
 
+import _socket
+import contextlib
 import datetime
 import socket
 import ssl
@@ -123,9 +125,10 @@ class ForwardProxy:
 class RefusingTLSServer:
     """A TLS server that requires a client certificate and refuses every handshake without one.
 
-    Like nginx or envoy it sends the TLS alert, and it keeps the socket open a moment after, so
-    the alert reaches the client before any reset (an asyncio server closes without flushing it;
-    a close with our request unread becomes a reset that may overtake the alert).
+    Like nginx or envoy it sends the TLS alert, and it keeps the socket open until the client hangs
+    up, so the alert reaches the client before any reset (an asyncio server closes without flushing
+    it; a close with our request unread becomes a reset that may overtake the alert, however long
+    one waits first on a loaded machine). ``refused`` is set once a handshake was refused.
     """
 
     def __init__(self, ctx: ssl.SSLContext) -> None:
@@ -133,6 +136,7 @@ class RefusingTLSServer:
         self._sock = socket.create_server(("127.0.0.1", 0))
         self.port = self._sock.getsockname()[1]
         self.handshakes_refused = 0
+        self.refused = threading.Event()
         self._stop = threading.Event()
         threading.Thread(target=self._serve, daemon=True).start()
 
@@ -152,13 +156,18 @@ class RefusingTLSServer:
             threading.Thread(target=self._refuse, args=(conn,), daemon=True).start()
 
     def _refuse(self, conn: socket.socket) -> None:
-        conn.settimeout(5)
+        conn.settimeout(30)
         tls = self._ctx.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
         try:
             tls.do_handshake()
         except (ssl.SSLError, OSError):
             self.handshakes_refused += 1
-            time.sleep(1.0)  # the alert is on its way; let it arrive before the close
+            self.refused.set()
+            # The alert is on its way: close only once the client, having read it, hung up
+            # (the raw socket's reads, past TLS, end with its FIN or reset).
+            with contextlib.suppress(OSError):
+                while _socket.socket.recv(tls, 65536):
+                    pass
         tls.close()
 
     def stop(self) -> None:

@@ -224,6 +224,8 @@ async def test_upstream_refuses_a_missing_client_certificate(kind: str, pki: PKI
     server = RefusingTLSServer(pki.server_context(require_client=True))
     try:
         err = await failure(kind, server.url, tls={"ca_file": pki.ca_file})
+        # The server thread counts the refusal after its alert left: the client may read it first.
+        await eventually(server.refused.is_set)
     finally:
         server.stop()
     assert server.handshakes_refused == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import aiohttp
 import orjson
@@ -39,28 +40,40 @@ def config(queue_size: int = 10, queue_timeout: float = 5.0) -> str:
     return CONFIG.replace("$QT", str(queue_timeout)).replace("$Q", str(queue_size))
 
 
-async def hold(
-    session: aiohttp.ClientSession, gw: Gateway, up: FakeUpstream, seconds: float, **fields: object
-) -> asyncio.Task[tuple[int, object, bytes]]:
-    """A request that keeps its slot for ``seconds`` (the upstream stalls), started and in flight."""
+class Held:
+    """A request in flight whose upstream answers only when the test calls :meth:`release`: the slot
+    stays taken for exactly as long as the test needs, however slow the machine (no timing window)."""
+
+    def __init__(self, task: asyncio.Task[tuple[int, object, bytes]], behaviour: Behaviour) -> None:
+        self.task = task
+        self.behaviour = behaviour
+
+    async def release(self) -> tuple[int, object, bytes]:
+        self.behaviour.release()
+        return await self.task
+
+
+async def hold(session: aiohttp.ClientSession, gw: Gateway, up: FakeUpstream, **fields: object) -> Held:
+    """A request that keeps its slot until released, started and in flight at the upstream."""
     before = up.active
-    up.script.append(Behaviour(kind="stall", delay=seconds))
+    behaviour = Behaviour(kind="hold")
+    up.script.append(behaviour)
     task = asyncio.create_task(post(session, gw, body(**fields)))
     await eventually(lambda: up.active == before + 1)
-    return task
+    return Held(task, behaviour)
 
 
 async def test_full_queue_answers_429_at_once(
     make: Make, upstreams: list[FakeUpstream], session: aiohttp.ClientSession
 ) -> None:
     gw = await make(config(queue_size=0))
-    holder = await hold(session, gw, upstreams[0], 0.3)
+    holder = await hold(session, gw, upstreams[0])
     status, headers, raw = await post(session, gw, body())
     assert status == 429
     error = error_of(raw)
     assert error["type"] == "rate_limit_error" and error["code"] == "queue_full"
     assert headers["Retry-After"] == "1"
-    assert (await holder)[0] == 200
+    assert (await holder.release())[0] == 200
     assert len(upstreams[0].requests) == 1
     assert await metric(session, gw, "gateway_admission_rejections_total", scope="_gateway", reason="queue_full") == 1
     assert await metric(session, gw, "gateway_requests_total", model="m", backend="_none", status="429") == 1
@@ -70,10 +83,10 @@ async def test_queue_timeout_answers_429(
     make: Make, upstreams: list[FakeUpstream], session: aiohttp.ClientSession
 ) -> None:
     gw = await make(config(queue_timeout=0.1))
-    holder = await hold(session, gw, upstreams[0], 0.5)
+    holder = await hold(session, gw, upstreams[0])
     status, headers, raw = await post(session, gw, body())
     assert status == 429 and error_of(raw)["code"] == "queue_timeout" and headers["Retry-After"] == "1"
-    await holder
+    assert (await holder.release())[0] == 200
     assert gw.state.admission.limiter.waiting == 0
     rejected = await metric(session, gw, "gateway_admission_rejections_total", scope="_gateway", reason="queue_timeout")
     assert rejected == 1
@@ -83,16 +96,21 @@ async def test_a_queued_request_is_served_when_a_slot_frees(
     make: Make, upstreams: list[FakeUpstream], session: aiohttp.ClientSession
 ) -> None:
     gw = await make(config())
-    holder = await hold(session, gw, upstreams[0], 0.2)
+    holder = await hold(session, gw, upstreams[0])
+    started = time.monotonic()
     waiter = asyncio.create_task(post(session, gw, body()))
     await eventually(lambda: gw.state.admission.limiter.waiting == 1)
+    queued = time.monotonic()  # the waiter is in the queue from before this moment ...
     assert await metric(session, gw, "gateway_queue_depth", scope="_gateway") == 1
     assert len(upstreams[0].requests) == 1  # the cap holds: the second waits at the gateway
-    assert (await holder)[0] == 200
+    freed = time.monotonic()  # ... to after this one
+    assert (await holder.release())[0] == 200
     assert (await waiter)[0] == 200
+    done = time.monotonic()
     assert await metric(session, gw, "gateway_queue_depth", scope="_gateway") == 0
     assert await metric(session, gw, "gateway_queue_wait_seconds_count", scope="_gateway") == 1
-    assert await metric(session, gw, "gateway_queue_wait_seconds_sum", scope="_gateway") > 0.05
+    waited = await metric(session, gw, "gateway_queue_wait_seconds_sum", scope="_gateway")
+    assert freed - queued <= waited <= done - started
 
 
 async def test_interactive_requests_are_admitted_before_batch(
@@ -100,14 +118,14 @@ async def test_interactive_requests_are_admitted_before_batch(
 ) -> None:
     gw = await make(config())
     up = upstreams[0]
-    holder = await hold(session, gw, up, 0.2)
+    holder = await hold(session, gw, up)
     limiter = gw.state.admission.limiter
     waiting = []
     for i, priority in enumerate(["batch", "batch", "interactive"]):
         payload = body(prompt=f"{priority}-{i}")
         waiting.append(asyncio.create_task(post(session, gw, payload, headers={"x-priority": priority})))
         await eventually(lambda n=i + 1: limiter.waiting == n)  # type: ignore[misc]
-    await holder
+    await holder.release()
     assert [r[0] for r in await asyncio.gather(*waiting)] == [200, 200, 200]
     assert [seen.body["prompt"] for seen in up.requests[1:]] == ["interactive-2", "batch-0", "batch-1"]
 
@@ -122,23 +140,23 @@ async def test_a_full_backend_fails_over_to_a_route_with_room(
     make: Make, upstreams: list[FakeUpstream], session: aiohttp.ClientSession
 ) -> None:
     gw = await make(BULKHEAD)
-    holder = await hold(session, gw, upstreams[0], 0.3)
+    holder = await hold(session, gw, upstreams[0])
     for _ in range(3):
         assert (await post(session, gw, body()))[0] == 200
     assert len(upstreams[0].requests) == 1  # the bulkhead kept a at one request
     assert len(upstreams[1].requests) == 3
-    await holder
+    assert (await holder.release())[0] == 200
 
 
 async def test_a_full_backend_with_no_alternative_queues_then_429s(
     make: Make, upstreams: list[FakeUpstream], session: aiohttp.ClientSession
 ) -> None:
     gw = await make(BULKHEAD)
-    holder = await hold(session, gw, upstreams[0], 0.6, model="only-a")
+    holder = await hold(session, gw, upstreams[0], model="only-a")
     status, _, raw = await post(session, gw, body("only-a"))
     assert status == 429 and error_of(raw)["code"] == "queue_timeout"
     assert await metric(session, gw, "gateway_admission_rejections_total", scope="a", reason="queue_timeout") == 1
-    await holder
+    assert (await holder.release())[0] == 200
     limiter = gw.state.router.models["only-a"].routes[0].guard.limiter
     assert limiter.active == 0 and limiter.waiting == 0
 

@@ -108,7 +108,31 @@ async def _on_both(
     return seen
 
 
+async def _pool_serves_on_both(proc: asyncio.subprocess.Process, session: aiohttp.ClientSession, url: str) -> None:
+    """Until both workers answered a call through the pool: a worker routes to the pool's server only
+    once a view said it is ready, and that view carries what its ``/v1/models`` said. Before, the
+    window is unknown (the server has not answered yet) and ``m-pool`` is listed without it."""
+    call = {"model": "m-pool", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    for status, answer in (await _on_both(proc, session, "POST", url + "/v1/chat/completions", call)).values():
+        assert status == 200, answer
+
+
+def _reloads(log: Path) -> int:
+    """How many times the workers logged a reload applied (a few KB of log: read whole)."""
+    return log.read_bytes().count(b"config reload applied")
+
+
+async def _reloaded(proc: asyncio.subprocess.Process, log: Path, before: int, within: float = 60) -> None:
+    """Until both workers logged the reload applied (each swaps in its rebuilt backends, then logs)."""
+    deadline = time.monotonic() + within
+    while _reloads(log) < before + 2:
+        assert proc.returncode is None, "gateway exited"
+        assert time.monotonic() < deadline, "the workers did not apply the reload"
+        await asyncio.sleep(0.1)
+
+
 async def _check_both_workers(proc: asyncio.subprocess.Process, session: aiohttp.ClientSession, url: str) -> None:
+    await _pool_serves_on_both(proc, session, url)
     for status, listing in (await _on_both(proc, session, "GET", url + "/v1/models")).values():
         assert status == 200
         by_id = {m["id"]: m for m in listing["data"]}
@@ -144,8 +168,10 @@ async def test_every_worker_knows_the_context_window_across_a_restart_and_a_relo
 
             # A reload that rebuilds the one-server backend in every worker (a new adapter, started there).
             (tmp_path / "gw.yaml").write_text(config.replace("base_url: ", "max_concurrency: 50, base_url: ", 1))
+            log = tmp_path / "gateway.err"
+            before = _reloads(log)
             proc.send_signal(signal.SIGHUP)
-            await asyncio.sleep(1.0)
+            await _reloaded(proc, log, before)
             await _check_both_workers(proc, session, url)
     finally:
         await upstream.stop()
