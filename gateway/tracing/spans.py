@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from gateway.tracing import attributes as attrs_of
+import gateway.tracing.attributes as attrs_of
 from gateway.tracing.w3c import Parent, Sampler, parse_traceparent
 
 if TYPE_CHECKING:
