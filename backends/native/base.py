@@ -232,7 +232,7 @@ class NativeBackend(Backend):
             return PartResult(self._turn(part, call).message(piece), usage)
 
         choices, usage = await fanout.complete(plan, one)
-        return _answer({**chat_head(call.public_model), "object": "chat.completion"}, choices, usage)
+        return _answer({**chat_head(call.public_model), "object": "chat.completion"}, choices, usage, keep=True)
 
     async def chat_stream(self, call: ChatCall) -> CompletionStream:
         translator = self._translator(call.request)
@@ -280,7 +280,13 @@ class NativeBackend(Backend):
         await self._transport.close()
 
 
-def _answer(head: dict[str, Any], choices: list[dict[str, Any]], usage: TokenUsage) -> CompletionResult:
-    """A whole non-streaming answer (either endpoint): the head, the fanned-in choices, usage."""
+def _answer(
+    head: dict[str, Any], choices: list[dict[str, Any]], usage: TokenUsage, *, keep: bool = False
+) -> CompletionResult:
+    """A whole non-streaming answer (either endpoint): the head, the fanned-in choices, usage.
+
+    ``keep``: the object goes with the bytes (``CompletionResult.answer``), so a Responses request
+    served through chat (``backends.responses.bridge``) builds its Response without parsing it again.
+    """
     body = {**head, "choices": choices, "system_fingerprint": None, "usage": usage.as_json()}
-    return CompletionResult(orjson.dumps(body), usage)
+    return CompletionResult(orjson.dumps(body), usage, answer=body if keep else None)

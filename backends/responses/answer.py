@@ -41,14 +41,16 @@ def new_id(prefix: str) -> str:
 class ResponseFrame:
     """What every Response object of one request carries; ``envelope`` makes one with a status."""
 
-    __slots__ = ("_echo", "created_at", "id", "names", "request", "summarises")
+    __slots__ = ("_echo", "created_at", "id", "logprobs", "names", "request", "summarises")
 
     def __init__(self, request: ResponsesRequest, public_model: str, names: ToolNames) -> None:
         self.request = request
         self.names = names
         self.id = new_id("resp")
         self.created_at = int(time.time())
-        self.summarises = _summary_level(request) is not None  # the reasoning text is given as summary too
+        summary = _summary_level(request)
+        self.summarises = summary is not None  # the reasoning text is given as summary too
+        self.logprobs = request.wants_logprobs  # each output_text part carries its tokens' logprobs
         reasoning = request.reasoning
         text = request.text
         self._echo: dict[str, Any] = {
@@ -64,7 +66,7 @@ class ResponseFrame:
             "prompt_cache_key": request.prompt_cache_key,
             "reasoning": {
                 "effort": reasoning.effort if reasoning is not None else None,
-                "summary": _summary_level(request),
+                "summary": summary,
             },
             "safety_identifier": request.safety_identifier,
             "service_tier": request.service_tier or "default",
@@ -79,7 +81,7 @@ class ResponseFrame:
                 "verbosity": (text.verbosity if text is not None else None) or "medium",
             },
             "tool_choice": _dump(request.tool_choice) if request.tool_choice is not None else "auto",
-            "tools": [_dump(tool) for tool in request.tools or ()],
+            "tools": [_dump(tool) for tool in request.tools] if request.tools else [],
             "top_logprobs": request.top_logprobs,
             "top_p": request.top_p,
             "truncation": request.truncation or "disabled",
@@ -118,27 +120,26 @@ def _dump(value: Any) -> Any:
     return value if isinstance(value, str) else value.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
-def responses_usage(usage: Any) -> dict[str, Any] | None:
-    """A chat ``usage`` object in Responses' names (``input_tokens``, ``output_tokens``, their details)."""
-    counts = usage_of(usage)
+def responses_usage(usage: Any, counts: TokenUsage | None = None) -> dict[str, Any] | None:
+    """A chat ``usage`` object in Responses' names (``input_tokens``, ``output_tokens``, their details);
+    ``counts``: its token counts where the caller read them already (``usage_of(usage)``)."""
     if counts is None:
-        return None
-    prompt_details = usage.get("prompt_tokens_details") or {}
-    completion_details = usage.get("completion_tokens_details") or {}
-    return _usage(
-        counts,
-        cached=prompt_details.get("cached_tokens") if isinstance(prompt_details, dict) else None,
-        reasoning=completion_details.get("reasoning_tokens") if isinstance(completion_details, dict) else None,
-    )
-
-
-def _usage(counts: TokenUsage, *, cached: Any = None, reasoning: Any = None) -> dict[str, Any]:
+        counts = usage_of(usage)
+        if counts is None:
+            return None
+    fields = usage if type(usage) is dict else {}
+    # ``in`` and ``[]``, not ``get``: no call for the usage without details (most upstreams')
+    prompt_details = fields["prompt_tokens_details"] if "prompt_tokens_details" in fields else None
+    completion_details = fields["completion_tokens_details"] if "completion_tokens_details" in fields else None
+    cached = prompt_details.get("cached_tokens") if type(prompt_details) is dict else None
+    reasoning = completion_details.get("reasoning_tokens") if type(completion_details) is dict else None
+    prompt, completion = counts.prompt_tokens, counts.completion_tokens
     return {
-        "input_tokens": counts.prompt_tokens,
+        "input_tokens": prompt,
         "input_tokens_details": {"cached_tokens": cached if type(cached) is int else 0},
-        "output_tokens": counts.completion_tokens,
+        "output_tokens": completion,
         "output_tokens_details": {"reasoning_tokens": reasoning if type(reasoning) is int else 0},
-        "total_tokens": counts.prompt_tokens + counts.completion_tokens,
+        "total_tokens": prompt + completion,
     }
 
 
@@ -164,23 +165,28 @@ def reasoning_item(frame: ResponseFrame, text: str, item_id: str, status: str = 
 def output_items(frame: ResponseFrame, message: dict[str, Any], logprobs: Any, status: str) -> list[dict[str, Any]]:
     """The Response ``output`` for one chat ``message`` (module docstring)."""
     items: list[dict[str, Any]] = []
-    thought = reasoning_text(message)
-    if thought is not None:
-        items.append(reasoning_item(frame, thought, new_id("rs")))
-    content = message.get("content")
-    refusal = message.get("refusal")
-    if (isinstance(content, str) and (content or not message.get("tool_calls"))) or refusal:
+    # ``in`` and ``[]`` rather than ``get``: no call for what a plain answer does not hold.
+    if "reasoning_content" in message or "reasoning" in message:
+        thought = reasoning_text(message)
+        if thought is not None:
+            items.append(reasoning_item(frame, thought, new_id("rs")))
+    content = message["content"] if "content" in message else None
+    refusal = message["refusal"] if "refusal" in message else None
+    calls = message["tool_calls"] if "tool_calls" in message else None
+    text = type(content) is str
+    if (text and (content or not calls)) or refusal:
         parts: list[dict[str, Any]] = []
-        if isinstance(content, str) and (content or not refusal):
+        if text and (content or not refusal):
             part: dict[str, Any] = {"type": "output_text", "text": content, "annotations": []}
-            if frame.request.wants_logprobs:
+            if frame.logprobs:
                 part["logprobs"] = _logprobs(logprobs)
             parts.append(part)
-        if isinstance(refusal, str) and refusal:
+        if refusal and type(refusal) is str:
             parts.append({"type": "refusal", "refusal": refusal})
         items.append({"id": new_id("msg"), "type": "message", "role": "assistant", "status": status, "content": parts})
-    for call in message.get("tool_calls") or ():
-        items.append(call_item(frame, call))
+    if calls:
+        for call in calls:
+            items.append(call_item(frame, call))
     return items
 
 
@@ -219,22 +225,30 @@ def _logprobs(logprobs: Any) -> list[Any]:
 
 
 def response_from_chat(
-    data: bytes, frame: ResponseFrame, backend: str, obj: Any = None
+    data: bytes, frame: ResponseFrame, backend: str, obj: Any = None, usage: TokenUsage | None = None
 ) -> tuple[CompletionResult, dict[str, Any]]:
-    """A ``chat.completion`` body as the Response the client gets (and the object, for the store);
-    ``obj``: the body already parsed, where the chat translator kept it (``CompletionResult.answer``)."""
+    """A ``chat.completion`` body as the Response the client gets (and the object, for the store).
+
+    ``obj``: the body already parsed, where the chat translator kept it (``CompletionResult.answer``);
+    ``usage``: its token counts, where the chat result read them (``CompletionResult.usage``).
+    """
     if obj is None:
         obj = loads_keeping_integers(data, backend)
-    choices = obj.get("choices") if isinstance(obj, dict) else None
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+    choices = obj.get("choices") if type(obj) is dict else None
+    if type(choices) is not list or not choices or type(choices[0]) is not dict:
         raise UpstreamProtocolError("the chat translation gave no choice to answer with", backend=backend)
     choice = choices[0]
     finish = choice.get("finish_reason")
-    incomplete = _INCOMPLETE.get(finish) if isinstance(finish, str) else None
+    incomplete = _INCOMPLETE.get(finish) if type(finish) is str else None
+    status = "incomplete" if incomplete else "completed"
     message = choice.get("message")
-    if not isinstance(message, dict):
-        message = {}
-    output = output_items(frame, message, choice.get("logprobs"), "incomplete" if incomplete else "completed")
-    usage = responses_usage(obj.get("usage"))
-    response = frame.envelope("incomplete" if incomplete else "completed", output, usage, incomplete=incomplete)
-    return CompletionResult(dumps_exact(response, backend), usage_of(obj.get("usage")), answer=response), response
+    output = output_items(
+        frame, message if type(message) is dict else {}, choice.get("logprobs") if frame.logprobs else None, status
+    )
+    chat_usage = obj.get("usage")
+    if usage is None:
+        usage = usage_of(chat_usage)
+    response = frame.envelope(
+        status, output, None if usage is None else responses_usage(chat_usage, usage), incomplete=incomplete
+    )
+    return CompletionResult(dumps_exact(response, backend), usage, answer=response), response

@@ -43,7 +43,7 @@ async def bridged_responses(backend: Backend, call: ResponsesCall) -> Completion
         result = await backend.chat(chat_call)
     except GatewayError as exc:
         raise _renamed(exc) from None
-    return response_from_chat(result.body, frame, backend.name, result.answer)[0]
+    return response_from_chat(result.body, frame, backend.name, result.answer, result.usage)[0]
 
 
 async def bridged_responses_stream(backend: Backend, call: ResponsesCall) -> CompletionStream:

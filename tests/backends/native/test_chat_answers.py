@@ -55,6 +55,7 @@ async def test_answer_is_openai_chat_completion(mock: respx.MockRouter, kind: st
         }
     ]
     assert body["usage"] == GOLDEN_USAGE and result.usage is not None
+    assert result.answer == body  # the object goes with the bytes: the Responses bridge reads it, no second parse
 
 
 @pytest.mark.parametrize("piece", [0, 7])

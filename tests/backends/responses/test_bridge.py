@@ -173,6 +173,19 @@ def test_a_chat_answer_as_a_response() -> None:
     assert response["usage"]["input_tokens"] == 5 and response["usage"]["total_tokens"] == 12
 
 
+def test_a_kept_chat_answer_is_not_parsed_again() -> None:
+    """The family's chat result hands over its object and counts (``answer``, ``usage``): the body is not read."""
+    request = req(input="x")
+    frame = ResponseFrame(request, "public", chat_request_of(request)[1])
+    answer = orjson.loads(_chat_body({"content": "abc"}, "stop"))
+    result, response = response_from_chat(b"", frame, "b", answer, TokenUsage(5, 7, cached_tokens=2))
+    assert result.usage == TokenUsage(5, 7, cached_tokens=2) and result.answer is response
+    assert response["output"][0]["content"][0]["text"] == "abc" and response["usage"]["total_tokens"] == 12
+    _, parsed = response_from_chat(_chat_body({"content": "abc"}, "stop"), frame, "b")  # the body read instead
+    parsed["output"][0]["id"] = response["output"][0]["id"]  # a new item id each time
+    assert response == parsed
+
+
 def test_a_cut_answer_is_incomplete() -> None:
     request = req(input="x", max_output_tokens=7)
     frame = ResponseFrame(request, "public", chat_request_of(request)[1])
