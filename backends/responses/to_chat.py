@@ -35,6 +35,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from backends.responses.plain_chat import plain_chat_request
 from schemas.chat import ChatCompletionRequest
 from schemas.responses import NAMESPACE_SEPARATOR, ResponsesRequest
 from schemas.responses_items import (
@@ -60,7 +61,7 @@ from schemas.responses_tools import (
     NamespaceTool,
 )
 
-__all__ = ["CHAT_TO_RESPONSES", "ToolNames", "Untranslatable", "to_chat"]
+__all__ = ["CHAT_TO_RESPONSES", "ToolNames", "Untranslatable", "chat_fields", "to_chat"]
 
 # A chat field's Responses origin, for the param of a refusal the chat table makes.
 CHAT_TO_RESPONSES: dict[str, str] = {
@@ -258,7 +259,27 @@ _SAME_NAME_SET = frozenset(_SAME_NAME)
 
 def to_chat(request: ResponsesRequest, names: ToolNames, *, stream: bool) -> ChatCompletionRequest:
     """The chat request that means what ``request`` means (module docstring); raises
-    :class:`Untranslatable` for a part chat cannot carry (an image in a system message, say)."""
+    :class:`Untranslatable` for a part chat cannot carry (an image in a system message, say).
+
+    A plain request's (:mod:`backends.responses.plain_chat`) is built as validation would build it,
+    without the validation, which could refuse nothing of it; any other is validated."""
+    plain = plain_chat_request(request, stream=stream)
+    if plain is not None:
+        return plain
+    try:
+        return ChatCompletionRequest.model_validate(chat_fields(request, names, stream=stream))
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        loc = error["loc"]
+        where = ".".join(str(part) for part in loc if not (isinstance(part, str) and "[" in part))
+        head = str(loc[0]) if loc else "messages"
+        raise Untranslatable(
+            CHAT_TO_RESPONSES.get(head, head), f"chat cannot carry it ({where}: {error['msg']})"
+        ) from None
+
+
+def chat_fields(request: ResponsesRequest, names: ToolNames, *, stream: bool) -> dict[str, Any]:
+    """The chat request's fields, before validation (:func:`to_chat`)."""
     fields: dict[str, Any] = {"model": request.model, "messages": _messages(request, names)}
     values = request.__dict__
     for name in _SAME_NAME_SET.intersection(request.__pydantic_fields_set__):  # usually one or two
@@ -296,13 +317,4 @@ def to_chat(request: ResponsesRequest, names: ToolNames, *, stream: bool) -> Cha
     if stream:
         fields["stream"] = True
         fields["stream_options"] = {"include_usage": True}
-    try:
-        return ChatCompletionRequest.model_validate(fields)
-    except ValidationError as exc:
-        error = exc.errors(include_url=False)[0]
-        loc = error["loc"]
-        where = ".".join(str(part) for part in loc if not (isinstance(part, str) and "[" in part))
-        head = str(loc[0]) if loc else "messages"
-        raise Untranslatable(
-            CHAT_TO_RESPONSES.get(head, head), f"chat cannot carry it ({where}: {error['msg']})"
-        ) from None
+    return fields
