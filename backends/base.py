@@ -121,6 +121,9 @@ class Call(Generic[Req]):
     public_model: str  # the name the client asked for; every answer carries it
     request_id: str
     trace: CallTrace | None = None  # None: tracing is off
+    # False: what comes back is read by the gateway itself (the Responses bridge, BridgeChatCall), not
+    # sent to a client, so a relay skips what only a client needs.
+    for_client: ClassVar[bool] = True
 
     def headers(self, base: dict[str, str]) -> dict[str, str]:
         """The attempt's upstream request headers: a copy of ``base`` (the backend's own) plus its
@@ -145,6 +148,20 @@ class ChatCall(Call[ChatCompletionRequest]):
     """A chat attempt."""
 
     __slots__ = ()
+
+
+class BridgeChatCall(ChatCall):
+    """The chat attempt a Responses attempt becomes on a family without its own Responses endpoint
+    (``backends.responses.bridge``): its stream is read by the bridge, never relayed to a client.
+
+    A family's chat relay gives it the upstream's events as they came, vouched as for a client
+    (whole events, every choice finished, an error event raised) but not rewritten for one: no
+    model name swapped in, no ``"usage": null`` added, vLLM's null keys and reasoning name left as
+    sent; the usage chunk is kept (the bridge reads its details) and comes last.
+    """
+
+    __slots__ = ()
+    for_client: ClassVar[bool] = False
 
 
 class EmbeddingCall(Call[EmbeddingRequest]):

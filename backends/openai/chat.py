@@ -100,6 +100,6 @@ class ChatStreamRelay(OpenAIStreamRelay):
 
     def _process(self, block: bytes) -> bytes:
         out = super()._process(block)
-        if self._keep_usage_chunk and out:
+        if self._usage_null and out:
             out = with_usage_null(out)
         return out

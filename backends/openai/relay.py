@@ -164,12 +164,17 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
         max_event: int = _MAX_EVENT,
     ) -> None:
         super().__init__(resp, backend, sep=b"\n\n", max_event=max_event)
-        self._public = call.public_model
+        # A stream the gateway reads itself (the Responses bridge) keeps the upstream's model name:
+        # its events pass as vouched, with no swap (_same), and so do a family's client-only edits.
+        self._for_client = for_client = call.for_client
+        self._public = call.public_model if for_client else call.upstream_model
         upstream = orjson.dumps(call.upstream_model)
         self._old = b'"model":' + upstream
         self._old_spaced = b'"model": ' + upstream
-        self._new = b'"model":' + orjson.dumps(call.public_model)
+        self._new = b'"model":' + orjson.dumps(self._public)
         self._keep_usage_chunk = client_wants_usage
+        # OpenAI's "usage": null in every other chunk, for a client that asked for usage (subclasses).
+        self._usage_null = client_wants_usage and for_client
         self._keep_chunk_usage = client_wants_continuous_usage
         self.usage: TokenUsage | None = None
         self.relayed_events = 0  # events returned so far (CompletionStream.relayed_events)

@@ -128,8 +128,9 @@ class OpenAIWire:
 
     # --- answer -----------------------------------------------------------------------
     def relay(self, relay: type[R], resp: UpstreamResponse, call: Call[Any]) -> R:
-        """The stream relay of one upstream response, keeping the usage the client asked for."""
-        wants_usage, wants_continuous = client_usage(call)
+        """The stream relay of one upstream response, keeping the usage the client asked for (the
+        bridge's chat call: the usage chunk, whose details it reads; :class:`~backends.base.BridgeChatCall`)."""
+        wants_usage, wants_continuous = client_usage(call) if call.for_client else (True, False)
         return relay(
             resp,
             call,

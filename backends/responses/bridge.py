@@ -11,7 +11,7 @@ or as Responses events (:mod:`backends.responses.events`). An error that names a
 
 from __future__ import annotations
 
-from backends.base import Backend, ChatCall, CompletionResult, CompletionStream, ResponsesCall, ResponsesTable
+from backends.base import Backend, BridgeChatCall, CompletionResult, CompletionStream, ResponsesCall, ResponsesTable
 from backends.chat_capabilities import ChatCapabilities
 from backends.responses.answer import ResponseFrame, response_from_chat
 from backends.responses.capabilities import ResponsesCapabilities, chat_request_of
@@ -23,12 +23,12 @@ from schemas.errors import GatewayError
 __all__ = ["bridged_responses", "bridged_responses_stream", "chat_call_of", "responses_table"]
 
 
-def chat_call_of(call: ResponsesCall) -> tuple[ChatCall, ResponseFrame]:
+def chat_call_of(call: ResponsesCall) -> tuple[BridgeChatCall, ResponseFrame]:
     """The chat attempt a Responses attempt becomes, and the frame its answer is built in."""
     chat_request, names = chat_request_of(call.request)
     frame = ResponseFrame(call.request, call.public_model, names)
     # The same attempt, so the same trace: its traceparent goes upstream with the chat request.
-    return ChatCall(chat_request, call.upstream_model, call.public_model, call.request_id, call.trace), frame
+    return BridgeChatCall(chat_request, call.upstream_model, call.public_model, call.request_id, call.trace), frame
 
 
 def _renamed(exc: GatewayError) -> GatewayError:

@@ -44,6 +44,7 @@ __all__ = ["ChatResponseEvents", "ResponseEventStream", "event_bytes", "failure_
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 _TEXT_DELTA = b"response.output_text.delta"
 _NO_LOGPROBS = b',"logprobs":[]}\n\n'
+_RUN = 3  # plain text events a read must still hold after one for a run of them to be written at once (_run)
 
 
 # A JSON string (and the blanks before it), as a text event's content is written.
@@ -51,18 +52,30 @@ _JSON_STRING = re.compile(rb'\s*"(?:[^"\\]|\\.)*"')
 _CONTENT_KEY = b'"content":'
 
 
-def _learn(raw: bytes) -> tuple[bytes, bytes, int, int] | None:
-    """A plain text event's bytes around its content string: ``(before, after, len(before),
-    len(after))``; None when ``"content":`` is not there exactly once (then no shape is kept).
+# A plain text event's shape (_learn): the bytes before and after its string, their lengths, and
+# what lies between two such events: after, separator, before (_run); after and the separator.
+_Shape = tuple[bytes, bytes, int, int, bytes, bytes]
+
+
+def _learn(raw: bytes) -> _Shape | None:
+    """The shape of a plain text event (its bytes around its content string); None when
+    ``"content":`` is not there exactly once or the event spans lines (then no shape is kept).
     A key is JSON structure, never generated text (quotes inside strings are escaped)."""
-    if raw.count(_CONTENT_KEY) != 1:
+    if raw.count(_CONTENT_KEY) != 1 or b"\n" in raw:
         return None
     start = raw.index(_CONTENT_KEY) + len(_CONTENT_KEY)
     match = _JSON_STRING.match(raw, start)
     if match is None:
         return None
     before, after = raw[:start], raw[match.end() :]
-    return (before, after, len(before), len(after)) if after else None
+    if not after:
+        return None
+    return before, after, len(before), len(after), after + b"\n\n" + before, after + b"\n\n"
+
+
+def _delta_template(head: bytes, where: bytes) -> bytes:
+    """A text delta event as a ``%`` template of its sequence number and its JSON string (_run)."""
+    return head.replace(b"%", b"%%") + b"%d" + where.replace(b"%", b"%%") + b"%b" + _NO_LOGPROBS
 
 
 def event_bytes(event: dict[str, Any], backend: str) -> bytes:
@@ -108,10 +121,11 @@ class ChatResponseEvents(ResponseEventStream):
         self._logprobs: list[Any] = []
         self._part_where: bytes | None = None  # the open part's delta fields, made once
         # While an output_text part is open without logprobs: a text delta's bytes around its
-        # sequence number, so the common event is one concatenation (_chunk).
-        self._fast: tuple[bytes, bytes] | None = None
+        # sequence number, so the common event is one concatenation (_chunk), and the same as a
+        # template, so a run of them is one format (_run).
+        self._fast: tuple[bytes, bytes, bytes] | None = None
         # The bytes of the stream's plain text events around their content (_learn), once one was seen.
-        self._shape: tuple[bytes, bytes, int, int] | None = None
+        self._shape: _Shape | None = None
         self._finish: str | None = None
         self._chat_usage: Any = None
         self._summary = frame.summarises
@@ -119,6 +133,7 @@ class ChatResponseEvents(ResponseEventStream):
         self._logprobs_wanted = frame.request.wants_logprobs
         self.final: dict[str, Any] | None = None
         self.relayed_events = 0
+        self._run_text = ""  # the text of the last run of events written at once (_run)
 
     # --- CompletionStream -----------------------------------------------------------------------
     async def __anext__(self) -> bytes:
@@ -206,11 +221,27 @@ class ChatResponseEvents(ResponseEventStream):
         loads, fast, seq, texts = orjson.loads, self._fast, self._seq, self._texts
         shape = self._shape
         events = 0
-        for raw in chunk.split(b"\n\n"):
+        pos, end = 0, len(chunk)
+        run = True  # whether a run of plain text events may still be written at once (until one is not)
+        while pos < end:
+            cut = chunk.find(b"\n\n", pos)
+            if cut < 0:
+                cut = end
+            raw = chunk[pos:cut]
+            pos = cut + 2
             # The common event, while a text part is open: the bytes of the last plain text event
             # with another JSON string as its content (_learn). Nothing else differs, so it means
             # what that event meant: written at once, its string as the upstream escaped it.
             if fast is not None and shape is not None and raw.startswith(shape[0]) and raw.endswith(shape[1]):
+                if run and end - cut > _RUN * (shape[2] + shape[3]):  # more may follow: the run at once
+                    taken, stop = self._run(chunk, cut - len(raw), shape, fast[2], seq, out)
+                    if taken:
+                        texts.append(self._run_text)
+                        seq += taken
+                        events += taken
+                        pos = stop
+                        continue
+                    run = False
                 piece = raw[shape[2] : -shape[3]]  # the after part is never empty (it closes the event)
                 try:
                     text = loads(piece)
@@ -265,6 +296,55 @@ class ChatResponseEvents(ResponseEventStream):
             fast, seq, texts = self._fast, self._seq, self._texts
         self._seq = seq
         self.relayed_events += events
+
+    def _run(
+        self, chunk: bytes, start: int, shape: _Shape, template: bytes, seq: int, out: list[bytes]
+    ) -> tuple[int, int]:
+        """The plain text events of ``chunk`` from ``start`` (where one begins) written at once: how
+        many, and where the next event begins; ``(0, start)`` when the loop is to take them one by
+        one. Their text goes to ``_run_text``.
+
+        The rest of the read is cut after each ``after`` and separator; the pieces up to the last
+        such cut, or up to one that spans two events (an event of another kind between: it holds
+        a separator), are taken. They are plain text events when (1) each but the first starts with
+        ``before``: the cuts are the only places the shape's middle (``after``, separator,
+        ``before``) can be, since ``after`` holds no line feed, so its count over them says so; and
+        (2) what follows ``before`` in each is one JSON string: read together as one JSON array,
+        they give as many strings as pieces (an empty piece, or one with two values, gives no
+        array of that length) and hold no line feed (each lies within one event).
+        """
+        pieces = chunk[start:].split(shape[5])
+        stop = len(chunk) - len(pieces.pop())  # what follows the last event ending in ``after``: the loop's
+        taken = len(pieces)
+        if taken < 2:
+            return 0, start
+        cut = shape[2]
+        strings = [piece[cut:] for piece in pieces]
+        array = b"[" + b"\n,".join(strings) + b"]"  # (JSON allows the line feed before a comma)
+        if array.count(b"\n") != taken - 1:  # a piece spans two events: the run ends before it
+            spans = array.find(b"\n\n")
+            taken = array.count(b"\n,", 0, spans) if spans > 0 else 0
+            if taken < 2:
+                return 0, start
+            strings = strings[:taken]
+            array = b"[" + b"\n,".join(strings) + b"]"
+            if array.count(b"\n") != taken - 1:
+                return 0, start
+            stop = start + len(b"".join(pieces[:taken])) + taken * len(shape[5])
+        if chunk.count(shape[4], start, stop) != taken - 1:
+            return 0, start
+        try:
+            texts = orjson.loads(array)
+            self._run_text = "".join(texts)  # (a TypeError for anything but strings)
+        except (orjson.JSONDecodeError, TypeError):
+            return 0, start
+        if len(texts) != taken:
+            return 0, start
+        args: list[Any] = strings * 2  # sequence numbers and strings, taken in turns by the template
+        args[::2] = range(seq, seq + taken)
+        args[1::2] = strings
+        out.append((template * taken) % tuple(args))
+        return taken, stop
 
     def _choice(self, choice: dict[str, Any], out: list[bytes]) -> None:
         delta = choice.get("delta")
@@ -338,10 +418,8 @@ class ChatResponseEvents(ResponseEventStream):
         if where is None:
             where = self._part_where = self._where(b"content_index", self._content_index)
             if part == "output_text" and not self._logprobs_wanted:
-                self._fast = (
-                    b"event: " + _TEXT_DELTA + b'\ndata: {"type":"' + _TEXT_DELTA + b'","sequence_number":',
-                    where,
-                )
+                head = b"event: " + _TEXT_DELTA + b'\ndata: {"type":"' + _TEXT_DELTA + b'","sequence_number":'
+                self._fast = (head, where, _delta_template(head, where))
         if part != "output_text":
             self._delta(out, b"response.refusal.delta", where, text)
         elif self._logprobs_wanted:

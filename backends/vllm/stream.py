@@ -63,12 +63,13 @@ class VLLMStreamRelay(OpenAIStreamRelay):
 
     def _process(self, block: bytes) -> bytes:
         out = super()._process(block)
-        for extra in _NULL_EXTRAS:  # vLLM's own keys that carry nothing: OpenAI's shape
-            if extra in out:
-                out = out.replace(extra, b"")
+        if self._for_client:  # (the Responses bridge reads past them)
+            for extra in _NULL_EXTRAS:  # vLLM's own keys that carry nothing: OpenAI's shape
+                if extra in out:
+                    out = out.replace(extra, b"")
         if self.foreign.search(out) is not None:
             out = self._map_finish(out)
-        if self._keep_usage_chunk and out:
+        if self._usage_null and out:
             out = with_usage_null(out)
         return out
 
@@ -130,7 +131,8 @@ class VLLMChatStreamRelay(VLLMStreamRelay):
 
     def _process(self, block: bytes) -> bytes:
         out = super()._process(block)
-        if _REASONING.search(out) is not None:
+        # The Responses bridge reads either name (backends.responses.events): no rename for it.
+        if self._for_client and _REASONING.search(out) is not None:
             out = _rename_reasoning(out, self._backend)
         return out
 

@@ -206,3 +206,58 @@ async def test_completions_streams_hold_the_same_rules(client: openai.AsyncOpenA
     assert "".join(c.text for chunk in chunks for c in chunk.choices) == "Hello there!"
     assert [c.finish_reason for chunk in chunks for c in chunk.choices][-1] == "stop"
     assert chunks[-1].usage is not None and not chunks[-1].choices
+
+
+# --- the same shapes through the Responses chat bridge (issue 21): its events are built from them ---
+
+BRIDGED = ("vllm", "tgi", "llamacpp")  # (openai's Responses go to its own /v1/responses)
+RESP_WEATHER = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
+RESP_TIME = {"type": "function", "name": "get_time", "parameters": {"type": "object"}}
+
+
+async def _response_events(client: openai.AsyncOpenAI, kind: str, shape: str, **extra: Any) -> list[Any]:
+    async with client.responses.stream(model=f"m-{kind}", input=shape, **extra) as stream:
+        return [event async for event in stream]
+
+
+@pytest.mark.parametrize("kind", BRIDGED)
+@pytest.mark.parametrize("shape", ["gap", "repeat"])
+async def test_responses_tool_calls_are_whole_whatever_the_indexes(
+    client: openai.AsyncOpenAI, kind: str, shape: str
+) -> None:
+    asked = shape + ("|eos_token" if kind == "tgi" else "")
+    events = await _response_events(client, kind, asked, tools=[RESP_WEATHER, RESP_TIME])
+    assert events[-1].type == "response.completed"
+    calls = [item for item in events[-1].response.output if item.type == "function_call"]
+    assert [(c.name, c.arguments) for c in calls] == [
+        ("get_weather", '{"city": "Paris"}'),
+        ("get_time", '{"zone": "UTC"}'),
+    ]
+    assert len({c.call_id for c in calls}) == 2
+    done = [e.item.model_dump() for e in events if e.type == "response.output_item.done"]
+    assert done == [item.model_dump(exclude={"parsed_arguments"}) for item in events[-1].response.output]
+    assert events[-1].response.usage is not None and events[-1].response.usage.output_tokens == 5
+
+
+@pytest.mark.parametrize("kind", BRIDGED)
+async def test_responses_usage_before_the_last_content(client: openai.AsyncOpenAI, kind: str) -> None:
+    events = await _response_events(client, kind, "usage_first")
+    final = events[-1].response
+    assert events[-1].type == "response.completed" and final.output_text == "Hello there!"
+    assert final.usage is not None and final.usage.output_tokens == 5
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == "Hello there!"
+
+
+@pytest.mark.parametrize("kind", BRIDGED)
+@pytest.mark.parametrize("shape", ["no_finish", "cut_json"])
+async def test_a_responses_stream_that_cannot_be_repaired_fails(
+    client: openai.AsyncOpenAI, base_url: str, kind: str, shape: str
+) -> None:
+    events = await _response_events(client, kind, shape)
+    kinds = [e.type for e in events]
+    assert kinds[-1] == "response.failed" and "response.completed" not in kinds
+    failed = events[-1].response
+    assert failed.error is not None and ("finish" if shape == "no_finish" else "JSON") in failed.error.message
+    stored = await client.responses.retrieve(failed.id)  # the store keeps it failed, never completed
+    assert stored.status == "failed"

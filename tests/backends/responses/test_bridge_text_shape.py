@@ -167,3 +167,43 @@ async def test_most_text_events_take_the_byte_path() -> None:
     assert deltas == ["A", "b", "é", 'say "hi"', "d"]
     done = next(e for e in events if e["type"] == "response.output_text.done")
     assert done["text"] == 'Abésay "hi"d'
+
+
+@pytest.mark.parametrize("delta_first", [False, True])
+@pytest.mark.parametrize("other", range(len(others(False))))
+async def test_a_run_of_text_events_in_one_read_is_written_at_once(delta_first: bool, other: int) -> None:
+    """Many plain text events in one read (a fast upstream's, or a stream read late) are written as
+    one run (_run), up to an event of another kind, which the run leaves to the parse; the events
+    are those of the parsed path, and the events of a run cost one parse for all."""
+    texts = ["A", "b", '"q"', "\\", "é", "x%dy", "😀", '"content":', "}", "\u2028"]
+    first = {**HEAD, "choices": [{"index": 0, "delta": {"role": "assistant", "content": "A"}, "finish_reason": None}]}
+    chunks = [serialised(first, False)]
+    chunks += [serialised(text_event(t, delta_first=delta_first), False) for t in texts]
+    chunks += [serialised(others(delta_first)[other], False)]
+    chunks += [serialised(text_event(t, delta_first=delta_first), True) for t in texts]
+    read = b"".join(chunks)
+    calls = 0
+    real = orjson.loads
+
+    def counting(data: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return real(data)
+
+    shared = frame()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(events_module.orjson, "loads", counting)
+        out = await written([read], shared)
+    fast = parse(out)
+    plain = serialised(text_event("b", delta_first=delta_first), False)
+    after = plain[plain.index(b'"b"') + 3 :]
+    if not serialised(others(delta_first)[other], False).endswith(after):
+        assert calls <= 6  # the first two events, the other one (and the one after it), each run once
+    else:  # one that differs from a plain one before its text only (another id, another choice) ends
+        assert calls == 22  # the run's check: the read is taken event by event
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(events_module, "_learn", lambda raw: None)
+        parsed = parse(await written([read], shared))
+    assert fast == parsed
+    done = next(e for e in fast if e["type"] == "response.output_text.done")
+    assert done["text"].endswith("".join(texts))
