@@ -29,6 +29,7 @@ from backends.base import (
 from backends.capabilities import Capabilities
 from backends.chat_capabilities import ChatCapabilities
 from backends.errors import UpstreamError, error_from_upstream_body
+from backends.openai.body import relay_completion_body
 from backends.openai.capabilities import (
     OPENAI_CAPABILITIES,
     OPENAI_CHAT,
@@ -44,7 +45,7 @@ from backends.openai.pooling import (
     rerank_payload,
     rerank_result,
 )
-from backends.openai.relay import OpenAIStreamRelay, relay_completion_body
+from backends.openai.relay import OpenAIStreamRelay
 from backends.openai.wire import OpenAIWire, client_usage
 from backends.pooling_capabilities import PoolingCapabilities
 from backends.responses.native import NativeResponseEvents, native_payload, relay_response_body

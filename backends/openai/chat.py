@@ -23,7 +23,8 @@ from typing import Any, Literal
 
 from backends.base import ChatCall, CompletionResult
 from backends.chat_capabilities import ChatCapabilities
-from backends.openai.relay import OpenAIStreamRelay, relay_completion_body, with_usage_null
+from backends.openai.body import relay_completion_body
+from backends.openai.relay import OpenAIStreamRelay, with_usage_null
 from schemas.chat import ChatCompletionRequest
 from schemas.errors import UnsupportedParameterError
 

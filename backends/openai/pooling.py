@@ -22,7 +22,7 @@ from backends.base import CompletionResult, EmbeddingCall, RerankCall, TokenUsag
 from backends.emulation.rerank import rerank_answer, upstream_scores
 from backends.errors import UpstreamProtocolError
 from backends.exact_json import dumps_exact, loads_keeping_integers
-from backends.openai.relay import relay_completion_body
+from backends.openai.body import relay_completion_body
 from backends.pooling_capabilities import PoolingCapabilities
 
 __all__ = ["embedding_payload", "pooling_usage", "relay_embeddings", "rerank_payload", "rerank_result"]

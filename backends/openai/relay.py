@@ -1,16 +1,15 @@
-"""Relaying OpenAI-shaped upstream answers to the client with minimal work.
+"""Relaying an OpenAI-shaped upstream stream to the client with minimal work.
 
-Non-streaming bodies are parsed once (orjson) for the shape check and the usage, and
-relayed as the upstream's bytes with only the model name swapped (:func:`relay_completion_body`);
-a body where that swap is not provably safe is serialised again, exactly (:func:`dumps_exact`).
-Streams are relayed per network read, not per event: the
-read is cut into whole events by the shared decoder (``backends.transport.sse``:
-linear in bytes, each event capped by ``limits.max_event_bytes``), and the
-complete events are rewritten with a few ``bytes`` scans and one ``replace``
-(``"model":"<upstream id>"`` -> ``"model":"<public name>"``); only reads that carry
-something the gateway must act on (a usage object, an error event, an unexpected
-model shape, a line that is not ``data:``) are parsed event by event. This is what
-keeps a 64-token stream at a small fraction of a Python proxy's budget.
+Non-streamed bodies: ``backends.openai.body``. Streams are relayed per network read, not per
+event: the read is cut into whole events by the shared decoder (``backends.transport.sse``:
+linear in bytes, each event capped by ``limits.max_event_bytes``), and the complete events are
+rewritten with a few ``bytes`` scans and one ``replace`` (``"model":"<upstream id>"`` ->
+``"model":"<public name>"``: the byte path, ``backends.openai.frame``); only reads that carry
+something the gateway must act on (a usage object, an error event, an unexpected model shape, a
+line that is not ``data:``) are parsed event by event (:meth:`OpenAIStreamRelay._process_slow`).
+This is what keeps a 64-token stream at a small fraction of a Python proxy's budget. A stream the
+gateway reads itself (the Responses bridge: ``backends.base.BridgeChatCall``) is vouched the same
+way but not rewritten for a client: no swap, the usage chunk kept for it.
 
 What reaches the client is ``data:`` events only (an upstream's ``id:``, ``event:``,
 ``retry:``, comment and bare lines are not relayed), up to the *first* ``[DONE]``; the usage
@@ -25,7 +24,7 @@ and an early ``[DONE]`` carry no ``"model"`` key, so a read holding one fails th
 (one upstream-spelled ``"model"`` per event, or the head learned from the stream's first
 event: its bytes through the model key) and is parsed; one that carries the model key still
 lacks the learned choice end. An event cut short is caught by the framing
-(``data: {`` ... ``}``) and the learned choice end (:func:`_choice_end_of`), which also sends
+(``data: {`` ... ``}``) and the learned choice end (:func:`~backends.openai.frame.choice_end_of`), which also sends
 the event that finishes a choice to the parse (where finishes are counted per choice). The
 rest of an event's bytes are not proven JSON on the byte path (a parse of every event costs
 a 64-token stream about 10% more CPU): damage inside an event with its structure intact is
@@ -34,77 +33,21 @@ relayed as sent (docs/security.md).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import orjson
 
-from backends.base import Call, CompletionResult, CompletionStream, TokenUsage, usage_of
+from backends.base import Call, CompletionStream, TokenUsage, usage_of
 from backends.errors import UpstreamProtocolError, error_fields
-from backends.exact_json import dumps_exact, loads_exact, loads_keeping_integers, may_hold_long_int
+from backends.exact_json import dumps_exact, loads_keeping_integers
+from backends.openai.frame import EventFrame
 from backends.transport.base import UpstreamResponse
 from backends.transport.sse import sse_data
 from backends.transport.upstream_events import UpstreamEvents
 
-__all__ = ["OpenAIStreamRelay", "relay_completion_body", "usage_of", "with_usage_null"]
+__all__ = ["OpenAIStreamRelay", "usage_of", "with_usage_null"]
 
 _MAX_EVENT = 8 * 1024 * 1024  # limits.max_event_bytes' default
-
-
-def relay_completion_body(
-    data: bytes,
-    call: Call[Any],
-    backend: str,
-    kind: str = "text_completion",
-    *,
-    items: str = "choices",
-    read_usage: Callable[[Any], TokenUsage | None] = usage_of,
-) -> CompletionResult:
-    """An upstream ``text_completion`` (or ``chat.completion``, an embeddings ``list``: ``kind``, whose
-    array is ``items``) body, renamed to the client's model.
-
-    The client gets the upstream's bytes (numbers, escapes, spacing and key order as sent)
-    with only the model name swapped; the parse is for the shape check and the usage.
-
-    The swap is made on the bytes when the body holds exactly one ``"model"`` token,
-    followed by ``:`` (or ``: ``) and the upstream id as orjson spells it, and no ``\\u006``
-    escape. Why that is safe: a quote inside a JSON string is escaped, so ``"model"`` occurs
-    only as a whole string token (a key, or a value, which the count catches); the one other
-    way to spell the top-level key escapes one of its letters, all ``\\u006X``. So the one
-    token is the top-level key, and a JSON string token ends at its own closing quote: the
-    swap replaces exactly the value. Anything else is serialised again, exactly.
-    """
-    try:
-        obj = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        raise UpstreamProtocolError("the upstream sent a body that is not JSON", backend=backend) from None
-    if not isinstance(obj, dict) or not isinstance(obj.get(items), list):
-        raise UpstreamProtocolError(f"the upstream sent a body that is not a {kind}", backend=backend)
-    usage = read_usage(obj.get("usage"))
-    upstream = obj.get("model")
-    # Inline, not a helper: this is every non-streamed request's path (calls per request count).
-    # One "model" token: the first is the last (one pass over the body, not a count and two more).
-    at = data.find(b'"model"')
-    if type(upstream) is str and at >= 0 and data.rfind(b'"model"') == at and not (b"\\" in data and b"\\u006" in data):
-        value = orjson.dumps(upstream)
-        start = at + 8  # past '"model":'; orjson and Python's json write no space before the colon
-        if data[start : start + 1] == b" ":
-            start += 1
-        if data[at + 7 : at + 8] == b":" and data.startswith(value, start):  # the key's value, exactly
-            end = start + len(value)
-            return CompletionResult(data[:start] + orjson.dumps(call.public_model) + data[end:], usage)
-    return CompletionResult(_renamed_reserialised(data, obj, call.public_model, backend), usage)
-
-
-def _renamed_reserialised(data: bytes, obj: dict[str, Any], public: str, backend: str) -> bytes:
-    """The body serialised again with the client's model name (the byte swap did not apply)."""
-    if may_hold_long_int(data):
-        # orjson read integers beyond 64 bits as floats: read the body again, keeping them.
-        obj = loads_exact(data, backend)
-    obj["model"] = public
-    return dumps_exact(obj, backend)
-
-
 _DONE_TAIL = b"\n\ndata: [DONE]\n\n"  # how a normal stream's last read ends: a whole event after whole events
 _DONE_ALONE = b"data: [DONE]\n\n"  # or the whole of it
 _DONE_CUT = -len(_DONE_ALONE)
@@ -114,44 +57,13 @@ _DONE_CUT = -len(_DONE_ALONE)
 _USAGE_KEY = b"prompt_tokens"
 
 
-def _choice_end_of(block: bytes, start: int = 0) -> bytes | None:
-    """The bytes from a null ``finish_reason`` to the ``]`` after it in the event at ``start``, if any.
-
-    Why they vouch for an event whose bytes hold them (``OpenAIStreamRelay._rename``): in JSON
-    text ``"finish_reason":null`` can only be structure (quotes inside strings are escaped), and
-    the bytes from it to the ``]`` that closes ``choices`` are the same in every ordinary chunk
-    of one upstream. An event cut anywhere before that ``]`` lacks them; one cut after it ends
-    in something other than ``}`` (what follows ``choices`` is scalars in every upstream we
-    know; a usage object is parsed anyway), which the framing check catches. A choice that
-    finishes, or any other shape, does not hold them and is parsed.
-    """
-    first = block.find(b"\n", start)
-    at = block.find(b'"finish_reason":null', start, first)
-    if at < 0:
-        at = block.find(b'"finish_reason": null', start, first)
-    close = block.find(b"]", at, first) if at >= 0 else -1
-    return block[at : close + 1] if close >= 0 else None
-
-
-class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
+class OpenAIStreamRelay(EventFrame, UpstreamEvents[bytes], CompletionStream):
     """A :class:`CompletionStream` over an OpenAI-shaped SSE upstream (OpenAI, vLLM)."""
 
     _cut_message = "the upstream closed the stream before [DONE]"
     relayed_events: int
     _done_early = False  # the parse met a [DONE] before the read's end: nothing after it is relayed
     _usage_event: bytes | None = None  # the client's usage chunk, held until the end
-    # What the stream's first ordinary event teaches (:meth:`_learn`); class defaults until then, so a
-    # stream pays no store for them. The upstream's bytes from a null finish_reason to "]":
-    _choice_end: bytes | None = None
-    _finish_key = b'"finish_reason":"'  # and of a finish reason, and the bytes after it
-    _finish_tail = b"}]"
-    _head = b""  # the event's bytes from its start through the upstream's model key
-    _frame: bytes | None = None  # what lies between two events: "}", the separator and the head (:meth:`_rename`)
-    _frame_tail: bytes | None = None  # the choice end and "}\n\n", when an event ends with its choices
-    _same = False  # the head's model key is already the client's (nothing to rename)
-    _fused: bytes | None = None  # the choice end, "}" and the next event's start (when the head varies)
-    _fused_end = _fused_finish = b""
-    _peeled = False  # the stream's first event was parsed apart (:meth:`_split`)
 
     def __init__(
         self,
@@ -260,198 +172,6 @@ class OpenAIStreamRelay(UpstreamEvents[bytes], CompletionStream):
             out.append(self._usage_event)
             self._usage_event = None
             self.relayed_events += 1
-
-    def _rename(self, block: bytes) -> bytes:
-        """Ordinary events: swap the upstream model id for the public name, bytes only.
-
-        Self-check first (anything else is parsed): data events only, each one line holding
-        one JSON object (``data: {`` ... ``}``), so every LF is one of a ``}\n\ndata: {``
-        between events or of the final ``}\n\n`` (no ``id:``/``event:``/``retry:`` field,
-        comment, bare or multi-line ``data`` line); each event holds the upstream's own bytes
-        from a null ``finish_reason`` to the end of ``choices`` (:func:`_choice_end_of`); as many
-        ``"model":<upstream id>`` keys as events, all spelled one way. An event without one
-        (a ``[DONE]``, an error event, a choice that finishes, garbage, a cut one) or with
-        another model is parsed. The replace itself counts the renamed keys (its length
-        change) when the two names differ in length. The event count is also what the relay
-        reports as relayed (``relayed_events``): the handler does not scan the block again.
-
-        The usual read is checked by one count more than its LFs (the *frame*, :meth:`_learn`):
-        the bytes between two events of this stream, ``}``, the separator and the next event's
-        head (its start through the upstream's model key, the same in every chunk of one
-        upstream's stream: id, object, created, model), led by the choice end when the events
-        end with their choices (vLLM's layout). Every LF of the read is one of a frame's or of
-        the final ``}\n\n`` (twice the frames plus two), the read starts with the head and ends
-        as the events do: so each event is one line with its model key where the first had it
-        and (in vLLM's layout) the choice end just before its ``}``. A read that misses the frame
-        takes the checks above; one that passes them all the same (an upstream whose heads vary:
-        ``created`` ticking, say) turns the frame off for the rest of the stream.
-        """
-        frame = self._frame
-        if frame is None and self._choice_end is None and self._one_choice:
-            frame = self._learn(block, 0)  # the stream's first read: its first event says how they look
-        if frame is not None:
-            lines = block.count(b"\n")
-            events = lines >> 1
-            if (
-                lines == events << 1
-                and (events == 1 or block.count(frame) == events - 1)
-                and block.startswith(self._head)
-            ):
-                tail = self._frame_tail
-                if tail is not None:  # the frames vouched for every event's choice end but the last's
-                    vouched = block.endswith(tail) or (
-                        block.endswith(self._fused_finish) and self._finishes_here(block, events, events - 1)
-                    )
-                else:  # OpenAI's layout: the choice end is counted
-                    end = self._choice_end
-                    held = -1 if end is None else block.count(end)
-                    vouched = block.endswith(b"}\n\n") and (held == events or self._finishes_here(block, events, held))
-                if vouched:
-                    if self._same:  # every event's model key is the head's, already the client's
-                        self.relayed_events += events
-                        return block
-                    return self._swap(block, events)
-        fused = self._fused
-        if fused is not None:  # one count frames the events and vouches for each
-            events = block.count(fused) + 1
-            if (
-                block.count(b"\n") == 2 * events
-                and block.startswith(b"data: {")
-                and (
-                    block.endswith(self._fused_end)
-                    or (block.endswith(self._fused_finish) and self._finishes_here(block, events, events - 1))
-                )
-            ):
-                self._frame = None  # framed and vouched, but the heads differ: the frame no longer pays
-                return self._swap(block, events)
-        if block.startswith(b"data: {"):
-            between = b"}\n\ndata: {"
-        elif block.startswith(b"data:{"):
-            between = b"}\n\ndata:{"
-        else:
-            return self._process_slow(block)
-        events = block.count(between) + 1
-        if block.count(b"\n") != 2 * events or not block.endswith(b"}\n\n") or not self._one_choice:
-            return self._process_slow(block)
-        end = self._choice_end
-        held = -1 if end is None else block.count(end)
-        if held != events and not self._finishes_here(block, events, held):
-            return self._split(block, events, held)
-        self._frame = None  # (as for the fused count above)
-        return self._swap(block, events)
-
-    def _swap(self, block: bytes, events: int) -> bytes:
-        """``events`` framed, vouched events: the upstream's model key swapped, when each has it once."""
-        for old in (self._old, self._old_spaced):
-            grow = len(self._new) - len(old)
-            if grow:
-                if old not in block:  # found in the first event when it is the spelling: no full scan
-                    continue
-                out = block.replace(old, self._new)
-                if len(out) - len(block) == grow * events:
-                    self.relayed_events += events
-                    return out
-            elif block.count(old) == events:
-                self.relayed_events += events
-                return block if old == self._new else block.replace(old, self._new)
-        return self._process_slow(block)
-
-    def _finishes_here(self, block: bytes, events: int, held: int) -> bool:
-        """Whether the read's last event is the one that finishes the choice, in the upstream's own
-        spelling, and every event before it is vouched (the usual last read of a stream).
-
-        The finishing event holds ``"finish_reason":"<reason>"`` followed by the same bytes as
-        the choice end after its ``null`` (``}]`` for OpenAI; vLLM's ``,"stop_reason":null...``):
-        cut anywhere before they end, it fails; after, the framing catches it. The choice has
-        ended (one choice: :meth:`_end` needs no index).
-        """
-        end = self._choice_end
-        if end is None or held != events - 1:
-            return False
-        last = block.rfind(b"\n\ndata:") + 2  # 1 when the read is one event; then the whole read
-        if last == 1:
-            last = 0
-        key = self._finish_key
-        at = block.find(key, last)
-        if at < 0 or block.find(end, last) >= 0:
-            return False
-        close = block.find(b'"', at + len(key))
-        if close < 0 or b"\\" in block[at:close] or not block.startswith(self._finish_tail, close + 1):
-            return False
-        self._open.clear()
-        self._ended.add(0)
-        return True
-
-    def _split(self, block: bytes, events: int, held: int) -> bytes:
-        """A read whose events the learned choice end does not all vouch for: the last event parsed
-        when only it lacks it (a finish in another spelling), else the choice end learned again from
-        this read's first event (an upstream that changed its spelling) or its second (the stream's first
-        event shaped apart), else parsed."""
-        end = self._choice_end
-        if end is not None and events > 1 and held == events - 1:
-            last = block.rfind(b"\n\ndata:") + 2
-            if block.find(end, last) < 0:
-                head = self._rename(block[:last])
-                if self._pending is not None or self._done_early:
-                    return head
-                return head + self._process_slow(block[last:])
-        learned = _choice_end_of(block)
-        if learned is not None and learned != end:
-            self._learn(block, 0, learned)
-            return self._rename(block)
-        if events > 1 and not self._peeled:
-            # A stream's first event may end its choice apart from the rest (vLLM's role chunk has
-            # no token_ids key): it is parsed and the spelling learned from the next. Once per
-            # stream, so a read of shapes that keep changing costs a parse, not a scan per event.
-            self._peeled = True
-            at = block.find(b"\n\ndata:") + 2
-            learned = _choice_end_of(block, at)
-            if learned is not None and learned != end:
-                head = self._process_slow(block[:at])
-                if self._pending is not None or self._done_early:
-                    return head
-                self._learn(block, at, learned)
-                return head + self._rename(block[at:])
-        return self._process_slow(block)
-
-    def _learn(self, block: bytes, start: int, end: bytes | None = None) -> bytes | None:
-        """The upstream's spelling, from the event at ``start`` (its choice end ``end`` when already
-        found, :func:`_choice_end_of`): of an ordinary choice's end, of a finishing one's key and tail,
-        of the event's head and so of the frame between two events (:meth:`_rename`), returned (None
-        when the event holds no choice end, or no model key before it). When that event ends with
-        its choices (``...]}``, vLLM's layout) the frame starts with the choice end."""
-        line = block.find(b"\n", start)
-        if end is None:
-            at = block.find(b'"finish_reason":null', start, line)
-            if at < 0:
-                at = block.find(b'"finish_reason": null', start, line)
-            close = block.find(b"]", at, line) if at >= 0 else -1
-            if close < 0:
-                return None
-            end = block[at : close + 1]
-        else:
-            at = block.find(end, start, line)
-        self._choice_end = end
-        null = end.index(b"null") + 4
-        self._finish_key = end[: null - 4] + b'"'
-        self._finish_tail = end[null:]
-        self._fused_end = end + b"}\n\n"
-        self._fused_finish = self._finish_tail + b"}\n\n"
-        ends_with_choices = block.startswith(b"}\n\n", at + len(end))
-        self._fused = end + b"}\n\ndata: {" if ends_with_choices and block.startswith(b"data: {", start) else None
-        spelled = self._old
-        model = block.find(spelled, start, at)
-        if model < 0:
-            spelled = self._old_spaced
-            model = block.find(spelled, start, at)
-        if model < 0:  # another spelling (the parse learns it) or the key after the choices: no frame
-            self._frame = None
-            return None
-        self._head = head = block[start : model + len(spelled)]
-        self._same = spelled == self._new
-        self._frame_tail = self._fused_end if ends_with_choices else None
-        self._frame = frame = (self._fused_end if ends_with_choices else b"}\n\n") + head
-        return frame
 
     def _process_slow(self, block: bytes) -> bytes:
         out: list[bytes] = []

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from backends.base import EmbeddingCall, TokenUsage
 from backends.errors import UpstreamProtocolError
+from backends.openai.body import relay_completion_body
 from backends.openai.pooling import _relayed_unparsed, pooling_usage, relay_embeddings
-from backends.openai.relay import relay_completion_body
 from schemas.embeddings import EmbeddingRequest
 
 UP = "org/up-embed"

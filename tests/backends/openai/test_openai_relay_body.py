@@ -18,8 +18,8 @@ from backends.base import ChatCall, UpstreamCall
 from backends.errors import UpstreamProtocolError
 from backends.exact_json import dumps_exact, loads_exact, loads_keeping_integers
 from backends.openai.adapter import OpenAIBackend
+from backends.openai.body import relay_completion_body
 from backends.openai.chat import relay_chat_body
-from backends.openai.relay import relay_completion_body
 from schemas.chat import ChatCompletionRequest
 from schemas.completions import CompletionRequest
 from schemas.config import OpenAIBackendConfig
