@@ -138,20 +138,26 @@ def check_guides(
 _Model = TypeVar("_Model")
 
 
+_MAX_CHOSEN = 1024  # sets of touched rule fields kept per model: a bound on memory, not a tuning knob
+
+
 class FieldRules(Generic[_Model]):
     """A request model's cross-field rules, in order, each with the fields without which it cannot
     fail (the first rule broken is the error).
 
     :meth:`run` calls a rule only when one of its fields was set (an unset field is its default,
     which breaks no rule), so a plain request pays for one set intersection: the request path's
-    cost (issue 14). Shared by the completions and chat schemas.
+    cost (issue 14). Which rules a set of touched fields calls is worked out once per set and
+    kept (a few per model in practice; past 1,024 sets, worked out each time).
+    Shared by the request schemas.
     """
 
-    __slots__ = ("_fields", "_rules")
+    __slots__ = ("_chosen", "_fields", "_rules")
 
     def __init__(self, *rules: tuple[frozenset[str], Callable[[_Model], None]]) -> None:
         self._rules = rules
         self._fields: frozenset[str] = frozenset().union(*(fields for fields, _ in rules))
+        self._chosen: dict[frozenset[str], tuple[Callable[[_Model], None], ...]] = {}
 
     def __iter__(self) -> Iterator[tuple[frozenset[str], Callable[[_Model], None]]]:
         return iter(self._rules)
@@ -159,9 +165,15 @@ class FieldRules(Generic[_Model]):
     def run(self, model: _Model, fields_set: set[str]) -> None:
         touched = fields_set & self._fields
         if touched:
-            for fields, rule in self._rules:
-                if not touched.isdisjoint(fields):
-                    rule(model)
+            key = frozenset(touched)
+            try:
+                chosen = self._chosen[key]
+            except KeyError:
+                chosen = tuple(rule for fields, rule in self._rules if not touched.isdisjoint(fields))
+                if len(self._chosen) < _MAX_CHOSEN:
+                    self._chosen[key] = chosen
+            for rule in chosen:
+                rule(model)
 
 
 class Answered:

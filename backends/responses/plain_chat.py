@@ -50,9 +50,7 @@ class _Trusted(Generic[M]):
 
     def __call__(self, values: dict[str, Any]) -> M:
         obj = self._cls.__new__(self._cls)
-        state = self._defaults.copy()
-        state.update(values)
-        _set(obj, "__dict__", state)
+        _set(obj, "__dict__", {**self._defaults, **values})
         _set(obj, "__pydantic_fields_set__", set(values))
         _set(obj, "__pydantic_extra__", None)
         _set(obj, "__pydantic_private__", None)
