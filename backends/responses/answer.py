@@ -33,9 +33,31 @@ __all__ = ["ResponseFrame", "new_id", "output_items", "response_from_chat", "res
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
 
+_ID_BYTES = 24
+_POOL_BYTES = _ID_BYTES * 256
+_pool = b""
+_at = _POOL_BYTES  # where the next id's bytes start in _pool; at the end: read a new pool
+
+
+def _fresh_pool() -> None:
+    global _at
+    _at = _POOL_BYTES
+
+
+os.register_at_fork(after_in_child=_fresh_pool)  # a forked child never reuses its parent's bytes
+
+
 def new_id(prefix: str) -> str:
-    """An id in OpenAI's style (``resp_``, ``msg_``, ``fc_``, ``rs_`` + 48 hex digits)."""
-    return f"{prefix}_{os.urandom(24).hex()}"
+    """An id in OpenAI's style (``resp_``, ``msg_``, ``fc_``, ``rs_`` + 48 hex digits): 24 bytes of the
+    OS's randomness, read 256 ids at a time (one ``getrandom`` call, not one per id: a Response has
+    two or more ids, a stream's items more)."""
+    global _pool, _at
+    at = _at
+    if at == _POOL_BYTES:
+        _pool = os.urandom(_POOL_BYTES)
+        at = 0
+    _at = at + _ID_BYTES
+    return f"{prefix}_{_pool[at : at + _ID_BYTES].hex()}"
 
 
 class ResponseFrame:
@@ -48,10 +70,10 @@ class ResponseFrame:
         self.names = names
         self.id = new_id("resp")
         self.created_at = int(time.time())
-        summary = _summary_level(request)
+        reasoning = request.reasoning
+        summary = None if reasoning is None else reasoning.summary or reasoning.generate_summary
         self.summarises = summary is not None  # the reasoning text is given as summary too
         self.logprobs = request.wants_logprobs  # each output_text part carries its tokens' logprobs
-        reasoning = request.reasoning
         text = request.text
         self._echo: dict[str, Any] = {
             "background": False,
@@ -107,13 +129,6 @@ class ResponseFrame:
         if error is not None:
             out["error"] = error
         return out
-
-
-def _summary_level(request: ResponsesRequest) -> str | None:
-    reasoning = request.reasoning
-    if reasoning is None:
-        return None
-    return reasoning.summary or reasoning.generate_summary
 
 
 def _dump(value: Any) -> Any:
@@ -180,7 +195,7 @@ def output_items(frame: ResponseFrame, message: dict[str, Any], logprobs: Any, s
             part: dict[str, Any] = {"type": "output_text", "text": content, "annotations": []}
             if frame.logprobs:
                 part["logprobs"] = _logprobs(logprobs)
-            parts.append(part)
+            parts = [part]
         if refusal and type(refusal) is str:
             parts.append({"type": "refusal", "refusal": refusal})
         items.append({"id": new_id("msg"), "type": "message", "role": "assistant", "status": status, "content": parts})
@@ -234,18 +249,19 @@ def response_from_chat(
     """
     if obj is None:
         obj = loads_keeping_integers(data, backend)
-    choices = obj.get("choices") if type(obj) is dict else None
+    # ``in`` and ``[]`` rather than ``get`` (no call): this is every bridged non-stream answer's path.
+    choices = obj["choices"] if type(obj) is dict and "choices" in obj else None
     if type(choices) is not list or not choices or type(choices[0]) is not dict:
         raise UpstreamProtocolError("the chat translation gave no choice to answer with", backend=backend)
     choice = choices[0]
-    finish = choice.get("finish_reason")
-    incomplete = _INCOMPLETE.get(finish) if type(finish) is str else None
+    finish = choice["finish_reason"] if "finish_reason" in choice else None
+    incomplete = _INCOMPLETE[finish] if type(finish) is str and finish in _INCOMPLETE else None
     status = "incomplete" if incomplete else "completed"
-    message = choice.get("message")
+    message = choice["message"] if "message" in choice else None
     output = output_items(
         frame, message if type(message) is dict else {}, choice.get("logprobs") if frame.logprobs else None, status
     )
-    chat_usage = obj.get("usage")
+    chat_usage = obj["usage"] if "usage" in obj else None
     if usage is None:
         usage = usage_of(chat_usage)
     response = frame.envelope(

@@ -30,7 +30,7 @@ from typing import Any
 
 from backends.capabilities import Capabilities, Level
 from backends.chat_capabilities import ChatCapabilities, Refusal
-from backends.responses.to_chat import CHAT_TO_RESPONSES, ToolNames, Untranslatable, to_chat
+from backends.responses.to_chat import CHAT_TO_RESPONSES, NO_TOOL_NAMES, ToolNames, Untranslatable, to_chat
 from schemas.chat import ChatCompletionRequest
 from schemas.errors import UnsupportedParameterError
 from schemas.responses import ResponsesRequest
@@ -160,7 +160,7 @@ def chat_request_of(request: ResponsesRequest) -> tuple[ChatCompletionRequest, T
     """The request's chat translation, made once per request (the check and the call share it)."""
     cached: tuple[ChatCompletionRequest, ToolNames] | None = request.bridged
     if cached is None:
-        names = ToolNames(request)
+        names = ToolNames(request) if request.tools else NO_TOOL_NAMES
         cached = (to_chat(request, names, stream=bool(request.stream)), names)
         request.keep_bridged(cached)
     return cached
@@ -205,7 +205,7 @@ class ResponsesCapabilities:
                 if name in touched and not _neutral(name, getattr(request, name)):
                     return Refusal(name, name, self.reasons.get(name))
         forms_set = self._form_fields.intersection(request.__pydantic_fields_set__)
-        if forms_set and not (forms_set == _INPUT_ONLY and isinstance(request.input, str)):  # a string has none
+        if forms_set and not (forms_set == _INPUT_ONLY and type(request.input) is str):  # a string has none
             omit = request.omits_builtin_tools
             for name, form in request_forms(request):
                 key = f"{name}={form}"
@@ -213,7 +213,7 @@ class ResponsesCapabilities:
                     return Refusal(name, key, self.reasons.get(key))
         if self.chat is None:
             return None
-        if omit_all_builtin_choice(request):
+        if request.tool_choice is not None and omit_all_builtin_choice(request):
             return Refusal("tool_choice", "tool_choice", "it forces an OpenAI built-in tool, which is omitted here")
         try:
             chat_request, _ = chat_request_of(request)

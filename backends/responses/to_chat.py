@@ -61,7 +61,7 @@ from schemas.responses_tools import (
     NamespaceTool,
 )
 
-__all__ = ["CHAT_TO_RESPONSES", "ToolNames", "Untranslatable", "chat_fields", "to_chat"]
+__all__ = ["CHAT_TO_RESPONSES", "NO_TOOL_NAMES", "ToolNames", "Untranslatable", "chat_fields", "to_chat"]
 
 # A chat field's Responses origin, for the param of a refusal the chat table makes.
 CHAT_TO_RESPONSES: dict[str, str] = {
@@ -89,10 +89,11 @@ class ToolNames:
 
     __slots__ = ("_back", "_local")
 
-    def __init__(self, request: ResponsesRequest) -> None:
+    def __init__(self, request: ResponsesRequest | None) -> None:
+        """``request``'s tools' names (None: no tools)."""
         self._back: dict[str, tuple[str, str]] = {}
         self._local: dict[str, list[str]] = {}
-        for tool in request.tools or ():
+        for tool in (request.tools if request is not None else None) or ():
             if isinstance(tool, NamespaceTool):
                 for inner in tool.tools:
                     flat = f"{tool.name}{NAMESPACE_SEPARATOR}{inner.name}"
@@ -114,6 +115,9 @@ class ToolNames:
 
     def __bool__(self) -> bool:
         return bool(self._back)
+
+
+NO_TOOL_NAMES = ToolNames(None)  # a request without tools has nothing to map: one read-only instance for all
 
 
 def _text(content: str | list[Any]) -> str | list[dict[str, Any]]:
