@@ -10,10 +10,12 @@ writes a raw newline) on four lines, so each reader parses only what it needs::
 
 ``chain`` lets ``previous_response_id`` load a whole conversation in one store read, and a
 conversation's earlier turns are read as their input and output lines alone (not their chains,
-nor the Response's other fields). Input items
-are kept in the form ``GET /v1/responses/{id}/input_items`` lists them: each has an ``id``, and a
-message's ``content`` is a list of parts (a string becomes one ``input_text`` part, or
-``output_text`` for an assistant's).
+nor the Response's other fields). Saving a turn is one ``orjson.dumps`` per line and nothing
+else: input items are kept as the request sent them, each with an ``id`` (named at save, so it
+never changes), go upstream again so, and are put in the form ``GET /v1/responses/{id}/input_items``
+lists them only there: a message's ``content`` as a list of parts (a string becomes one
+``input_text`` part, or ``output_text`` for an assistant's), its ``type`` and ``status`` set
+(:func:`listed`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["Record", "Turn", "decode", "encode", "input_items", "new_id"]
+__all__ = ["Record", "Turn", "decode", "encode", "input_items", "listed", "named", "new_id"]
 
 # Id prefixes of the items the gateway names when a client sent them without an id.
 _PREFIXES = {
@@ -71,6 +73,10 @@ class Record:
 
     @property
     def input(self) -> list[dict[str, Any]]:
+        """The input items in their listed form (``GET .../input_items``)."""
+        return listed(self._input())
+
+    def _input(self) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = orjson.loads(self._lines[1])
         return items
 
@@ -97,7 +103,9 @@ class Record:
         return self._rest
 
     def turn(self, response_id: str) -> Turn:
-        return Turn(response_id, self.input, self.output)
+        """This response as a turn of a conversation: its input items as the request sent them
+        (each with its id), which is how they go upstream again."""
+        return Turn(response_id, self._input(), self.output)
 
 
 def encode(response: Mapping[str, Any], items: Sequence[Mapping[str, Any]], chain: Sequence[str]) -> bytes:
@@ -114,30 +122,45 @@ def decode(blob: bytes) -> Record:
     return Record(blob)
 
 
-def _message(item: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(item)
-    out.setdefault("type", "message")
-    content = out.get("content")
+def _message(item: dict[str, Any]) -> dict[str, Any]:
+    content = item.get("content")
     if isinstance(content, str):
-        if out.get("role") == "assistant":
-            out["content"] = [{"type": "output_text", "text": content, "annotations": []}]
-        else:
-            out["content"] = [{"type": "input_text", "text": content}]
-    return out
+        text = (
+            {"type": "output_text", "text": content, "annotations": []}
+            if item.get("role") == "assistant"
+            else {"type": "input_text", "text": content}
+        )
+        item = {**item, "content": [text]}
+    elif "type" in item and "status" in item:
+        return item  # already in its listed form (kept so, or a record written before items were kept as sent)
+    return {"type": "message", **item, "status": item.get("status", "completed")}
+
+
+def listed(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Kept input items in their listed form (module docstring); an item already in it is not copied."""
+    return [_message(item) if item.get("type", "message") == "message" else item for item in items]
+
+
+def named(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``items`` with an ``id`` each (the list itself when they all have one: the usual turn)."""
+    for item in items:
+        if not _has_id(item):
+            return [item if _has_id(item) else {**item, "id": _item_id(item)} for item in items]
+    return items
+
+
+def _has_id(item: Mapping[str, Any]) -> bool:
+    name = item.get("id")
+    return isinstance(name, str) and name != ""
+
+
+def _item_id(item: Mapping[str, Any]) -> str:
+    return new_id(_PREFIXES.get(str(item.get("type", "message")), "item"))
 
 
 def input_items(request_input: str | Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """A request's ``input`` as the items to keep: each named (its own ``id`` or a new one), a
-    string or a message's string content as parts, an item's other fields as sent."""
+    """A request's ``input`` as the items to keep, in their listed form: each named (its own ``id``
+    or a new one), a string or a message's string content as parts, an item's other fields as sent."""
     if isinstance(request_input, str):
         request_input = [{"type": "message", "role": "user", "content": request_input}]
-    out: list[dict[str, Any]] = []
-    for item in request_input:
-        kind = item.get("type", "message")
-        entry = _message(item) if kind == "message" else dict(item)
-        if not isinstance(entry.get("id"), str) or not entry["id"]:
-            entry["id"] = new_id(_PREFIXES.get(str(kind), "item"))
-        if kind == "message":
-            entry.setdefault("status", "completed")
-        out.append(entry)
-    return out
+    return listed(named([dict(item) for item in request_input]))

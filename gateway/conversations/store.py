@@ -16,7 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.conversations.records import Record, Turn, decode, encode, input_items
+from gateway.conversations.records import Record, Turn, decode, encode, named
 from gateway.metrics import GatewayMetrics
 from gateway.responses_state import FinishedTurn, unknown_response
 from gateway.store import MemoryStore, RedisStore, StoreUnavailableError, TenantStore
@@ -155,13 +155,20 @@ class ConversationStore:
         """Keep a turn after the one it continues; never raises (a store that failed or a turn over
         the byte bound leaves it unstored: logged, and counted in the store's metrics)."""
         response_id = str(turn.response["id"])
+        previous = turn.previous_response_id
         try:
             store = self._backing("store")
-            chain = await self._chain(store, tenant, turn.previous_response_id)
+            chain = await self._chain(store, tenant, previous) if previous is not None else []
             if response_id in chain:  # an upstream that reuses ids: storing it would loop the conversation
                 log.error("response %s was not stored: its conversation already holds that id", response_id)
                 return
-            kept = await store.put(tenant, response_id, encode(turn.response, input_items(turn.input_items), chain))
+            record = encode(turn.response, named(turn.input_items), chain)
+            # (the memory store's write without a coroutine: this runs on every stored turn)
+            kept = (
+                store.put_now(tenant, response_id, record)
+                if type(store) is MemoryStore
+                else await store.put(tenant, response_id, record)
+            )
         except (StoreUnavailableError, InvalidRequestError) as exc:
             log.error("response %s was not stored: %s", response_id, exc.message)
             return
@@ -171,10 +178,8 @@ class ConversationStore:
         if not kept:
             log.warning("response %s was not stored: larger than responses.max_bytes", response_id)
 
-    async def _chain(self, store: TenantStore, tenant: str, previous: str | None) -> list[str]:
+    async def _chain(self, store: TenantStore, tenant: str, previous: str) -> list[str]:
         """The chain a turn continuing ``previous`` keeps: the one ``history`` just loaded, or read."""
-        if previous is None:
-            return []
         chain = self._chains.pop((tenant, previous), None)
         if chain is not None:
             return chain

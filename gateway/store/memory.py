@@ -69,18 +69,21 @@ class MemoryStore(TenantStore):
     def put_now(self, tenant: str, key: str, value: bytes) -> bool:
         """:meth:`put` without awaiting (callers already in the loop with nothing to wait for)."""
         now = self._clock()
-        self._sweep(now)
+        entries = self._entries
+        if entries and next(iter(entries.values())).expires <= now:  # (the sweep's own first test, inline)
+            self._sweep(now)
         slot = (tenant, key)
-        old = self._entries.pop(slot, None)
+        old = entries.pop(slot, None)
         if old is not None:
             self._bytes -= old.size
         size = len(value) + len(tenant) + len(key) + ENTRY_OVERHEAD
         if size > self.max_bytes:
             self._evicted("too_large", 1)
             return False
-        self._entries[slot] = _Entry(value, now + self.ttl, size)
+        entries[slot] = _Entry(value, now + self.ttl, size)
         self._bytes += size
-        self._enforce()
+        if len(entries) > self.max_items or self._bytes > self.max_bytes:
+            self._enforce()
         return True
 
     async def get(self, tenant: str, keys: Sequence[str], *, touch: bool = False) -> list[bytes | None]:

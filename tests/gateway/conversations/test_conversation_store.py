@@ -107,6 +107,20 @@ def test_input_items_are_named_and_in_list_form() -> None:
     assert len({new_id("resp") for _ in range(1000)}) == 1000 and len(new_id("resp")) == 5 + 48
 
 
+async def test_a_turn_is_kept_as_sent_goes_upstream_so_and_is_listed_in_parts() -> None:
+    store = _store()
+    sent = [{"id": "msg_1", "type": "message", "role": "user", "content": "hi"}, {"role": "user", "content": "again"}]
+    await store.save("a", FinishedTurn(_response("resp_1", "hello"), sent, None))
+    earlier = await store.history("a", "resp_1")
+    assert earlier[0] == sent[0]  # as the client sent it: no parts, no status added on the way
+    assert earlier[1]["content"] == "again" and earlier[1]["id"].startswith("msg_")  # named once, at save
+    listed = (await store.get("a", "resp_1")).input  # GET .../input_items
+    assert listed[0] == {"id": "msg_1", "type": "message", "role": "user", "status": "completed",
+                         "content": [{"type": "input_text", "text": "hi"}]}  # fmt: skip
+    assert listed[1]["id"] == earlier[1]["id"] and listed[1]["content"] == [{"type": "input_text", "text": "again"}]
+    assert sent[1] == {"role": "user", "content": "again"}  # the caller's items are not changed
+
+
 async def test_the_chain_is_read_when_history_was_not_loaded_in_this_process() -> None:
     store = _store()
     ids = await _turns(store, "a", 2)
