@@ -152,3 +152,66 @@ def test_the_payload_is_what_the_client_set_with_the_upstream_id() -> None:
     )
     body = native_payload(ResponsesCall(request, UP, PUB, "r"))
     assert body == {"model": UP, "input": "hi", "tools": [tool, {"type": "web_search"}], "store": False}
+
+
+def render(obj: dict[str, Any], lines: bool) -> bytes:
+    kind = obj["type"].encode()
+    return (b"event: " + kind + b"\n" if lines else b"") + b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def relayed(out: bytes) -> list[dict[str, Any]]:
+    return [orjson.loads(raw.split(b"data: ", 1)[1]) for raw in out.split(b"\n\n") if b"data: " in raw]
+
+
+# A stream in any layout the relay meets: event lines or data lines alone, numbered or not, reasoning
+# deltas before the text's, keep-alive comments, an upstream error anywhere; cut into any reads.
+@settings(max_examples=120, deadline=None)
+@given(texts=st.lists(TEXT, max_size=10), thoughts=st.lists(TEXT, max_size=4), lines=st.booleans(),
+       numbered=st.booleans(), comments=st.lists(st.integers(0, 20), max_size=2),
+       error_at=st.one_of(st.none(), st.integers(0, 20)), sizes=st.lists(st.integers(1, 900), max_size=20))  # fmt: skip
+async def test_every_layout_relays_the_events_a_parse_would(
+    texts: list[str], thoughts: list[str], lines: bool, numbered: bool, comments: list[int],
+    error_at: int | None, sizes: list[int],
+) -> None:  # fmt: skip
+    text, think = {"item_id": "msg_1", "output_index": 1, "content_index": 0}, {"item_id": "rs_1", "output_index": 0}
+    events: list[dict[str, Any]] = [
+        {"type": "response.created", "response": response("in_progress")},
+        {"type": "response.in_progress", "response": response("in_progress")},
+        *({"type": "response.reasoning_summary_text.delta", **think, "summary_index": 0, "delta": t} for t in thoughts),
+        {"type": "response.output_item.added", "output_index": 1, "item": response("completed")["output"][0]},
+        *({"type": "response.output_text.delta", **text, "delta": t, "logprobs": []} for t in texts),
+        {"type": "response.output_text.done", **text, "text": "".join(texts), "logprobs": []},
+        {"type": "response.output_item.done", "output_index": 1, "item": response("completed")["output"][0]},
+        {"type": "response.completed", "response": response("completed", "".join(texts))},
+    ]
+    if error_at is not None and error_at < len(events):
+        error = {"type": "error", "code": "server_error", "message": "engine died", "param": None}
+        events = [*events[:error_at], error]
+    for seq, obj in enumerate(events):
+        if numbered:
+            obj["sequence_number"] = seq
+    raw = [render(obj, lines) for obj in events]
+    for at in sorted(comments, reverse=True):
+        raw.insert(min(at, len(raw) - 1), b": keep-alive\n\n")
+    relay = NativeResponseEvents(FakeResponse(cut(b"".join(raw), sizes)), CALL, "up")  # type: ignore[arg-type]
+    out = b""
+    failed = events[-1]["type"] == "error"
+    try:
+        async for piece in relay:
+            out += piece
+    except UpstreamProtocolError:
+        assert failed
+    else:
+        assert not failed
+    finally:
+        await relay.aclose()
+    expect = expected([render(obj, True) for obj in (events[:-1] if failed else events)])
+    assert relayed(out) == expect
+    assert relay.relayed_events == sum(obj["type"].endswith(".delta") for obj in expect)
+    if failed and numbered:  # the gateway's response.failed (or error) takes the upstream error's number
+        assert (
+            orjson.loads(relay.failed_event(UpstreamProtocolError("x", backend="up")).split(b"data: ", 1)[1])[
+                "sequence_number"
+            ]
+            == len(events) - 1
+        )
