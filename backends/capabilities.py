@@ -59,10 +59,11 @@ class Rule:
 
 
 def empty_prompt(request: CompletionRequest) -> bool:
-    """``""`` (or ``null``, which the schema carries as ``""``), alone or in a batch of texts."""
+    """``""`` (or ``null``, which the schema carries as ``""``), alone or in a batch of texts; not
+    next to ``prompt_embeds``, where it is left out (the embeddings are the prompt)."""
     prompt = request.prompt
     if isinstance(prompt, str):
-        return not prompt
+        return not prompt and request.prompt_embeds is None
     return isinstance(prompt[0], str) and "" in prompt
 
 

@@ -1,10 +1,12 @@
-"""The Completions API wire models: the request (with every rule) and the response shapes.
+"""The Completions API request: its fields and every rule (the answer shapes: :mod:`schemas.completions_responses`).
 
-Fields are listed in OpenAI's documented order, then the vLLM extras named in the
-seed API. Bounds live in ``Field``; rules that tie fields together are named
-``model_validator``s that raise :class:`~schemas.errors.FieldRuleError` naming the
-offending field. Validation is strict (no ``"5"`` for an int, no ``0`` for a bool)
-and unknown fields are refused by name (``extra="forbid"``).
+Fields are listed in OpenAI's documented order, then the vLLM extras named in the seed API.
+The composite fields' types live in :mod:`schemas.completions_options`, which fields are
+vLLM's (and their "off" values) in :mod:`schemas.completions_fields`. Bounds live in
+``Field``; rules that tie fields together are named ``model_validator``s that raise
+:class:`~schemas.errors.FieldRuleError` naming the offending field. Validation is strict
+(no ``"5"`` for an int, no ``0`` for a bool) and unknown fields are refused by name
+(``extra="forbid"``).
 
 ``null`` means "the default" for every nullable field, as in OpenAI's spec: the
 gateway never forwards a ``null`` upstream (see :meth:`CompletionRequest.upstream_fields`).
@@ -39,9 +41,18 @@ from schemas.common import (
     check_logit_bias_keys,
     check_stream_options,
 )
+from schemas.completions_fields import NESTED_FIELDS, NEUTRAL_VALUES, VLLM_EXTRA_FIELDS
+from schemas.completions_options import (
+    CompletionResponseFormat,
+    Prompt,
+    PromptEmbeds,
+    StreamOptions,
+    StructuredOutputs,
+    embeds_bytes,
+)
+from schemas.completions_responses import Choice, CompletionChunk, CompletionResponse, Logprobs, Usage
 from schemas.errors import FieldRuleError
 from schemas.vllm_extras import (
-    VLLM_EXTRAS_NEUTRAL,
     BadWords,
     CacheSalt,
     LogprobTokenIds,
@@ -65,6 +76,7 @@ __all__ = [
     "CompletionChunk",
     "CompletionRequest",
     "CompletionResponse",
+    "CompletionResponseFormat",
     "Logprobs",
     "Prompt",
     "StreamOptions",
@@ -73,54 +85,9 @@ __all__ = [
 ]
 
 DEFAULT_MAX_TOKENS = 16
-
-# The four prompt forms: text, a batch of texts, token ids, a batch of token-id lists.
-Prompt = (
-    str
-    | Annotated[list[str], Field(min_length=1)]
-    | Annotated[list[TokenId], Field(min_length=1)]
-    | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)]
-)
-
-
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    include_usage: bool | None = None
-    # vLLM extra: a usage object on every chunk.
-    continuous_usage_stats: bool | None = None
-
-
-class StructuredOutputs(BaseModel):
-    """vLLM's ``structured_outputs`` (``StructuredOutputsParams``, >= 0.11; the only form from 0.12)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-    # ``json`` on the wire (a BaseModel attribute name in Python).
-    json_: str | JsonObject | None = Field(None, alias="json")
-    regex: NonEmpty | None = None
-    choice: GuidedChoice | None = None
-    grammar: NonEmpty | None = None
-    json_object: StrictBool | None = None
-    disable_fallback: StrictBool | None = None
-    disable_any_whitespace: StrictBool | None = None
-    disable_additional_properties: StrictBool | None = None
-    whitespace_pattern: str | None = None
-    structural_tag: str | None = None
-
-    def constraints(self) -> list[str]:
-        """The constraint kinds set (vLLM allows one: json, regex, choice, grammar or json_object)."""
-        return [
-            wire
-            for wire, value in (
-                ("json", self.json_),
-                ("regex", self.regex),
-                ("choice", self.choice),
-                ("grammar", self.grammar),
-                ("json_object", self.json_object or None),
-            )
-            if value is not None
-        ]
+# A prompt_embeds tensor's bytes per token, for estimates only (hidden size 1024 in float32, 2048 in
+# bfloat16): a larger model's rows are larger, so its prompts are over-estimated, a smaller one's under-.
+EMBED_BYTES_PER_TOKEN = 4096
 
 
 class CompletionRequest(BaseModel):
@@ -133,8 +100,9 @@ class CompletionRequest(BaseModel):
     # --- OpenAI ---------------------------------------------------------------
     model: NonEmpty
     # Required but nullable (OpenAI): ``null`` is the default, "the start of a document",
-    # carried as ``""``; backends that cannot generate from no text refuse it by name.
-    prompt: Prompt
+    # carried as ``""``; backends that cannot generate from no text refuse it by name. It may be
+    # left out when prompt_embeds is set (vLLM): the default here only stands for "not sent".
+    prompt: Prompt = ""
     best_of: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
     echo: StrictBool | None = None
     frequency_penalty: Penalty | None = None
@@ -182,6 +150,11 @@ class CompletionRequest(BaseModel):
     guided_grammar: NonEmpty | None = None
     guided_decoding_backend: NonEmpty | None = None
     guided_whitespace_pattern: str | None = None
+    # Chat's output formats plus vLLM's structural_tag; one output constraint at a time.
+    response_format: CompletionResponseFormat | None = None
+    # One prompt per tensor, before prompt's own (vLLM needs --enable-prompt-embeds); not with echo,
+    # suffix or prompt_logprobs, which vLLM refuses for them.
+    prompt_embeds: PromptEmbeds | None = None
     # vLLM's own fields that chat takes too (schemas.vllm_extras: one definition for both).
     bad_words: BadWords | None = None
     logprob_token_ids: LogprobTokenIds | None = None  # with logprobs: these tokens' logprobs, not the top ones
@@ -215,7 +188,10 @@ class CompletionRequest(BaseModel):
         was set (an unset field is its default, ``None``, which breaks no rule), so a plain
         request (model, prompt, a few sampling fields) pays for one set intersection.
         """
-        _RULES.run(self, self.__pydantic_fields_set__)
+        fields_set = self.__pydantic_fields_set__
+        if "prompt" not in fields_set and self.prompt_embeds is None:
+            raise FieldRuleError("prompt", "Missing required parameter: 'prompt'.")
+        _RULES.run(self, fields_set)
         return self
 
     def _check_logit_bias_keys(self) -> None:
@@ -257,6 +233,31 @@ class CompletionRequest(BaseModel):
                 "structured_outputs", f"structured_outputs and {guides[0]} are two forms of one constraint; send one"
             )
 
+    def _check_response_format(self) -> None:
+        fmt = self.response_format
+        if fmt is None or fmt.type == "text":
+            return  # plain text constrains nothing
+        structured = self.structured_outputs
+        others = [name for name in GUIDED_FIELDS if getattr(self, name) is not None]
+        if structured is not None and structured.constraints():
+            others.append("structured_outputs")
+        if others:
+            raise FieldRuleError(
+                "response_format", f"response_format and {others[0]} are two output constraints; send one"
+            )
+
+    def _check_prompt_embeds(self) -> None:
+        if self.prompt_embeds is None:
+            return
+        # vLLM refuses these with prompt embeddings: there is no prompt text to echo, complete or score.
+        for name, value in (
+            ("echo", self.echo or None),
+            ("suffix", self.suffix),
+            ("prompt_logprobs", self.prompt_logprobs),
+        ):
+            if value is not None:
+                raise FieldRuleError(name, f"{name} is not available with prompt_embeds")
+
     def _check_prompt_logprobs(self) -> None:
         if self.prompt_logprobs is not None and self.stream:
             raise FieldRuleError("prompt_logprobs", "prompt_logprobs is not available with stream")
@@ -284,9 +285,13 @@ class CompletionRequest(BaseModel):
         """The fields the client set to a non-null value, as plain JSON-able data.
 
         This is what an OpenAI-shaped upstream receives (after the adapter maps
-        ``model``); unset and ``null`` fields fall back to the upstream's defaults.
+        ``model``); unset and ``null`` fields fall back to the upstream's defaults. With
+        ``prompt_embeds``, an empty ``prompt`` (or ``null``) is left out: no prompt of its own.
         """
-        return self.model_dump(exclude_none=True, exclude_unset=True, by_alias=True)
+        fields = self.model_dump(exclude_none=True, exclude_unset=True, by_alias=True)
+        if self.prompt_embeds is not None and self.prompt == "":
+            fields.pop("prompt", None)
+        return fields
 
     @property
     def effective_n(self) -> int:
@@ -294,11 +299,19 @@ class CompletionRequest(BaseModel):
 
     @property
     def prompt_count(self) -> int:
-        """How many prompts the request carries (a batch multiplies the choices)."""
+        """How many prompts the request carries (a batch multiplies the choices); each of
+        ``prompt_embeds`` is one more, before the text ones (a prompt left out counts none)."""
         prompt = self.prompt
         if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int):
-            return 1
-        return len(prompt)
+            count = 1
+        else:
+            count = len(prompt)
+        embeds = self.prompt_embeds
+        if embeds is None:
+            return count
+        if prompt == "":  # vLLM's "either": empty text next to embeddings is no prompt of its own
+            count = 0
+        return count + (1 if isinstance(embeds, str) else len(embeds))
 
     # --- the request path's common interface (gateway.served.ServedRequest) ---------------
     output_limit_param: ClassVar[str] = "max_tokens"
@@ -329,7 +342,13 @@ class CompletionRequest(BaseModel):
         return self.stream_options is not None and bool(self.stream_options.include_usage)
 
     def prompt_estimate(self) -> int:
-        """A cheap upper-ish estimate of the prompt's tokens: exact for token ids, ~4 characters a token for text."""
+        """A cheap upper-ish estimate of the prompt's tokens: exact for token ids, ~4 characters a token for
+        text, :data:`EMBED_BYTES_PER_TOKEN` tensor bytes a token for ``prompt_embeds``."""
+        if self.prompt_embeds is not None:
+            return embeds_bytes(self.prompt_embeds) // EMBED_BYTES_PER_TOKEN + 1 + self._text_estimate()
+        return self._text_estimate()
+
+    def _text_estimate(self) -> int:
         prompt = self.prompt
         if isinstance(prompt, str):
             return len(prompt) // CHARS_PER_TOKEN + 1
@@ -369,122 +388,6 @@ _RULES: FieldRules[CompletionRequest] = FieldRules(
         CompletionRequest._check_guided_count,
     ),
     (frozenset({"use_beam_search"}), CompletionRequest._check_beam_search),
+    (frozenset({"response_format"}), CompletionRequest._check_response_format),
+    (frozenset({"prompt_embeds"}), CompletionRequest._check_prompt_embeds),
 )
-
-
-# Values of the vLLM extras that mean "off": a field explicitly set to one of these
-# is not a capability violation on a backend that lacks the feature.
-NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
-    "top_k": (-1, 0),
-    "min_p": (0.0,),
-    "use_beam_search": (False,),
-    "length_penalty": (1.0,),
-    "repetition_penalty": (1.0,),
-    "early_stopping": (False,),
-    "stream_options.continuous_usage_stats": (False,),
-    "return_tokens_as_token_ids": (False,),
-    "return_token_ids": (False,),
-    "stop_token_ids": ([],),
-    "include_stop_str_in_output": (False,),
-    "ignore_eos": (False,),
-    "min_tokens": (0,),
-    "skip_special_tokens": (True,),
-    "spaces_between_special_tokens": (True,),
-    "add_special_tokens": (True,),
-    "best_of": (1,),
-    "echo": (False,),
-    "suffix": ("",),
-    "logit_bias": ({},),
-    "frequency_penalty": (0.0,),
-    "presence_penalty": (0.0,),
-    "n": (1,),
-    **VLLM_EXTRAS_NEUTRAL,
-}
-
-# Fields inside an object field that a backend may honour or not on their own; capability
-# tables name them ``parent.child`` (and so do the errors refusing them).
-NESTED_FIELDS: tuple[str, ...] = ("stream_options.continuous_usage_stats",)
-
-VLLM_EXTRA_FIELDS: frozenset[str] = frozenset(
-    {
-        "top_k",
-        "min_p",
-        "use_beam_search",
-        "length_penalty",
-        "repetition_penalty",
-        "early_stopping",
-        "stop_token_ids",
-        "include_stop_str_in_output",
-        "ignore_eos",
-        "min_tokens",
-        "skip_special_tokens",
-        "spaces_between_special_tokens",
-        "add_special_tokens",
-        "truncate_prompt_tokens",
-        "truncation_side",
-        "allowed_token_ids",
-        "prompt_logprobs",
-        "return_tokens_as_token_ids",
-        "return_token_ids",
-        "structured_outputs",
-        "stream_options.continuous_usage_stats",
-        "guided_json",
-        "guided_regex",
-        "guided_choice",
-        "guided_grammar",
-        "guided_decoding_backend",
-        "guided_whitespace_pattern",
-        "bad_words",
-        "logprob_token_ids",
-        "thinking_token_budget",
-        "watermarking",
-        "priority",
-        "request_id",
-        "session_id",
-        "routed_experts_prompt_start",
-        "cache_salt",
-        "kv_transfer_params",
-        "ec_transfer_params",
-        "vllm_xargs",
-        "repetition_detection",
-        "stream_interval",
-    }
-)
-
-
-# --- response shapes (used by the mock backend, OpenAPI and tests; the relay path
-# --- does not re-validate upstream bodies) ------------------------------------------
-
-
-class Logprobs(BaseModel):
-    tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float | None] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float] | None] | None = None
-    text_offset: list[int] = Field(default_factory=list)
-
-
-class Choice(BaseModel):
-    text: str
-    index: int
-    logprobs: Logprobs | None = None
-    finish_reason: Literal["stop", "length", "content_filter"] | None = None
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-
-class CompletionResponse(BaseModel):
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[Choice]
-    system_fingerprint: str | None = None
-    usage: Usage | None = None
-
-
-class CompletionChunk(CompletionResponse):
-    """A streamed chunk: the same shape, ``usage`` null except on the final usage chunk."""

@@ -6,7 +6,7 @@ vLLM's extras and what it cannot simulate (audio, predictions, custom tools) by 
 
 from __future__ import annotations
 
-from backends.capabilities import Capabilities, Level
+from backends.capabilities import Capabilities, Level, Rule
 from backends.chat_capabilities import VLLM_CHAT_EXTRAS, ChatCapabilities
 from backends.pooling_capabilities import BINARY_REASON, PoolingRule, embedding_table, rerank_table
 from backends.responses.capabilities import ResponsesCapabilities
@@ -20,8 +20,18 @@ N, T, U = Level.NATIVE, Level.TRANSLATED, Level.UNSUPPORTED
 
 # --- completions (backends.mock.completions) ------------------------------------------------
 
-MOCK_CAPABILITIES = Capabilities.of(N, **dict.fromkeys(VLLM_EXTRA_FIELDS, U), suffix=U).with_limits(
-    {"logprobs": 5}  # OpenAI's bound, which the mock imitates
+MOCK_CAPABILITIES = (
+    Capabilities.of(N, **{**dict.fromkeys(VLLM_EXTRA_FIELDS, U), "response_format": N}, suffix=U)
+    .with_limits({"logprobs": 5})  # OpenAI's bound, which the mock imitates
+    .with_rules(
+        (
+            Rule(
+                "response_format",
+                "the simulator writes JSON (json_object, json_schema), not structural tags",
+                lambda r: r.response_format is not None and r.response_format.type == "structural_tag",
+            ),
+        )
+    )
 )
 
 # --- chat (backends.mock.chat): hints that change no simulated text are accepted --------------

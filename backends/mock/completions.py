@@ -8,7 +8,9 @@ Determinism: the text of a choice is a function of the prompt (text or token ids
 seeded by a BLAKE2b hash of those, never Python's salted ``hash()``. The simulator accepts the
 OpenAI sampling parameters (``temperature``, ``top_p``, penalties, ``logit_bias``, ``user``) but
 they do not change the text, except ``temperature == 0``, which drops the index from the hash so
-that every choice of one prompt is identical (greedy). vLLM's extras and ``suffix`` are unsupported.
+that every choice of one prompt is identical (greedy). vLLM's extras and ``suffix`` are unsupported,
+except ``response_format`` ``json_object`` / ``json_schema``: the text is then a JSON value (of the
+schema), as the chat simulator writes it, cut by ``max_tokens`` like a model's.
 
 Honoured: ``max_tokens`` (default 16; 0 gives an empty completion with ``finish_reason`` "length"),
 ``n``, prompt batches (``index = prompt_index * n + i``), ``stop`` (text cut before the first stop
@@ -43,7 +45,9 @@ from typing import Any, cast
 import orjson
 
 from backends.base import CompletionResult, CompletionStream, TokenUsage, UpstreamCall
+from backends.mock.json_schema import instance
 from backends.native.common import first_stop
+from schemas.chat_messages import JSONSchemaResponseFormat
 from schemas.completions import DEFAULT_MAX_TOKENS, CompletionRequest, Prompt
 from schemas.errors import InvalidRequestError
 
@@ -156,19 +160,38 @@ def _echo(prompt: str | list[int], k: int) -> tuple[list[str], list[float | None
     return tokens, logprobs, tops
 
 
+def _json_script(req: CompletionRequest, rng: random.Random) -> list[str] | None:
+    """A JSON ``response_format``'s whole answer in tokens of up to 4 characters (None: free text):
+    a value of the schema, or a small object for ``json_object``, as the chat simulator writes them."""
+    fmt = req.response_format
+    if isinstance(fmt, JSONSchemaResponseFormat):
+        value: Any = instance(fmt.json_schema.schema_ or {}, rng)
+    elif fmt is not None and fmt.type == "json_object":
+        value = {"answer": " ".join(rng.choice(VOCAB) for _ in range(3)), "confidence": round(rng.random(), 2)}
+    else:
+        return None
+    text = orjson.dumps(value).decode()
+    return [text[i : i + 4] for i in range(0, len(text), 4)]
+
+
 def _generate(prompt: str | list[int], candidate: int, req: CompletionRequest) -> _Choice:
     k = req.logprobs or 0
     rng = _rng(prompt, req.seed, None if req.temperature == 0 else candidate)
     tokens: list[str] = []
     logprobs: list[float | None] = []
     tops: list[dict[str, float] | None] = []
-    for _ in range(DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens):
+    limit = DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
+    script = _json_script(req, rng)
+    for i in range(limit if script is None else min(limit, len(script))):
         # The same three draws whatever ``logprobs`` is, so it never changes the text.
         word, logprob, sub = " " + rng.choice(VOCAB), math.log(rng.uniform(0.05, 0.99)), rng.getrandbits(64)
+        if script is not None:
+            word = script[i]
         tokens.append(word)
         logprobs.append(logprob)
         tops.append(_top(sub, word, logprob, k))
-    generated, finish = len(tokens), "length"
+    # A JSON answer ends when its value is complete ("stop"), or is cut by max_tokens as a model's would be.
+    generated, finish = len(tokens), "stop" if script is not None and len(tokens) == len(script) else "length"
     text = "".join(tokens)
     match = first_stop(text, [req.stop] if isinstance(req.stop, str) else (req.stop or []))
     if match is not None:

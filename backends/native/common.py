@@ -6,7 +6,7 @@ turns that into a :class:`Generation` (non-streaming) or a series of :class:`Eve
 too, except the OpenAI choice built from them (:mod:`backends.native.choice`):
 
 - the request helpers every translator uses (stops, explicit sampling, max_tokens,
-  ``guided_json``, seeds, native logprob entries) and the stop-sequence text helpers;
+  ``guided_json`` or a JSON ``response_format``, seeds, native logprob entries) and the stop-sequence text helpers;
 - ids, ``created`` and the answer head;
 - Ollama's finish mapping (``ollama_finish``), which both Ollama translators share;
 - :class:`NativeCapabilities`: the capability table plus rules that depend on a field's
@@ -26,11 +26,13 @@ import orjson
 from backends.base import TokenUsage
 from backends.capabilities import EMPTY_PROMPT, Capabilities, Level, Rule, empty_prompt
 from backends.errors import UpstreamProtocolError, error_fields
+from schemas.chat_messages import JSONSchemaResponseFormat
 from schemas.completions import DEFAULT_MAX_TOKENS, CompletionRequest
 from schemas.errors import InvalidRequestError
 
 __all__ = [
     "ECHO_LOGPROBS_RULE",
+    "STRUCTURAL_TAG_RULE",
     "TOKEN_PROMPT_RULE",
     "Event",
     "Generation",
@@ -48,6 +50,7 @@ __all__ = [
     "first_stop",
     "fit_tokens",
     "guided_json_schema",
+    "json_constraint",
     "logit_bias_pairs",
     "logprob_tokens",
     "native_seed",
@@ -73,7 +76,12 @@ class NativeCapabilities(Capabilities):
         """Unlisted fields are unsupported: a native API does only what its translator maps."""
         base = Capabilities.of(Level.UNSUPPORTED, **levels)
         table = cls(base.levels, base.unsupported).with_rules(rules).with_limits(limits or {})
-        return table.with_reasons({"stream_options.continuous_usage_stats": _NO_CONTINUOUS_USAGE})
+        return table.with_reasons(
+            {
+                "stream_options.continuous_usage_stats": _NO_CONTINUOUS_USAGE,
+                "prompt_embeds": "the native API takes text (or token ids), not prompt embeddings",
+            }
+        )
 
 
 _NO_CONTINUOUS_USAGE = "the native API reports token counts only at the end of a stream"
@@ -270,6 +278,28 @@ def guided_json_schema(request: CompletionRequest) -> dict[str, Any] | bool:
     if not isinstance(value, dict | bool):
         raise InvalidRequestError("guided_json must be a JSON Schema object", param="guided_json")
     return value
+
+
+def json_constraint(request: CompletionRequest) -> dict[str, Any] | bool | None:
+    """The JSON Schema a completion must follow (None: none): ``guided_json``, or a JSON
+    ``response_format`` (``json_object``, and a ``json_schema`` without a schema: any object).
+    The schema allows one of them at a time."""
+    if request.guided_json is not None:
+        return guided_json_schema(request)
+    fmt = request.response_format
+    if isinstance(fmt, JSONSchemaResponseFormat):
+        return fmt.json_schema.schema_ if fmt.json_schema.schema_ is not None else {"type": "object"}
+    if fmt is not None and fmt.type == "json_object":
+        return {"type": "object"}
+    return None
+
+
+STRUCTURAL_TAG_RULE = Rule(
+    "response_format",
+    "a structural_tag response_format: the native API has no structural tags (json_object and json_schema are "
+    "translated)",
+    lambda r: r.response_format is not None and r.response_format.type == "structural_tag",
+)
 
 
 def logit_bias_pairs(bias: Mapping[str, float]) -> list[list[int | float]]:

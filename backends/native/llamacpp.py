@@ -10,7 +10,8 @@ top_p 0.95, top_k 40, min_p 0.05):
 - ``seed`` as a non-negative 32-bit value (llama.cpp reads -1 as "random");
 - ``n_probs`` for logprobs (at least 1: with 0 llama.cpp returns no probabilities at all);
 - ``logit_bias`` as ``[[token_id, bias], ...]``, ``ignore_eos``;
-- guided_json -> ``json_schema``; guided_choice -> a GBNF ``grammar`` alternation;
+- guided_json, or a JSON ``response_format`` (``json_object``: ``{"type": "object"}``) ->
+  ``json_schema``; guided_choice -> a GBNF ``grammar`` alternation;
   guided_grammar -> ``grammar`` as written (it must be GBNF, llama.cpp's dialect).
 
 Response: ``stop_type`` ``eos``/``word`` -> ``stop``, ``limit`` (and ``none``) -> ``length``;
@@ -35,7 +36,7 @@ from backends.native.common import (
     count,
     explicit_sampling,
     fit_tokens,
-    guided_json_schema,
+    json_constraint,
     logit_bias_pairs,
     logprob_tokens,
     native_seed,
@@ -108,8 +109,9 @@ class LlamaCppBackend(NativeBackend):
             body["logit_bias"] = logit_bias_pairs(request.logit_bias)
         if request.ignore_eos:
             body["ignore_eos"] = True
-        if request.guided_json is not None:
-            body["json_schema"] = guided_json_schema(request)
+        schema = json_constraint(request)
+        if schema is not None:
+            body["json_schema"] = schema
         elif request.guided_choice is not None:
             body["grammar"] = choice_grammar(request.guided_choice)
         elif request.guided_grammar is not None:

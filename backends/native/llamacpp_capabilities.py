@@ -5,7 +5,7 @@ from __future__ import annotations
 from backends.capabilities import AUDIT_USER_NOTE, Level
 from backends.chat_capabilities import ChatCapabilities, Exclusive
 from backends.emulation.fanout_plan import FANOUT_RULES
-from backends.native.common import ECHO_LOGPROBS_RULE, NativeCapabilities
+from backends.native.common import ECHO_LOGPROBS_RULE, STRUCTURAL_TAG_RULE, NativeCapabilities
 from backends.pooling_capabilities import BINARY_REASON, embedding_table
 from backends.responses.capabilities import ResponsesCapabilities
 from schemas.embeddings import VLLM_EMBEDDING_EXTRAS
@@ -22,9 +22,9 @@ LLAMACPP_CAPABILITIES = NativeCapabilities.build(
         "logprobs": T, "max_tokens": T, "n": E, "presence_penalty": T, "seed": T, "stop": T,
         "stream": T, "stream_options": E, "temperature": T, "top_p": T, "user": E, "top_k": T,
         "min_p": T, "repetition_penalty": T, "include_stop_str_in_output": E, "ignore_eos": T,
-        "guided_json": T, "guided_choice": T, "guided_grammar": T,
+        "guided_json": T, "guided_choice": T, "guided_grammar": T, "response_format": T,
     },
-    rules=(ECHO_LOGPROBS_RULE, *FANOUT_RULES),
+    rules=(ECHO_LOGPROBS_RULE, STRUCTURAL_TAG_RULE, *FANOUT_RULES),
     limits={"logprobs": 5},
 ).with_notes({"user": AUDIT_USER_NOTE})  # fmt: skip
 

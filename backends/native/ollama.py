@@ -10,7 +10,8 @@ top_p 0.9, top_k 40, repeat_penalty 1.1, streaming on, the model's prompt templa
   (off), ``min_p`` 0, ``repeat_penalty`` 1 and both penalties 0 unless the client set them;
   ``stop``; ``seed`` as a non-negative 32-bit value (Ollama reads -1 as "random");
 - ``logprobs: true`` + ``top_logprobs: k`` when the client asked for logprobs;
-- ``guided_json`` -> ``format`` (a JSON Schema). Ollama has no regex or grammar.
+- ``guided_json`` or a ``json_schema`` ``response_format`` -> ``format`` (a JSON Schema);
+  ``json_object`` -> ``format: "json"``. Ollama has no regex or grammar.
 
 Response: ``done_reason`` ``stop`` -> ``stop``, ``length`` -> ``length``; Ollama removes
 stop sequences itself. Usage: ``prompt_eval_count`` and ``eval_count`` (omitted when 0).
@@ -32,7 +33,7 @@ from backends.native.common import (
     count,
     explicit_sampling,
     fit_tokens,
-    guided_json_schema,
+    json_constraint,
     logprob_tokens,
     native_seed,
     ollama_finish,
@@ -90,8 +91,13 @@ class OllamaBackend(NativeBackend):
         if request.logprobs is not None:
             body["logprobs"] = True
             body["top_logprobs"] = request.logprobs
-        if request.guided_json is not None:
-            body["format"] = guided_json_schema(request)
+        fmt = request.response_format
+        if fmt is not None and fmt.type == "json_object":
+            body["format"] = "json"  # Ollama's own JSON mode, as chat sends it
+        else:
+            schema = json_constraint(request)
+            if schema is not None:
+                body["format"] = schema
         return body
 
     def embed_payload(self, request: EmbeddingRequest, model: str, inputs: Sequence[Any]) -> dict[str, Any]:

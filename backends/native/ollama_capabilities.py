@@ -5,7 +5,13 @@ from __future__ import annotations
 from backends.capabilities import AUDIT_USER_NOTE, Level
 from backends.chat_capabilities import ChatCapabilities
 from backends.emulation.fanout_plan import FANOUT_RULES
-from backends.native.common import ECHO_LOGPROBS_RULE, TOKEN_PROMPT_RULE, NativeCapabilities, empty_prompt_rule
+from backends.native.common import (
+    ECHO_LOGPROBS_RULE,
+    STRUCTURAL_TAG_RULE,
+    TOKEN_PROMPT_RULE,
+    NativeCapabilities,
+    empty_prompt_rule,
+)
 from backends.pooling_capabilities import BINARY_REASON, embedding_table
 from backends.responses.capabilities import ResponsesCapabilities
 from schemas.embeddings import VLLM_EMBEDDING_EXTRAS
@@ -22,9 +28,9 @@ OLLAMA_CAPABILITIES = NativeCapabilities.build(
         "model": T, "prompt": T, "best_of": E, "echo": E, "frequency_penalty": T, "logprobs": T,
         "max_tokens": T, "n": E, "presence_penalty": T, "seed": T, "stop": T, "stream": T,
         "stream_options": E, "suffix": T, "temperature": T, "top_p": T, "user": E, "top_k": T,
-        "min_p": T, "repetition_penalty": T, "guided_json": T,
+        "min_p": T, "repetition_penalty": T, "guided_json": T, "response_format": T,
     },
-    rules=(TOKEN_PROMPT_RULE, _EMPTY_PROMPT_RULE, ECHO_LOGPROBS_RULE, *FANOUT_RULES),
+    rules=(TOKEN_PROMPT_RULE, _EMPTY_PROMPT_RULE, ECHO_LOGPROBS_RULE, STRUCTURAL_TAG_RULE, *FANOUT_RULES),
     limits={"logprobs": 20},
 ).with_notes({"user": AUDIT_USER_NOTE})  # fmt: skip
 

@@ -12,7 +12,8 @@ Request (``{"inputs": prompt, "parameters": {...}}``), defaults made explicit:
 - ``details: true`` always: without it a stream has no finish reason and no counts;
   ``top_n_tokens`` for ``logprobs > 0``;
 - guided_json / guided_regex -> ``grammar`` of type ``json`` / ``regex``; guided_choice ->
-  a ``regex`` alternation of the escaped choices.
+  a ``regex`` alternation of the escaped choices; a JSON ``response_format`` -> a ``json``
+  grammar (``json_object``: ``{"type": "object"}``).
 
 Response: ``finish_reason`` ``length`` -> ``length``, ``eos_token`` / ``stop_sequence`` ->
 ``stop``; TGI keeps the stop sequence in the text, so the gateway cuts it
@@ -38,7 +39,7 @@ from backends.native.common import (
     TokenLogprob,
     count,
     finish_of,
-    guided_json_schema,
+    json_constraint,
     stops_of,
     upstream_failed,
     upstream_max_tokens,
@@ -118,8 +119,9 @@ class TGIBackend(NativeBackend):
             params["stop"] = stops
         if request.logprobs:
             params["top_n_tokens"] = request.logprobs
-        if request.guided_json is not None:
-            params["grammar"] = {"type": "json", "value": guided_json_schema(request)}
+        schema = json_constraint(request)
+        if schema is not None:
+            params["grammar"] = {"type": "json", "value": schema}
         elif request.guided_regex is not None:
             params["grammar"] = {"type": "regex", "value": request.guided_regex}
         elif request.guided_choice is not None:

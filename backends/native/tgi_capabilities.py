@@ -5,7 +5,13 @@ from __future__ import annotations
 from backends.capabilities import AUDIT_USER_NOTE, Level
 from backends.chat_capabilities import ChatCapabilities, Exclusive
 from backends.emulation.fanout_plan import FANOUT_RULES
-from backends.native.common import ECHO_LOGPROBS_RULE, TOKEN_PROMPT_RULE, NativeCapabilities, empty_prompt_rule
+from backends.native.common import (
+    ECHO_LOGPROBS_RULE,
+    STRUCTURAL_TAG_RULE,
+    TOKEN_PROMPT_RULE,
+    NativeCapabilities,
+    empty_prompt_rule,
+)
 from backends.responses.capabilities import ResponsesCapabilities
 
 __all__ = ["TGI_CAPABILITIES", "TGI_CHAT", "TGI_RESPONSES"]
@@ -20,9 +26,9 @@ TGI_CAPABILITIES = NativeCapabilities.build(
         "model": T, "prompt": T, "best_of": E, "echo": E, "frequency_penalty": T, "logprobs": T,
         "max_tokens": T, "n": E, "seed": T, "stop": E, "stream": T, "stream_options": E,
         "temperature": T, "top_p": T, "user": E, "top_k": T, "repetition_penalty": T,
-        "include_stop_str_in_output": E, "guided_json": T, "guided_regex": T, "guided_choice": T,
+        "include_stop_str_in_output": E, "guided_json": T, "guided_regex": T, "guided_choice": T, "response_format": T,
     },
-    rules=(TOKEN_PROMPT_RULE, _EMPTY_PROMPT_RULE, ECHO_LOGPROBS_RULE, *FANOUT_RULES),
+    rules=(TOKEN_PROMPT_RULE, _EMPTY_PROMPT_RULE, ECHO_LOGPROBS_RULE, STRUCTURAL_TAG_RULE, *FANOUT_RULES),
     limits={"logprobs": 5},
 ).with_notes({"user": AUDIT_USER_NOTE})  # fmt: skip
 

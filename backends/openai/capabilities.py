@@ -30,7 +30,16 @@ N, T, U = Level.NATIVE, Level.TRANSLATED, Level.UNSUPPORTED
 
 # --- completions: OpenAI's own bound, logprobs 0..5 -----------------------------------------
 
-OPENAI_CAPABILITIES = Capabilities.of(N, **dict.fromkeys(VLLM_EXTRA_FIELDS, U)).with_limits({"logprobs": 5})
+OPENAI_CAPABILITIES = (
+    Capabilities.of(N, **dict.fromkeys(VLLM_EXTRA_FIELDS, U))
+    .with_limits({"logprobs": 5})
+    .with_reasons(
+        {
+            "response_format": "OpenAI's completions has no response_format (a chat field)",
+            "prompt_embeds": "OpenAI's completions has no prompt_embeds (a vLLM field)",
+        }
+    )
+)
 
 # --- chat: everything OpenAI documents; vLLM's extras are not OpenAI's ------------------------
 

@@ -18,6 +18,7 @@ from backends.chat_capabilities import CHAT_FIELDS, OPENAI_ONLY_FIELDS, ChatCapa
 from backends.pooling_capabilities import PoolingCapabilities, embedding_table, rerank_table
 from backends.responses.capabilities import ResponsesCapabilities
 from backends.vllm.versions import (
+    BOUNDARIES,
     CHAT_BOUNDARIES,
     COMPLETIONS_EXTRAS_SINCE,
     VLLM_MAX_LOGPROBS,
@@ -25,6 +26,7 @@ from backends.vllm.versions import (
     VLLMFeatures,
     VLLMVersion,
 )
+from schemas.chat_messages import JSONSchemaResponseFormat
 from schemas.embeddings import VLLM_EMBEDDING_EXTRAS
 from schemas.rerank import VLLM_RERANK_EXTRAS
 
@@ -149,6 +151,28 @@ def _structured_rules(features: VLLMFeatures) -> tuple[Rule, ...]:
     return tuple(rules)
 
 
+def _response_format_rules(features: VLLMFeatures) -> tuple[Rule, ...]:
+    """What a version before 0.12 cannot apply in ``response_format`` (the other forms are translated)."""
+    if features.version is None or features.version >= BOUNDARIES["response_format"]:
+        return ()
+    v = features.label
+    return (
+        Rule(
+            "response_format",
+            f"vLLM {v} ignores a structural_tag response_format in completions (applied from 0.12)",
+            lambda r: r.response_format is not None and r.response_format.type == "structural_tag",
+        ),
+        Rule(
+            "response_format",
+            f"a json_schema response_format without a schema constrains nothing the gateway can send vLLM {v}",
+            lambda r: (
+                isinstance(r.response_format, JSONSchemaResponseFormat)
+                and r.response_format.json_schema.schema_ is None
+            ),
+        ),
+    )
+
+
 _EMPTY_PROMPT_RULE = Rule(
     "prompt", f'{EMPTY_PROMPT}: vLLM refuses it ("prompt ... must be provided and non-empty")', empty_prompt
 )
@@ -168,8 +192,15 @@ def capabilities_for(features: VLLMFeatures) -> Capabilities:
         levels["best_of"] = Level.EMULATED
     if not features.greedy_n:
         levels["n"] = Level.EMULATED  # n > 1 with temperature 0: replicated greedy choice
+    if features.version is None:
+        levels["response_format"] = Level.UNSUPPORTED
+        reasons["response_format"] = (
+            _UNKNOWN + "the gateway cannot tell whether it applies the format (vLLM 0.11 ignores json_object alone)"
+        )
+    elif features.version < BOUNDARIES["response_format"]:
+        levels["response_format"] = Level.TRANSLATED  # as guided_json (< 0.11) or structured_outputs (0.11)
     limits = {"logprobs": VLLM_MAX_LOGPROBS, "prompt_logprobs": VLLM_MAX_LOGPROBS}
-    rules = (_EMPTY_PROMPT_RULE, *_structured_rules(features))
+    rules = (_EMPTY_PROMPT_RULE, *_structured_rules(features), *_response_format_rules(features))
     table = Capabilities.of(Level.NATIVE, **levels).with_rules(rules).with_limits(limits)
     return table.with_reasons(reasons)
 

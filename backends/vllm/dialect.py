@@ -5,6 +5,9 @@ Request side (:class:`VLLMDialect`, one per detected version):
 - ``guided_json|regex|choice|grammar`` go as they are before 0.11 and as
   ``structured_outputs: {json|regex|choice|grammar}`` from 0.11 (0.12 ignores
   the old fields, so sending them would come back unconstrained);
+- ``response_format`` goes as it is from 0.12; before, ``json_schema`` goes as ``guided_json``
+  (< 0.11) or ``structured_outputs.json`` (0.11), and ``json_object`` inside ``structured_outputs``
+  on 0.11 (which applies it only there);
 - ``best_of`` goes as it is where vLLM still ranks server-side (< 0.10), is
   dropped when it equals ``n``, and is otherwise emulated
   (:mod:`backends.emulation.best_of`): ``n = best_of`` candidates with logprobs;
@@ -38,8 +41,9 @@ from backends.errors import (
     error_from_upstream_body,
 )
 from backends.vllm.capabilities import capabilities_for
-from backends.vllm.versions import VLLMFeatures, VLLMVersion, parse_version
+from backends.vllm.versions import BOUNDARIES, VLLMFeatures, VLLMVersion, parse_version
 from schemas.chat import ChatCompletionRequest
+from schemas.chat_messages import JSONSchemaResponseFormat
 from schemas.completions import CompletionRequest
 
 __all__ = [
@@ -53,6 +57,7 @@ __all__ = [
     "fingerprint_version",
     "map_finish_reason",
     "normalise_body",
+    "translate_response_format",
     "translate_structured",
     "vllm_error",
 ]
@@ -68,8 +73,11 @@ GUIDED_TO_STRUCTURED: dict[str, str] = {
 # Fields whose handling depends on the version; a request setting none of them is sent as
 # the client wrote it (the zero-translation fast path).
 VERSION_DEPENDENT_FIELDS: frozenset[str] = frozenset(
-    {*GUIDED_TO_STRUCTURED, "guided_decoding_backend", "best_of", "n", "early_stopping", "structured_outputs"}
-)
+    {
+        *GUIDED_TO_STRUCTURED, "guided_decoding_backend", "best_of", "n", "early_stopping", "structured_outputs",
+        "response_format",
+    }
+)  # fmt: skip
 STRUCTURED_TO_GUIDED: dict[str, str] = {wire: name for name, wire in GUIDED_TO_STRUCTURED.items()}
 
 
@@ -114,6 +122,7 @@ class VLLMDialect:
     def translate(self, fields: dict[str, Any], request: CompletionRequest, plan: Plan, factor: int) -> None:
         """Rewrite an upstream body (built from ``request`` as the client sent it) in place."""
         features = self.features
+        translate_response_format(fields, request, features)
         translate_structured(fields, features)
         if not features.native_best_of:
             fields.pop("best_of", None)
@@ -127,6 +136,30 @@ class VLLMDialect:
                 fields.pop("best_of", None)
             case Plan.FORWARD:
                 pass
+
+
+def translate_response_format(fields: dict[str, Any], request: CompletionRequest, features: VLLMFeatures) -> None:
+    """A completions ``response_format`` in a form a version before 0.12 applies, in place.
+
+    Before 0.11 ``json_object`` goes as-is (vLLM applies it as guided_json_object) and a
+    ``json_schema`` goes as ``guided_json``; on 0.11 both go inside ``structured_outputs`` (0.11
+    applies json_object only there). The capability table refused the forms with no such place.
+    """
+    fmt = request.response_format
+    version = features.version
+    if fmt is None or version is None or version >= BOUNDARIES["response_format"] or fmt.type == "text":
+        return
+    if features.structured_outputs:  # 0.11
+        fields.pop("response_format", None)
+        structured = dict(fields.get("structured_outputs") or {})  # options only (the schema allows one constraint)
+        if isinstance(fmt, JSONSchemaResponseFormat):
+            structured["json"] = fmt.json_schema.schema_
+        else:
+            structured["json_object"] = True
+        fields["structured_outputs"] = structured
+    elif isinstance(fmt, JSONSchemaResponseFormat):
+        fields.pop("response_format", None)
+        fields["guided_json"] = fmt.json_schema.schema_
 
 
 def translate_structured(fields: dict[str, Any], features: VLLMFeatures) -> None:
@@ -266,7 +299,7 @@ def fingerprint_version(obj: dict[str, Any]) -> VLLMVersion | None:
 
 # --- errors -------------------------------------------------------------------------------
 
-# vLLM's name for a field -> ours, where they differ.
+# vLLM's name for a field -> ours, where they differ (prompt_embeds: unless the client sent some).
 _PARAM_NAMES = {"input_tokens": "prompt", "prompt_embeds": "prompt"}
 
 
@@ -276,6 +309,8 @@ def vllm_error(
     """Our error for a vLLM error answer (``backends.errors``), with vLLM's names for fields made ours."""
 
     def rename(param: str) -> str:
+        if param == "prompt_embeds" and getattr(request, "prompt_embeds", None) is not None:
+            return param
         name = _PARAM_NAMES.get(param, param)
         if name == "structured_outputs":
             # The constraint the client wrote, under the name it used.

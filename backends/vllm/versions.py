@@ -79,6 +79,11 @@ BOUNDARIES: dict[str, VLLMVersion] = {
     "return_token_ids": VLLMVersion(0, 11, 0),
     # ``truncation_side``: first seen in the 0.32.0 wheel (not in 0.12.0).
     "truncation_side": VLLMVersion(0, 32, 0),
+    # /v1/completions' ``response_format`` (checked in the 0.6.3, 0.7.3, 0.10.1.1, 0.11.0 and 0.12.0 wheels):
+    # every version validates json_object, json_schema (and from 0.10.1 structural_tag), but before
+    # 0.12 applies json_object alone (as guided_json_object; 0.11 only next to another structured
+    # output) and ignores the others with HTTP 200. From 0.12 all three become structured_outputs.
+    "response_format": VLLMVersion(0, 12, 0),
 }
 
 # vLLM's ModelConfig default for --max-logprobs (it bounds logprobs and prompt_logprobs).
@@ -165,6 +170,9 @@ COMPLETIONS_EXTRAS_SINCE: dict[str, VLLMVersion] = {
     "vllm_xargs": CHAT_BOUNDARIES["bad_words"],  # added to both endpoints at once (0.9.2)
     "repetition_detection": CHAT_BOUNDARIES["repetition_detection"],
     "watermarking": CHAT_BOUNDARIES["watermarking"],
+    # prompt_embeds (in the 0.10.1.1 wheel's CompletionRequest; spec section 2); each server also
+    # needs --enable-prompt-embeds, without which it answers 400 naming the field.
+    "prompt_embeds": VLLMVersion(0, 10, 1),
     # Not in the 0.12.0 wheel's CompletionRequest (chat had bad_words from 0.9.2); in 0.32.0's.
     **dict.fromkeys(
         (

@@ -3,7 +3,8 @@
 A refusal is a 400 ``invalid_request_error`` with ``code: cap_exceeded``, ``param`` set
 to the field the client can change and a message naming the cap and where it comes from
 (the deployment's ``caps:`` or the key's ``auth.keys[].caps``). The same place bounds the
-``prompt`` arrays (``server.max_prompt_array``, a hardening limit that is always on).
+``prompt`` arrays and a ``prompt_embeds`` list (``server.max_prompt_array``, a hardening limit that
+is always on); each of ``prompt_embeds`` is one more prompt for the ``prompts`` cap.
 
 Token arithmetic used here and by the rate limiter (:func:`reserve_tokens`):
 
@@ -31,6 +32,7 @@ from typing import cast
 from pydantic import BaseModel
 
 from gateway.served import ServedRequest
+from schemas.completions import CompletionRequest
 from schemas.config import RequestCaps
 from schemas.errors import CapExceededError
 
@@ -92,6 +94,8 @@ class Caps:
         array = request.prompt_array
         if array is not None:
             self._check_prompt_array(array)
+        if isinstance(request, CompletionRequest) and type(request.prompt_embeds) is list:
+            self._check_embeds(request.prompt_embeds)
         n, best_of = request.n, request.best_of
         if self.n is not None and n is not None and n > self.n:
             raise self._over("n", "n", f"'n' is {n}")
@@ -145,6 +149,15 @@ class Caps:
                         param="prompt",
                         cap="prompt_array",
                     )
+
+    def _check_embeds(self, embeds: list[str]) -> None:
+        """``prompt_embeds`` (one tensor per prompt) is bounded like a prompt array; its bytes by the body limit."""
+        if len(embeds) > self.max_prompt_array:
+            raise CapExceededError(
+                f"'prompt_embeds' is an array of {len(embeds)} items; at most {self.max_prompt_array} are accepted",
+                param="prompt_embeds",
+                cap="prompt_array",
+            )
 
     def _over(self, cap: str, param: str, what: str, *, advice: str | None = None) -> CapExceededError:
         source = dict(self.sources).get(cap, "this deployment")

@@ -1,5 +1,6 @@
 """Nothing silently dropped on ``/v1/completions``: vLLM's own fields that chat takes too
-(``schemas.vllm_extras``), each set to a value that asks for something, on every backend type.
+(``schemas.vllm_extras``) and ``prompt_embeds``, each set to a value that asks for something, on
+every backend type; vLLM's completions ``response_format`` likewise.
 
 Each HTTP backend type has its own loopback upstream that records the bodies it got. A field must
 reach a vLLM server whose version has it (the value in the recorded body, under its own name) and
@@ -45,6 +46,7 @@ ASKS: dict[str, tuple[Any, dict[str, Any]]] = {
     "vllm_xargs": ({"xarg77": 77}, {}),
     "repetition_detection": ({"max_pattern_size": 7, "min_count": 3}, {}),
     "stream_interval": (7, {}),
+    "prompt_embeds": (["UEsDBA==", "gAJ9cQAu"], {}),  # a server without --enable-prompt-embeds answers 400
 }
 # What /version says (None: no answer, and no pin); the native types answer their own probes.
 VERSIONS = {"vllm": "0.32.0", "vllm-multi": "0.32.0", "vllm-0.12": "0.12.0", "vllm-unknown": None}
@@ -54,7 +56,7 @@ KINDS = (*HTTP_KINDS, "mock")
 HONOURED = {
     "vllm": set(ASKS),
     "vllm-multi": set(ASKS),  # several servers (the dispatcher a vllm-pool uses too)
-    "vllm-0.12": {"priority", "request_id", "cache_salt", "kv_transfer_params", "vllm_xargs"},
+    "vllm-0.12": {"priority", "request_id", "cache_salt", "kv_transfer_params", "vllm_xargs", "prompt_embeds"},
 }
 ANSWER = {
     "id": "cmpl-77", "object": "text_completion", "created": 1, "model": "up",
@@ -175,6 +177,32 @@ async def test_what_the_fields_ask_for_comes_back(gateway: Gateway, kind: str) -
     assert body["kv_transfer_params"] == {"remote_block_ids": [77]}  # what the decode step needs
     assert "ec_transfer_params" in body and body["ec_transfer_params"] is None
     assert body["choices"][0]["routed_experts"] == "RE77"
+
+
+RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object", "properties": {
+    "n": {"type": "integer"}}, "required": ["n"]}}}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["openai", *VERSIONS, "mock"])
+async def test_response_format_is_applied_or_refused_by_name(gateway: Gateway, kind: str) -> None:
+    """vLLM from 0.12 takes it as sent (the native types translate it: tests/backends/native); OpenAI's
+    completions has none, an unknown vLLM may ignore it (0.11 does); the mock writes JSON of the schema."""
+    for upstream in gateway.upstreams.values():
+        upstream.requests.clear()
+    status, body = await post(
+        gateway, {"model": f"m-{kind}", "prompt": "Hi", "max_tokens": 64, "response_format": RESPONSE_FORMAT}
+    )
+    if kind in ("openai", "vllm-unknown"):
+        assert status == 400 and body["error"]["param"] == "response_format", body
+        assert body["error"]["code"] == "unsupported_parameter"
+        assert all(not u.requests for u in gateway.upstreams.values())
+        return
+    assert status == 200, body
+    if kind == "mock":
+        assert isinstance(orjson.loads(body["choices"][0]["text"])["n"], int)
+        return
+    (sent,) = gateway.upstreams[kind].requests
+    assert sent["response_format"] == RESPONSE_FORMAT
 
 
 async def test_the_rules_shared_with_chat_hold_on_completions(gateway: Gateway) -> None:

@@ -164,6 +164,23 @@ CASES: list[tuple[str, Any, bool]] = [
     ("repetition_detection", {"max_pattern_size": 4, "min_count": 1}, False),
     ("repetition_detection", {"min_pattern_size": 3}, False), ("repetition_detection", {"size": 3}, False),
     ("stream_interval", 1, True), ("stream_interval", 0, False), ("stream_interval", 1.0, False),
+    # --- vLLM's response_format (chat's forms plus structural_tag) and prompt_embeds ---
+    ("response_format", {"type": "text"}, True), ("response_format", {"type": "json_object"}, True),
+    ("response_format", {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object"}}}, True),
+    ("response_format", {"type": "structural_tag", "format": {"type": "triggered_tags"}}, True),
+    ("response_format", {"type": "structural_tag", "structures": [{"begin": "<f>", "end": "</f>"}],
+                         "triggers": ["<f"]}, True),
+    ("response_format", {"type": "json_schema"}, False), ("response_format", {"type": "xml"}, False),
+    ("response_format", {"type": "json_object", "schema": {}}, False), ("response_format", "json_object", False),
+    ("response_format", {"type": "structural_tag"}, False),
+    ("response_format", {"type": "structural_tag", "format": {}, "triggers": ["<f"]}, False),
+    ("response_format", {"type": "structural_tag", "structures": [{"begin": "<f>", "end": "</f>"}]}, False),
+    ("response_format", {"type": "structural_tag", "structures": [], "triggers": ["<f"]}, False),
+    ("response_format", {"type": "json_schema", "json_schema": {"name": "n", "schema": {"m": 2**64}}}, False),
+    ("prompt_embeds", "UEsDBA==", True), ("prompt_embeds", ["UEsDBA==", "gAJ9cQAu"], True),
+    ("prompt_embeds", "", False), ("prompt_embeds", [], False), ("prompt_embeds", "UEsDBA=", False),
+    ("prompt_embeds", "UEsD BA==", False), ("prompt_embeds", "UEsD!A==", False),
+    ("prompt_embeds", ["UEsDBA==", 1], False),
     # --- every boolean: strict, so no 0/1 and no "true" ---
     *[(f, v, True) for f in BOOL_FIELDS for v in (True, False)],
     *[(f, v, False) for f in BOOL_FIELDS for v in (0, 1, "true", "false")],
@@ -288,11 +305,15 @@ def test_invalid_prompts(prompt: Any, mode: str) -> None:
     assert found and all(loc[0] == "prompt" and param == "prompt" for loc, param in found), found
 
 
-@pytest.mark.parametrize("missing", ["model", "prompt"])
-def test_required_fields(missing: str) -> None:
+def test_required_fields() -> None:
     with pytest.raises(ValidationError) as info:
-        CompletionRequest.model_validate({k: v for k, v in BASE.items() if k != missing})
-    assert [(e["loc"], e["type"]) for e in info.value.errors()] == [((missing,), "missing")]
+        CompletionRequest.model_validate({"prompt": "x"})
+    assert [(e["loc"], e["type"]) for e in info.value.errors()] == [(("model",), "missing")]
+    # prompt is required unless prompt_embeds stands in for it: a rule naming it, with OpenAI's message.
+    with pytest.raises(ValidationError) as missing:
+        CompletionRequest.model_validate({"model": "m"})
+    [err] = missing.value.errors()
+    assert err["ctx"]["error"].param == "prompt" and "Missing required parameter: 'prompt'" in err["msg"]
 
 
 # --- unknown fields ------------------------------------------------------------------------
@@ -300,7 +321,7 @@ def test_required_fields(missing: str) -> None:
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize(
-    "name", ["foo", "Temperature", "messages", "max_completion_tokens", "prompt_embeds", "response_format"]
+    "name", ["foo", "Temperature", "messages", "max_completion_tokens", "return_token_offsets", "mm_payload"]
 )
 def test_unknown_field_refused_by_name(name: str, mode: str) -> None:
     with pytest.raises(ValidationError) as info:
@@ -347,6 +368,13 @@ RULE_BREAKS: list[tuple[dict[str, Any], str]] = [
     ({"guided_decoding_backend": "xgrammar"}, "guided_decoding_backend"),
     ({"use_beam_search": True, "stream": True}, "use_beam_search"),
     ({"logit_bias": {"abc": 1}}, "logit_bias"),
+    # response_format is one more output constraint (a structured_outputs with options only is not one).
+    ({"response_format": {"type": "json_object"}, "guided_json": {}}, "response_format"),
+    ({"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}}, "response_format"),
+    # prompt_embeds: vLLM refuses echo, suffix and prompt_logprobs with them.
+    ({"prompt_embeds": "UEsDBA==", "echo": True}, "echo"),
+    ({"prompt_embeds": "UEsDBA==", "suffix": "x"}, "suffix"),
+    ({"prompt_embeds": "UEsDBA==", "prompt_logprobs": 0}, "prompt_logprobs"),
 ]
 
 RULE_KEEPS: list[dict[str, Any]] = [
@@ -369,6 +397,10 @@ RULE_KEEPS: list[dict[str, Any]] = [
     {"use_beam_search": True, "stream": False},
     {"use_beam_search": False, "stream": True},
     {"use_beam_search": True, "n": 4},
+    {"response_format": {"type": "text"}, "guided_regex": "a"},
+    {"response_format": {"type": "json_object"}, "structured_outputs": {"disable_any_whitespace": True}},
+    {"prompt_embeds": "UEsDBA==", "echo": False, "suffix": None},
+    {"prompt_embeds": ["UEsDBA=="], "prompt": ["a", "b"]},
 ]
 
 
@@ -500,6 +532,26 @@ def test_huge_integers_are_a_400_naming_the_field_at_the_door(body: bytes, param
     with pytest.raises(InvalidRequestError) as caught:
         parse_completion_request(body)
     assert caught.value.status == 400 and caught.value.param == param
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_prompt_may_be_left_out_only_next_to_prompt_embeds(mode: str) -> None:
+    """vLLM: prompt or prompt_embeds; an empty prompt next to embeddings is no prompt of its own."""
+    alone = _validate({"model": "m", "prompt_embeds": ["UEsDBA==", "gAJ9cQAu"]}, mode)
+    assert "prompt" not in alone.upstream_fields() and alone.prompt_count == 2
+    null = _validate({"model": "m", "prompt": None, "prompt_embeds": "UEsDBA=="}, mode)
+    assert "prompt" not in null.upstream_fields() and null.prompt_count == 1
+    both = _validate({"model": "m", "prompt": ["a", "b"], "prompt_embeds": "UEsDBA=="}, mode)
+    assert both.upstream_fields()["prompt"] == ["a", "b"] and both.prompt_count == 3
+    with pytest.raises(ValidationError) as info:
+        _validate({"model": "m"}, mode)
+    assert refusals(info.value) == [((), "prompt")]
+
+
+def test_prompt_embeds_estimate_grows_with_the_tensor() -> None:
+    small, large = make(prompt_embeds="A" * 8), make(prompt_embeds=["A" * 8192, "A" * 8192])
+    assert small.prompt_estimate() < large.prompt_estimate()
+    assert large.prompt_estimate() >= 2 * 8192 // 4 * 3 // 4096
 
 
 # Requests that break two rules: the earlier rule (in check_rules' order) is the error.

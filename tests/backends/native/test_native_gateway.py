@@ -430,6 +430,16 @@ CASES: dict[str, Case] = {
     "stream_options.continuous_usage_stats": Case(
         {"stream": True, "stream_options": {"continuous_usage_stats": True}}, stream=True
     ),
+    # vLLM's completions response_format: each native API's JSON constraint; prompt embeddings: none has them.
+    "response_format": Case(
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA}}},
+        {
+            "tgi": sends(tgi=("grammar", {"type": "json", "value": SCHEMA})),
+            "ollama": sends(ollama=("format", SCHEMA)),
+            "llamacpp": sends(llamacpp=("json_schema", SCHEMA)),
+        },
+    ),
+    "prompt_embeds": Case({"prompt_embeds": "UEsDBA=="}),
 }
 
 
@@ -612,6 +622,11 @@ REFUSED_BY_VALUE = [
     ("ollama", {"logprobs": 21}, "logprobs"),
     ("tgi", {"prompt": ["a"] * 40, "stream": True}, "prompt"),
     ("ollama", {"n": 128, "prompt": ["a", "b", "c"]}, "n"),
+    # A structural_tag response_format: no native API has structural tags (the JSON forms are translated).
+    *[
+        (kind, {"response_format": {"type": "structural_tag", "format": {"type": "any_text"}}}, "response_format")
+        for kind in KINDS
+    ],
 ]
 
 
@@ -620,8 +635,9 @@ async def test_refused_by_value(
     client: openai.AsyncOpenAI, upstreams: Upstreams, kind: str, fields: dict[str, Any], param: str
 ) -> None:
     request = {"model": model_of(kind), "prompt": PROMPT, **fields}
-    if "logprobs" in fields:  # a bound of the backend: not an OpenAI field to leave out
-        request["extra_body"] = {"logprobs": request.pop("logprobs")}
+    for name in ("logprobs", "response_format"):  # a bound of the backend, a vLLM field: not an SDK argument
+        if name in fields:
+            request.setdefault("extra_body", {})[name] = request.pop(name)
     with pytest.raises(openai.BadRequestError) as caught:
         created = await client.completions.create(**request)
         if fields.get("stream"):
@@ -636,6 +652,24 @@ async def test_llamacpp_takes_token_prompts(client: openai.AsyncOpenAI, upstream
     resp = await client.completions.create(model=model_of("llamacpp"), prompt=[1, 2, 3], max_tokens=8, stop=".")
     assert resp.choices[0].text == " Paris"
     assert upstreams.sent["llamacpp"][0]["prompt"] == [1, 2, 3]
+
+
+# A json_object response_format: any JSON object, in each native API's own form.
+JSON_OBJECT = {"tgi": ("grammar", {"type": "json", "value": {"type": "object"}}), "ollama": ("format", "json"),
+               "llamacpp": ("json_schema", {"type": "object"})}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_json_object_response_format_is_translated(
+    client: openai.AsyncOpenAI, upstreams: Upstreams, kind: str
+) -> None:
+    await client.completions.create(
+        model=model_of(kind), prompt=PROMPT, stop=".", extra_body={"response_format": {"type": "json_object"}}
+    )
+    name, value = JSON_OBJECT[kind]
+    [body] = upstreams.sent[kind]
+    assert (body.get("parameters", body) if kind == "tgi" else body)[name] == value
+    assert "response_format" not in body
 
 
 @pytest.mark.parametrize("kind", KINDS)

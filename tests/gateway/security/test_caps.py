@@ -110,3 +110,14 @@ async def test_prompt_array_limit(secure_gateway: MakeSecureGateway, prompt: lis
     assert "at most 8" in answer["error"]["message"]
     status, _ = await post(gw.url, {"model": MOCK_MODEL, "prompt": prompt[:8] if len(prompt) > 2 else [[1, 2]]})
     assert status == 200
+
+
+async def test_prompt_embeds_are_bounded_like_prompts(secure_gateway: MakeSecureGateway) -> None:
+    """Each tensor of ``prompt_embeds`` is a prompt: bounded by server.max_prompt_array, counted by the prompts cap."""
+    gw = await secure_gateway(DEPLOYMENT_CAPS, server="max_prompt_array: 8")
+    status, answer = await post(gw.url, {"model": OPENAI_MODEL, "prompt_embeds": ["UEsDBA=="] * 9})
+    assert status == 400 and answer["error"]["param"] == "prompt_embeds", answer
+    assert answer["error"]["code"] == "cap_exceeded" and "at most 8" in answer["error"]["message"]
+    status, answer = await post(gw.url, {"model": OPENAI_MODEL, "prompt": "hi", "prompt_embeds": ["UEsDBA=="] * 3})
+    assert status == 400 and "'prompt' holds 4 prompts" in answer["error"]["message"], answer
+    assert gw.upstream.requests == []
