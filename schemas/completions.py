@@ -90,12 +90,21 @@ DEFAULT_MAX_TOKENS = 16
 EMBED_BYTES_PER_TOKEN = 4096
 
 
+def _prompt_or_embeds(schema: dict[str, Any]) -> None:
+    """The JSON Schema (OpenAPI) says what the validator does: ``prompt`` is required unless
+    ``prompt_embeds`` is there (its Python default only stands for "not sent")."""
+    schema["properties"]["prompt"].pop("default", None)
+    schema["anyOf"] = [{"required": ["prompt"]}, {"required": ["prompt_embeds"]}]
+
+
 class CompletionRequest(BaseModel):
     """``POST /v1/completions``: OpenAI's fields, then vLLM's sampling extras."""
 
     # allow_inf_nan=False: JSON ``NaN``/``Infinity`` would pass unbounded floats (length_penalty)
     # and one-sided ones (repetition_penalty) and then not serialize as valid JSON upstream.
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(
+        extra="forbid", strict=True, frozen=True, allow_inf_nan=False, json_schema_extra=_prompt_or_embeds
+    )
 
     # --- OpenAI ---------------------------------------------------------------
     model: NonEmpty
@@ -344,22 +353,19 @@ class CompletionRequest(BaseModel):
     def prompt_estimate(self) -> int:
         """A cheap upper-ish estimate of the prompt's tokens: exact for token ids, ~4 characters a token for
         text, :data:`EMBED_BYTES_PER_TOKEN` tensor bytes a token for ``prompt_embeds``."""
-        if self.prompt_embeds is not None:
-            return embeds_bytes(self.prompt_embeds) // EMBED_BYTES_PER_TOKEN + 1 + self._text_estimate()
-        return self._text_estimate()
-
-    def _text_estimate(self) -> int:
         prompt = self.prompt
+        # The embeddings' share; an attribute read on the plain path (no call).
+        extra = 0 if self.prompt_embeds is None else embeds_bytes(self.prompt_embeds) // EMBED_BYTES_PER_TOKEN + 1
         if isinstance(prompt, str):
-            return len(prompt) // CHARS_PER_TOKEN + 1
+            return extra + len(prompt) // CHARS_PER_TOKEN + 1
         if not prompt:
-            return 0
+            return extra
         first = prompt[0]
         if isinstance(first, int):
-            return len(prompt)
+            return extra + len(prompt)
         if isinstance(first, str):
-            return sum(len(p) // CHARS_PER_TOKEN + 1 for p in prompt if isinstance(p, str))
-        return sum(len(p) for p in prompt if isinstance(p, list))
+            return extra + sum(len(p) // CHARS_PER_TOKEN + 1 for p in prompt if isinstance(p, str))
+        return extra + sum(len(p) for p in prompt if isinstance(p, list))
 
     def routing_text(self) -> str | list[int]:
         """The leading part of the (first) prompt, for prefix routing."""

@@ -27,6 +27,7 @@ from backends.vllm.versions import (
     VLLMVersion,
 )
 from schemas.chat_messages import JSONSchemaResponseFormat
+from schemas.completions import CompletionRequest
 from schemas.embeddings import VLLM_EMBEDDING_EXTRAS
 from schemas.rerank import VLLM_RERANK_EXTRAS
 
@@ -151,26 +152,28 @@ def _structured_rules(features: VLLMFeatures) -> tuple[Rule, ...]:
     return tuple(rules)
 
 
+def _no_older_form(request: CompletionRequest) -> bool:
+    """A ``response_format`` no version before 0.12 applies: a structural tag, a ``json_schema`` without a schema."""
+    fmt = request.response_format
+    if fmt is None or fmt.type in ("text", "json_object"):
+        return False
+    if fmt.type == "structural_tag":
+        return True
+    return isinstance(fmt, JSONSchemaResponseFormat) and fmt.json_schema.schema_ is None
+
+
 def _response_format_rules(features: VLLMFeatures) -> tuple[Rule, ...]:
-    """What a version before 0.12 cannot apply in ``response_format`` (the other forms are translated)."""
+    """What a version before 0.12 cannot apply in ``response_format`` (the other forms are translated).
+
+    One rule, so a request pays one call for it (the rules run on every request).
+    """
     if features.version is None or features.version >= BOUNDARIES["response_format"]:
         return ()
-    v = features.label
-    return (
-        Rule(
-            "response_format",
-            f"vLLM {v} ignores a structural_tag response_format in completions (applied from 0.12)",
-            lambda r: r.response_format is not None and r.response_format.type == "structural_tag",
-        ),
-        Rule(
-            "response_format",
-            f"a json_schema response_format without a schema constrains nothing the gateway can send vLLM {v}",
-            lambda r: (
-                isinstance(r.response_format, JSONSchemaResponseFormat)
-                and r.response_format.json_schema.schema_ is None
-            ),
-        ),
+    why = (
+        f"vLLM {features.label} ignores a structural_tag response_format in completions (applied from 0.12), "
+        "and a json_schema one without a schema has no older form"
     )
+    return (Rule("response_format", why, _no_older_form),)
 
 
 _EMPTY_PROMPT_RULE = Rule(

@@ -94,7 +94,8 @@ class Caps:
         array = request.prompt_array
         if array is not None:
             self._check_prompt_array(array)
-        if isinstance(request, CompletionRequest) and type(request.prompt_embeds) is list:
+        # ``__class__ is``, not isinstance(): no call on the request path (chat and the rest have no embeddings).
+        if request.__class__ is CompletionRequest and request.prompt_embeds is not None:
             self._check_embeds(request.prompt_embeds)
         n, best_of = request.n, request.best_of
         if self.n is not None and n is not None and n > self.n:
@@ -150,9 +151,9 @@ class Caps:
                         cap="prompt_array",
                     )
 
-    def _check_embeds(self, embeds: list[str]) -> None:
+    def _check_embeds(self, embeds: str | list[str] | None) -> None:
         """``prompt_embeds`` (one tensor per prompt) is bounded like a prompt array; its bytes by the body limit."""
-        if len(embeds) > self.max_prompt_array:
+        if isinstance(embeds, list) and len(embeds) > self.max_prompt_array:
             raise CapExceededError(
                 f"'prompt_embeds' is an array of {len(embeds)} items; at most {self.max_prompt_array} are accepted",
                 param="prompt_embeds",
