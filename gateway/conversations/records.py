@@ -20,12 +20,13 @@ lists them only there: a message's ``content`` as a list of parts (a string beco
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+from backends.responses.answer import new_id  # ``{prefix}_`` and 48 random hex digits (192 bits)
 
 __all__ = ["Record", "Turn", "decode", "encode", "input_items", "listed", "named", "new_id"]
 
@@ -37,11 +38,6 @@ _PREFIXES = {
     "reasoning": "rs",
     "item_reference": "ref",
 }
-
-
-def new_id(prefix: str) -> str:
-    """``{prefix}_`` and 48 random hex digits (192 bits): ids that cannot be guessed or enumerated."""
-    return f"{prefix}_{secrets.token_hex(24)}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,13 +19,13 @@ The tenant is the caller's key name (one tenant without auth: ``NO_AUTH_TENANT``
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import TypeAdapter, ValidationError
 
 from backends.base import Backend, CompletionStream, ResponsesTable
+from backends.responses.answer import new_id
 from backends.responses.bridge import responses_table
 from backends.responses.events import ResponseEventStream
 from gateway.conversations.window import fit
@@ -75,18 +75,14 @@ def own_items(request: ResponsesRequest) -> list[dict[str, Any]]:
         return []
     if isinstance(items, str):
         text = {"type": "input_text", "text": items}
-        return [{"id": _new_id("msg"), "type": "message", "role": "user", "content": [text]}]
+        return [{"id": new_id("msg"), "type": "message", "role": "user", "content": [text]}]
     out = []
     for item in items:
         data = item.model_dump(mode="json", by_alias=True, exclude_none=True)
         if "id" not in data:
-            data["id"] = _new_id(_ID_PREFIX.get(item.type, "item"))
+            data["id"] = new_id(_ID_PREFIX.get(item.type, "item"))
         out.append(data)
     return out
-
-
-def _new_id(prefix: str) -> str:
-    return f"{prefix}_{os.urandom(24).hex()}"
 
 
 def _context(entry: ModelEntry) -> int | None:
