@@ -42,6 +42,8 @@ _NUMBER = re.compile(rb" ?(\d{1,18})")  # a sequence number, after its key
 _TERMINAL = frozenset({"response.completed", "response.incomplete"})
 # The lifecycle events before the end: each holds the Response so far, renamed on its bytes and kept.
 _OPENING = frozenset({b"response.created", b"response.in_progress", b"response.queued"})
+# The events parsed: the terminal ones (the Response the store keeps, the usage) and the failures.
+_ENDING = frozenset({b"response.completed", b"response.incomplete", b"response.failed", b"error"})
 _OPENING_HEADS = tuple(b'{"type":"' + kind + b'"' for kind in _OPENING)
 # Event types that hold no Response, no finished item and no failure: relayed as they come (as is
 # any ``*.delta``). Any other type is searched for markers.
@@ -126,23 +128,28 @@ class NativeResponseEvents(UpstreamEvents[bytes], ResponseEventStream):
         """The few events around a run, one by one, each known by its type where it has the usual
         layout (``[event: ...]``, ``data: {"type":"...",``, one line each): a lifecycle event renamed
         on its bytes, a finished item kept, a type that carries nothing to act on (:data:`_PLAIN`) as
-        it came; anything else, and an event in another layout, as :meth:`_scan` takes it."""
+        it came, the end or a failure parsed; any other type, and an event in another layout, as
+        :meth:`_scan` takes it."""
         out: list[bytes] = []
         start = kept = 0  # the next event; the first one relayed as it came not yet in out
         size = len(part)
         while start < size:
             at = start
             line = part.find(b"\n", at)
-            if part.startswith(b"event: ", at):
+            if part.startswith(b"event: ", at):  # the type named twice: the data's is what counts
+                kind = part[at + 7 : line]
                 at = line + 1
                 line = part.find(b"\n", at)
+                usual = part.startswith(b'data: {"type":"' + kind + b'"', at)
+            else:
+                kind = part[at + 15 : part.find(b'"', at + 15, line)]
+                usual = part.startswith(b'data: {"type":"', at)
             end = line + 2
-            if line < 0 or part[line + 1 : end] != b"\n" or not part.startswith(b'data: {"type":"', at):
+            if line < 0 or not usual or part[line + 1 : end] != b"\n":
                 end = part.find(b"\n\n", start) + 2
                 end = end if end > 1 else size
                 done = self._scan(part[start:end])  # one event in another layout
             else:
-                kind = part[at + 15 : part.find(b'"', at + 15, line)]
                 if kind in _PLAIN:
                     start = end
                     continue
@@ -155,8 +162,11 @@ class NativeResponseEvents(UpstreamEvents[bytes], ResponseEventStream):
                     start = end
                     continue
                 raw = part[start:end]
-                renamed = self._renamed(raw, at - start, part[at + 6 : line]) if kind in _OPENING else None
-                done = renamed if renamed is not None else self._scan(raw)
+                if kind in _ENDING:
+                    done = self._parsed(raw)
+                else:
+                    renamed = self._renamed(raw, at - start, part[at + 6 : line]) if kind in _OPENING else None
+                    done = renamed if renamed is not None else self._scan(raw)
             if kept < start:
                 out.append(part[kept:start])
             out.append(done)
