@@ -70,6 +70,7 @@ from backends.vllm.dialect import (
     Plan,
     VLLMDialect,
     fingerprint_version,
+    format_ignored,
     normalise_body,
     vllm_error,
 )
@@ -344,14 +345,17 @@ class VLLMBackend(Backend):
     def _constraint_ignored(
         request: CompletionRequest | ChatCompletionRequest, dialect: VLLMDialect, obj: dict[str, Any]
     ) -> bool:
-        if not any(getattr(request, name) is not None for name in _GUIDES):
+        guided = any(getattr(request, name) is not None for name in _GUIDES)
+        if not guided and (request.response_format is None or isinstance(request, ChatCompletionRequest)):
             return False
         seen = fingerprint_version(obj)
         if seen is None or seen == dialect.features.version:
             return False
         server = VLLMFeatures.of(seen)
+        if format_ignored(request, dialect.features, server):  # completions' response_format, by version
+            return True
         sent_structured = dialect.features.structured_outputs
-        return not (server.structured_outputs if sent_structured else server.guided_fields)
+        return guided and not (server.structured_outputs if sent_structured else server.guided_fields)
 
     async def _best_of_per_prompt(self, call: UpstreamCall) -> dict[str, Any]:
         """best_of with echo over a batch: one upstream request per prompt, so each prompt's

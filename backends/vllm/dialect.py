@@ -55,6 +55,7 @@ __all__ = [
     "VLLMDialect",
     "asked_choice_fields",
     "fingerprint_version",
+    "format_ignored",
     "map_finish_reason",
     "normalise_body",
     "translate_response_format",
@@ -160,6 +161,25 @@ def translate_response_format(fields: dict[str, Any], request: CompletionRequest
     elif isinstance(fmt, JSONSchemaResponseFormat):
         fields.pop("response_format", None)
         fields["guided_json"] = fmt.json_schema.schema_
+
+
+def format_ignored(
+    request: CompletionRequest | ChatCompletionRequest, sent: VLLMFeatures, server: VLLMFeatures
+) -> bool:
+    """Whether a server of ``server``'s version ignores the completions ``response_format`` as sent
+    for ``sent``'s version (:func:`translate_response_format`): the answer may be unconstrained."""
+    fmt = request.response_format if isinstance(request, CompletionRequest) else None  # chat's: every version
+    if fmt is None or fmt.type == "text" or sent.version is None or server.version is None:
+        return False
+    since = BOUNDARIES["response_format"]
+    if sent.version >= since or (not sent.structured_outputs and fmt.type == "json_object"):
+        # As sent: a schema or structural tag needs 0.12; json_object alone is ignored by 0.11 only.
+        if fmt.type == "json_object":
+            return server.structured_outputs and server.version < since
+        return server.version < since
+    if sent.structured_outputs:  # inside structured_outputs (0.11): every version from 0.11 applies it
+        return not server.structured_outputs
+    return not server.guided_fields  # as guided_json (< 0.11): ignored from 0.12
 
 
 def translate_structured(fields: dict[str, Any], features: VLLMFeatures) -> None:

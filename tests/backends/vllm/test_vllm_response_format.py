@@ -140,3 +140,52 @@ async def test_vllm_error_on_prompt_embeds_names_them(mock: respx.MockRouter) ->
         await backend.complete(UpstreamCall(_req(prompt=None, prompt_embeds="UEsDBA=="), "m", "p", "r"))
     await backend.close()
     assert caught.value.param == "prompt_embeds" and "--enable-prompt-embeds" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("first", "then", "sent", "resent"),
+    [
+        # upgraded behind a kept-alive connection: a guided_json the new server ignores is resent as-is
+        ("0.10.1", "0.32.0", {"guided_json": SCHEMA}, {"response_format": JSON_SCHEMA}),
+        # downgraded to 0.11, which ignores a format sent as-is (json_object alone too)
+        ("0.32.0", "0.11.0", {"response_format": JSON_SCHEMA}, {"structured_outputs": {"json": SCHEMA}}),
+    ],
+)
+async def test_format_answered_by_a_version_that_ignores_it_is_resent_in_its_form(
+    mock: respx.MockRouter, first: str, then: str, sent: dict[str, Any], resent: dict[str, Any]
+) -> None:
+    version = mock.get("http://vllm.rf:8000/version")
+    version.side_effect = [httpx.Response(200, json={"version": v}) for v in (first, then)]
+    seen = {**ANSWER, "system_fingerprint": f"vllm-{then}-abc"}
+    route = mock.post(URL + "/completions").mock(return_value=httpx.Response(200, json=seen))
+    backend = VLLMBackend(
+        VLLMBackendConfig.model_validate({"type": "vllm", "name": "v", "base_url": URL, "transport": "httpx"})
+    )
+    await backend.start()
+    await backend.complete(UpstreamCall(_req(response_format=JSON_SCHEMA), "m", "p", "r"))
+    await backend.close()
+    bodies = [orjson.loads(c.request.content) for c in route.calls]
+    keys = ("response_format", "structured_outputs", "guided_json")
+    assert [{k: b[k] for k in keys if k in b} for b in bodies] == [sent, resent]
+
+
+@pytest.mark.parametrize(
+    ("sent", "server", "fmt", "ignored"),
+    [
+        ("0.32.0", "0.11.0", {"type": "json_object"}, True),  # 0.11 applies json_object only in structured_outputs
+        ("0.32.0", "0.10.1", {"type": "json_object"}, False),  # as guided_json_object
+        ("0.10.1", "0.32.0", {"type": "json_object"}, False),
+        ("0.11.0", "0.32.0", JSON_SCHEMA, False),  # structured_outputs.json: every version from 0.11
+        ("0.11.0", "0.10.1", JSON_SCHEMA, True),
+        ("0.6.3", "0.11.0", JSON_SCHEMA, False),  # guided_json: until 0.12
+        ("0.32.0", "0.33.0", JSON_SCHEMA, False),
+    ],
+)
+def test_format_ignored_by_version(sent: str, server: str, fmt: dict[str, Any], ignored: bool) -> None:
+    from backends.vllm.dialect import format_ignored
+    from backends.vllm.versions import parse_version
+
+    def features(text: str) -> VLLMFeatures:
+        return VLLMFeatures.of(parse_version(text))
+
+    assert format_ignored(_req(response_format=fmt), features(sent), features(server)) is ignored
