@@ -180,9 +180,19 @@ class ChatResponseEvents(ResponseEventStream):
 
     # --- translation --------------------------------------------------------------------------
     def _emit(self, out: list[bytes], event: dict[str, Any]) -> None:
-        event = {"type": event["type"], "sequence_number": self._seq, **event}
+        """``event`` (its ``type`` the first key, an event type: ASCII) written with the next sequence
+        number after its type, as :func:`event_bytes` writes it, without a copy of the dict."""
+        kind: str = event["type"]
+        try:
+            data = orjson.dumps(event)
+        except orjson.JSONEncodeError:  # (integers beyond 64 bits, nesting past orjson's levels)
+            data = dumps_exact(event, self._backend, "a stream event")
+        at = len(kind) + 10  # past '{"type":"<kind>"'
+        out.append(
+            b"event: " + kind.encode() + b"\ndata: " + data[:at] + b',"sequence_number":%d' % self._seq
+            + data[at:] + b"\n\n"
+        )  # fmt: skip
         self._seq += 1
-        out.append(event_bytes(event, self._backend))
 
     def _start(self, out: list[bytes]) -> None:
         """``response.created`` and ``response.in_progress``: the same Response, serialised once."""
@@ -287,11 +297,11 @@ class ChatResponseEvents(ResponseEventStream):
                     shape = self._shape = _learn(raw)
                     continue
             self._seq = seq
-            usage = obj.get("usage")
-            if isinstance(usage, dict):
-                self._chat_usage = usage
-            for choice in obj.get("choices") or ():
-                if isinstance(choice, dict) and choice.get("index", 0) == 0:
+            if "usage" in obj and type(obj["usage"]) is dict:
+                self._chat_usage = obj["usage"]
+            choices = obj.get("choices")
+            for choice in choices if type(choices) is list else ():
+                if type(choice) is dict and choice.get("index", 0) == 0:
                     self._choice(choice, out)
             fast, seq, texts = self._fast, self._seq, self._texts
         self._seq = seq
@@ -347,25 +357,32 @@ class ChatResponseEvents(ResponseEventStream):
         return taken, stop
 
     def _choice(self, choice: dict[str, Any], out: list[bytes]) -> None:
+        # Keys looked for with ``in``: most events carry one or two of the five.
         delta = choice.get("delta")
-        if isinstance(delta, dict):
-            thought = delta.get("reasoning_content")
-            if thought is None:
-                thought = delta.get("reasoning")
-            if isinstance(thought, str) and thought:
-                self._reasoning(thought, out)
-            content = delta.get("content")
-            if isinstance(content, str) and content:
-                self._text("output_text", content, choice.get("logprobs"), out)
-            refusal = delta.get("refusal")
-            if isinstance(refusal, str) and refusal:
-                self._text("refusal", refusal, None, out)
-            for call in delta.get("tool_calls") or ():
-                if isinstance(call, dict):
-                    self._call(call, out)
-        finish = choice.get("finish_reason")
-        if isinstance(finish, str):
-            self._finish = finish
+        if type(delta) is dict:
+            if "reasoning_content" in delta or "reasoning" in delta:
+                thought = delta.get("reasoning_content")
+                if thought is None:
+                    thought = delta.get("reasoning")
+                if type(thought) is str and thought:
+                    self._reasoning(thought, out)
+            if "content" in delta:
+                content = delta["content"]
+                if type(content) is str and content:
+                    self._text("output_text", content, choice.get("logprobs"), out)
+            if "refusal" in delta:
+                refusal = delta["refusal"]
+                if type(refusal) is str and refusal:
+                    self._text("refusal", refusal, None, out)
+            if "tool_calls" in delta:
+                calls = delta["tool_calls"]
+                for call in calls if type(calls) is list else ():
+                    if type(call) is dict:
+                        self._call(call, out)
+        if "finish_reason" in choice:
+            finish = choice["finish_reason"]
+            if type(finish) is str:
+                self._finish = finish
 
     def _reasoning(self, text: str, out: list[bytes]) -> None:
         if self._open != "reasoning":
@@ -374,7 +391,7 @@ class ChatResponseEvents(ResponseEventStream):
             item["summary"], item["content"] = [], []
             self._items.append(item)
             self._open, self._texts = "reasoning", []
-            self._emit(out, {"type": "response.output_item.added", "output_index": self._index, "item": item})
+            self._emit(out, {"type": "response.output_item.added", "output_index": len(self._items) - 1, "item": item})
             if self._summary:
                 part = {"type": "summary_text", "text": ""}
                 self._emit(
@@ -393,7 +410,7 @@ class ChatResponseEvents(ResponseEventStream):
             item = {"id": new_id("msg"), "type": "message", "role": "assistant", "status": "in_progress", "content": []}
             self._items.append(item)
             self._open, self._part = "message", None
-            self._emit(out, {"type": "response.output_item.added", "output_index": self._index, "item": item})
+            self._emit(out, {"type": "response.output_item.added", "output_index": len(self._items) - 1, "item": item})
         if self._part != part:
             self._close_part(out)
             self._part, self._texts, self._logprobs, self._part_where = part, [], [], None
@@ -409,14 +426,14 @@ class ChatResponseEvents(ResponseEventStream):
                 {
                     "type": "response.content_part.added",
                     **self._at(),
-                    "content_index": self._content_index,
+                    "content_index": len(self._items[-1]["content"]),
                     "part": empty,
                 },
             )
         self._texts.append(text)
         where = self._part_where
         if where is None:
-            where = self._part_where = self._where(b"content_index", self._content_index)
+            where = self._part_where = self._where(b"content_index", len(self._items[-1]["content"]))
             if part == "output_text" and not self._logprobs_wanted:
                 head = b"event: " + _TEXT_DELTA + b'\ndata: {"type":"' + _TEXT_DELTA + b'","sequence_number":'
                 self._fast = (head, where, _delta_template(head, where))
@@ -442,7 +459,7 @@ class ChatResponseEvents(ResponseEventStream):
                 item["input"] = ""
             self._items.append(item)
             self._open, self._texts = "call", []
-            self._emit(out, {"type": "response.output_item.added", "output_index": self._index, "item": item})
+            self._emit(out, {"type": "response.output_item.added", "output_index": len(self._items) - 1, "item": item})
         piece = (function or {}).get("arguments") if custom is None else (custom or {}).get("input")
         if isinstance(piece, str) and piece:
             self._texts.append(piece)
@@ -452,23 +469,15 @@ class ChatResponseEvents(ResponseEventStream):
             self._delta(out, b"response." + kind.encode() + b".delta", self._where(), piece)
 
     # --- closing ------------------------------------------------------------------------------------
-    @property
-    def _index(self) -> int:
-        return len(self._items) - 1
-
-    @property
-    def _content_index(self) -> int:
-        return len(self._items[-1]["content"])
-
     def _at(self) -> dict[str, Any]:
-        return {"item_id": self._items[-1]["id"], "output_index": self._index}
+        return {"item_id": self._items[-1]["id"], "output_index": len(self._items) - 1}
 
     def _close_part(self, out: list[bytes]) -> None:
         self._fast = None
         if self._part is None:
             return
         text = "".join(self._texts)
-        at = {**self._at(), "content_index": self._content_index}
+        at = {**self._at(), "content_index": len(self._items[-1]["content"])}
         if self._part == "output_text":
             part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": []}
             done: dict[str, Any] = {"type": "response.output_text.done", **at, "text": text}
@@ -532,7 +541,7 @@ class ChatResponseEvents(ResponseEventStream):
         else:
             self._close_part(out)
             item["status"] = status
-        self._emit(out, {"type": "response.output_item.done", "output_index": self._index, "item": item})
+        self._emit(out, {"type": "response.output_item.done", "output_index": len(self._items) - 1, "item": item})
         self._open, self._part, self._texts = None, None, []
 
     def _end(self, out: list[bytes]) -> None:
