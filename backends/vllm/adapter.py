@@ -63,7 +63,7 @@ from backends.vllm.capabilities import (
     vllm_pooling_tables,
     vllm_responses_capabilities,
 )
-from backends.vllm.chat import normalise_chat_body, replication, translate_chat
+from backends.vllm.chat import chat_result, replication, translate_chat
 from backends.vllm.dialect import (
     GUIDED_TO_STRUCTURED,
     VERSION_DEPENDENT_FIELDS,
@@ -441,11 +441,7 @@ class VLLMBackend(Backend):
             await self.detect_version()
             fields, copies = self._chat_fields(call)
             obj = self._parse(await self._send(self._wire.chat_url, fields, call))
-        out = normalise_chat_body(obj, call.public_model, self.name, call.request)
-        if copies > 1:
-            out["choices"] = replicate_choices(out["choices"], copies)
-            out["usage"] = scale_usage(out.get("usage"), copies)
-        return CompletionResult(dumps_exact(out, self.name), usage_of(out["usage"]), answer=out)
+        return chat_result(obj, call, self.name, copies)
 
     async def chat_stream(self, call: ChatCall) -> CompletionStream:
         if self._stale:

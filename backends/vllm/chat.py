@@ -40,13 +40,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from backends.emulation.best_of import is_greedy
+from backends.base import ChatCall, CompletionResult, usage_of
+from backends.emulation.best_of import is_greedy, replicate_choices, scale_usage
+from backends.exact_json import dumps_exact
 from backends.vllm.dialect import answer_envelope, asked_extras, map_finish_reason, translate_structured
 from backends.vllm.stream import rename_reasoning
 from backends.vllm.versions import VLLMChatFeatures
 from schemas.chat import ChatCompletionRequest
 
-__all__ = ["REASONING_FIELD", "asked_chat_fields", "normalise_chat_body", "replication", "translate_chat"]
+__all__ = [
+    "REASONING_FIELD",
+    "asked_chat_fields",
+    "chat_result",
+    "normalise_chat_body",
+    "replication",
+    "translate_chat",
+]
 
 REASONING_FIELD = "reasoning_content"
 
@@ -131,3 +140,26 @@ def normalise_chat_body(
     for name in top:
         out[name] = obj.get(name)
     return out
+
+
+def chat_result(obj: dict[str, Any], call: ChatCall, backend: str, copies: int) -> CompletionResult:
+    """A parsed vLLM ``chat.completion`` as the chat call's result.
+
+    For a client: rebuilt in OpenAI's shape (:func:`normalise_chat_body`), the greedy copies made,
+    serialised. For the gateway itself (``call.for_client`` false: the Responses bridge, which reads
+    the object and never the bytes): the answer as vLLM sent it, with no body, once the finish
+    reasons that mean there is no answer (``abort``, ``error``) raised as for a client; the bridge
+    reads either reasoning name, an empty ``tool_calls`` and the ``""`` content beside calls as the
+    rebuilt answer would give them (``tests/backends/vllm/test_vllm_chat_result.py``).
+    """
+    if not call.for_client and copies == 1:
+        for choice in obj["choices"]:
+            finish = choice.get("finish_reason") if type(choice) is dict else None  # the bridge refuses a non-object
+            if type(finish) is str and finish not in _CHAT_FINISH:
+                map_finish_reason(finish, backend)  # raises for abort and error; any other is a stop
+        return CompletionResult(b"", usage_of(obj.get("usage")), answer=obj)
+    out = normalise_chat_body(obj, call.public_model, backend, call.request)
+    if copies > 1:
+        out["choices"] = replicate_choices(out["choices"], copies)
+        out["usage"] = scale_usage(out.get("usage"), copies)
+    return CompletionResult(dumps_exact(out, backend), usage_of(out["usage"]), answer=out)
