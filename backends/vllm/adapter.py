@@ -5,7 +5,10 @@ The server's version decides how each field is sent (``backends.vllm.versions``,
 after the server was unreachable (a restart may be an upgrade) or answered with
 another version in its ``system_fingerprint``; a YAML ``version:`` pin stands in
 while the endpoint does not answer. Until a version is known the backend uses
-the table that cannot fail open (structured output refused).
+the table that cannot fail open (structured output refused). Reading the server
+(version, models) is ``backends.vllm.server``'s; embeddings, rerank and the
+tokenizer API are ``backends.vllm.pooling``'s: this module is the generating
+endpoints.
 
 Cost by request kind:
 
@@ -28,7 +31,6 @@ rate-limited. ``close()`` closes the transport.
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any, ClassVar
 
 import orjson
@@ -39,11 +41,7 @@ from backends.base import (
     ChatCall,
     CompletionResult,
     CompletionStream,
-    DetokenizeCall,
-    EmbeddingCall,
-    RerankCall,
     ResponsesTable,
-    TokenizeCall,
     UpstreamCall,
 )
 from backends.capabilities import Capabilities
@@ -52,7 +50,6 @@ from backends.emulation.best_of import ReplicatedStream, pick_best_of, replicate
 from backends.errors import UpstreamConnectError, UpstreamError, UpstreamProtocolError
 from backends.exact_json import dumps_exact, loads_keeping_integers
 from backends.openai.chat import chat_payload, chat_refusal
-from backends.openai.pooling import embedding_payload, relay_embeddings, rerank_payload, rerank_result
 from backends.openai.relay import usage_of
 from backends.openai.wire import OpenAIWire
 from backends.pooling_capabilities import PoolingCapabilities
@@ -74,7 +71,8 @@ from backends.vllm.dialect import (
     normalise_body,
     vllm_error,
 )
-from backends.vllm.pooling import binary_embeddings, vllm_pooling_error
+from backends.vllm.pooling import VLLMPoolingCalls
+from backends.vllm.server import VLLMServer
 from backends.vllm.stream import VLLMChatStreamRelay, VLLMStreamRelay
 from backends.vllm.versions import VLLMChatFeatures, VLLMFeatures, VLLMVersion, parse_version
 from schemas.chat import ChatCompletionRequest
@@ -85,19 +83,13 @@ from schemas.errors import UnsupportedParameterError
 
 __all__ = ["VLLMBackend"]
 
-log = logging.getLogger("gateway.vllm")
-
-_DETECT_TIMEOUT = 10.0  # seconds for GET /version (start-up must not hang on a silent server)
-_RETRY_INTERVAL = 1.0  # seconds between two detection attempts while the server is unreachable
-# A streamed constraint sent as top-level guided_* (< 0.11) would fail open on a server upgraded
-# to >= 0.12 behind a kept-alive connection, and a stream cannot be resent once it has started:
-# such streams re-confirm a version older than this (seconds) first. Non-streamed answers are
-# checked after the fact instead (their system_fingerprint names the version) and resent.
-_CONFIRM_AGE = 1.0
 _GUIDES = (*GUIDED_TO_STRUCTURED, "structured_outputs")
 
 
-class VLLMBackend(Backend):
+class VLLMBackend(VLLMServer, VLLMPoolingCalls, Backend):
+    """The version and models (:class:`~backends.vllm.server.VLLMServer`), the pooling and tokenizer
+    calls (:class:`~backends.vllm.pooling.VLLMPoolingCalls`) and, here, every generating endpoint."""
+
     kind: ClassVar[str] = "vllm"
     default_capabilities: ClassVar[Capabilities] = VLLM_CAPABILITIES
     endpoints: frozenset[Endpoint] = (
@@ -115,18 +107,8 @@ class VLLMBackend(Backend):
         self._tool_parser = config.tool_parser
         self.chat_features = VLLMChatFeatures.of(None, self._tool_parser)
         self._root = self.base_url.removesuffix("/v1")
-        self._pin = parse_version(config.version) if config.version else None
         self._overrides = config.capabilities
-        self._lock = asyncio.Lock()
-        self._stale = False  # re-read the version before the next request
-        self._last_attempt = -_RETRY_INTERVAL
-        self._fingerprint: str | None = None
-        self._seen: VLLMVersion | None = None  # from the last new system_fingerprint
-        self._confirmed_at = -_CONFIRM_AGE  # loop time of the last successful GET /version
-        self.version: VLLMVersion | None = None
-        self.version_source = "unknown"  # "detected" | "fingerprint" | "pinned" | "unknown"
-        self._models: dict[str, dict[str, Any]] = {}  # GET /v1/models: id -> {max_model_len, root}
-        self.dialect = VLLMDialect.of(None)
+        self._init_server(parse_version(config.version) if config.version else None)
         self._use(self._pin, "pinned" if self._pin else "unknown")
 
     # --- version ----------------------------------------------------------------------
@@ -146,110 +128,6 @@ class VLLMBackend(Backend):
     async def start(self) -> None:
         await super().start()
         await self.detect_version()
-
-    async def detect_version(self) -> VLLMVersion | None:
-        """``GET /version``; falls back to the pin (or keeps what it knew) when it gets no version."""
-        self._last_attempt = asyncio.get_running_loop().time()
-        try:
-            async with asyncio.timeout(_DETECT_TIMEOUT):
-                resp = await self._wire.get(self._root + "/version")
-                try:
-                    data = await resp.read()
-                finally:
-                    resp.release()
-        except (UpstreamError, TimeoutError) as exc:
-            self._stale = True  # unreachable: try again before a later request
-            log.warning(
-                "vLLM backend %s: GET /version failed (%s); using %s version %s",
-                self.name,
-                exc,
-                self.version_source,
-                self.dialect.features.label,
-            )
-            return self.version
-        self._stale = False
-        await self._read_models()  # reachable: a (re)started server may serve another model or length
-        version = None
-        if resp.status == 200:
-            self._confirmed_at = self._last_attempt
-            try:
-                answer: Any = orjson.loads(data)
-                version = parse_version(str(answer.get("version", ""))) if isinstance(answer, dict) else None
-            except orjson.JSONDecodeError:
-                version = None
-        if version is None and self._seen is not None:
-            # No /version (e.g. a proxy exposes only /v1), but the server named itself in an answer.
-            self._use(self._seen, "fingerprint")
-        elif version is None:
-            self._use(self._pin, "pinned" if self._pin else "unknown")
-            log.warning(
-                "vLLM backend %s: GET /version gave no version (HTTP %s); using %s version %s",
-                self.name,
-                resp.status,
-                self.version_source,
-                self.dialect.features.label,
-            )
-        elif version != self.version or self.version_source != "detected":
-            if self._pin and self._pin != version:
-                log.warning(
-                    "vLLM backend %s: server reports %s, pin says %s; using %s", self.name, version, self._pin, version
-                )
-            self._use(version, "detected")
-            log.info("vLLM backend %s: server version %s", self.name, version)
-        return self.version
-
-    async def _read_models(self) -> None:
-        """``GET /v1/models``: each served model's ``max_model_len`` (:meth:`context_length`) and ``root``
-        (:meth:`model_info`); what it cannot read stays as it was."""
-        try:
-            async with asyncio.timeout(_DETECT_TIMEOUT):
-                resp = await self._wire.get(self.base_url + "/models")
-                try:
-                    data = await resp.read()
-                finally:
-                    resp.release()
-            listing: Any = orjson.loads(data) if resp.status == 200 else None
-        except Exception as exc:  # optional: a failed listing never stops start-up (nor a reconnect)
-            log.info("vLLM backend %s: GET /v1/models failed (%s); models keep what was known", self.name, exc)
-            return
-        entries = listing.get("data") if isinstance(listing, dict) else None
-        if isinstance(entries, list):
-            self._models = _model_infos(entries)
-
-    def models_listing(self) -> list[dict[str, Any]]:
-        """What :meth:`_read_models` learnt, as ``/v1/models`` entries (``id``, ``max_model_len``,
-        ``root``): what the control process of ``--workers N`` tells the workers (:meth:`learn_models`)."""
-        return [{"id": name, **info} for name, info in self._models.items()]
-
-    def learn_models(self, entries: object) -> None:
-        """``/v1/models`` entries read elsewhere (a worker's adapter: by the control process); else no change."""
-        if isinstance(entries, list):
-            self._models = _model_infos(entries)
-
-    def model_info(self, upstream_model: str) -> dict[str, Any] | None:
-        return self._models.get(upstream_model)
-
-    def context_length(self, upstream_model: str) -> int | None:
-        info = self._models.get(upstream_model)
-        return None if info is None else info.get("max_model_len")
-
-    async def _refresh(self) -> None:
-        async with self._lock:
-            if self._stale and asyncio.get_running_loop().time() - self._last_attempt >= _RETRY_INTERVAL:
-                await self.detect_version()
-
-    def _confirmed_recently(self) -> bool:
-        return asyncio.get_running_loop().time() - self._confirmed_at <= _CONFIRM_AGE
-
-    def _saw(self, obj: dict[str, Any]) -> None:
-        """Notice a changed ``system_fingerprint`` (``vllm-X.Y.Z-...``): the server may have been replaced."""
-        fingerprint = obj.get("system_fingerprint")
-        if fingerprint != self._fingerprint and isinstance(fingerprint, str):
-            self._fingerprint = fingerprint
-            seen = fingerprint_version(obj)
-            if seen is not None and seen != self.version:
-                self._seen = seen
-                self._stale = True
 
     # --- sending ----------------------------------------------------------------------
     # The completions body as the client sent it is the wire's (``completion_fields``); this
@@ -454,101 +332,8 @@ class VLLMBackend(Backend):
         relay = self._wire.relay(VLLMChatStreamRelay, resp, call)
         return ReplicatedStream(relay, copies, self.name) if copies > 1 else relay
 
-    async def _confirm_for_stream(self, guide: str) -> None:
-        """A streamed constraint in the old (top-level guided_*) form needs a version read just now."""
-        if not self._confirmed_recently():
-            asked = asyncio.get_running_loop().time()
-            async with self._lock:
-                # Single flight: streams that queued behind a GET /version begun after they asked
-                # take its answer (whatever it was) instead of each sending their own.
-                if self._last_attempt < asked and not self._confirmed_recently():
-                    await self.detect_version()
-        if self.version_source != "detected" and not self.dialect.features.structured_outputs:
-            raise UnsupportedParameterError(
-                f"'{guide}' cannot be streamed by backend '{self.name}': its vLLM version ({self.version_source} "
-                f"{self.dialect.features.label}) cannot be confirmed by GET /version, and a vLLM >= 0.12 would "
-                "ignore this form of the constraint; send the request without stream",
-                param=guide,
-                backend=self.name,
-            )
-
-    # --- embeddings and rerank (translator: backends.openai.pooling, vLLM's tables: backends.vllm.pooling)
-    async def _send_pooling(self, url: str, fields: dict[str, Any], call: Call[Any]) -> tuple[bytes, Any]:
-        """POST a pooling request; the body and the response (for its headers). A non-200 raises."""
-
-        def status_error(status: int, data: bytes, retry_after: str | None) -> UpstreamError:
-            return vllm_pooling_error(status, data, retry_after, self.name)
-
-        if self._stale:
-            await self._refresh()
-        try:
-            resp = await self._wire.post(url, fields, call, status_error, stream=False)
-        except UpstreamConnectError:
-            self._stale = True  # the next contact is a reconnect: re-read the version first
-            raise
-        try:
-            return await resp.read(), resp
-        finally:
-            resp.release()
-
-    def _refuse(self, error: UnsupportedParameterError | None) -> None:
-        if error is not None:  # the table of *now*: the version may have changed since routing
-            raise error
-
-    async def embed(self, call: EmbeddingCall) -> CompletionResult:
-        table = self.embedding_capabilities
-        assert table is not None
-        self._refuse(table.refusal(call.request, self.name, self.kind))
-        data, resp = await self._send_pooling(self._wire.embeddings_url, embedding_payload(call, table), call)
-        if call.request.encoding_format in ("bytes", "bytes_only"):
-            estimate = call.request.prompt_estimate()
-            return binary_embeddings(data, resp.header("metadata"), call.public_model, estimate)
-        return relay_embeddings(data, call, self.name)
-
-    async def rerank(self, call: RerankCall) -> CompletionResult:
-        table = self.rerank_capabilities
-        assert table is not None
-        self._refuse(table.refusal(call.request, self.name, self.kind))
-        data, _ = await self._send_pooling(self._wire.rerank_url, rerank_payload(call, table), call)
-        return rerank_result(data, call, self.name)
-
-    # --- vLLM's tokenizer API: POST /tokenize, /detokenize on the server's root ---------------------
-    async def tokenize(self, call: TokenizeCall) -> CompletionResult:
-        return await self._tokenizer("/tokenize", call)
-
-    async def detokenize(self, call: DetokenizeCall) -> CompletionResult:
-        return await self._tokenizer("/detokenize", call)
-
-    async def _tokenizer(self, path: str, call: TokenizeCall | DetokenizeCall) -> CompletionResult:
-        """The answer as vLLM wrote it (it names no model); nothing generated, no tokens counted."""
-        fields = call.request.upstream_fields()
-        fields["model"] = call.upstream_model
-        data, _ = await self._send_pooling(self._root + path, fields, call)
-        try:
-            answer = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            answer = None
-        if not isinstance(answer, dict):
-            raise UpstreamProtocolError(f"the upstream's {path} answer is not a JSON object", backend=self.name)
-        return CompletionResult(data, None)
-
     async def health(self) -> bool:
         return await self._wire.healthy(self._root + "/health")
 
     async def close(self) -> None:
         await self._wire.close()
-
-
-def _model_infos(entries: list[Any]) -> dict[str, dict[str, Any]]:
-    """``/v1/models`` entries -> id -> ``{max_model_len, root}``, each kept only when well typed."""
-    models: dict[str, dict[str, Any]] = {}
-    for entry in entries:
-        if isinstance(entry, dict) and isinstance(entry.get("id"), str):
-            length, root = entry.get("max_model_len"), entry.get("root")
-            info: dict[str, Any] = {}
-            if type(length) is int and length > 0:
-                info["max_model_len"] = length
-            if type(root) is str:
-                info["root"] = root
-            models[entry["id"]] = info
-    return models
