@@ -68,6 +68,7 @@ class NativeResponseEvents(UpstreamEvents[bytes], ResponseEventStream):
         super().__init__(resp, backend, sep=b"\n\n", max_event=max_event)
         self._public = call.public_model
         self._asked = orjson.dumps(call.upstream_model)  # the id sent: how a Response names it, usually
+        self._same = call.upstream_model == call.public_model
         # Resolved by the gateway and not sent: every Response in the stream names it as the client did.
         self._previous = call.request.previous_response_id
         self._seq = 0  # the number the next event gets (the last relayed one's + 1)
@@ -226,6 +227,8 @@ class NativeResponseEvents(UpstreamEvents[bytes], ResponseEventStream):
         for key in (b'"model":', b'"model": '):
             if (old := key + self._asked) in data:
                 self._response = data
+                if self._same:  # the upstream's id is the client's name: nothing to swap
+                    return raw
                 renamed = data.replace(old, key + orjson.dumps(self._public), 1)
                 return b"".join((raw[:at], b"data: ", renamed, b"\n\n"))
         return None
@@ -309,7 +312,9 @@ class NativeResponseEvents(UpstreamEvents[bytes], ResponseEventStream):
             value = orjson.dumps(upstream)
             for key in (b'"model":', b'"model": '):
                 if key + value in data:
-                    return head + data.replace(key + value, key + orjson.dumps(self._public), 1) + b"\n\n"
+                    if upstream != self._public:
+                        data = data.replace(key + value, key + orjson.dumps(self._public), 1)
+                    return head + data + b"\n\n"
         return event_bytes(obj, self._backend)
 
     # --- ResponseEventStream ---------------------------------------------------------------------
@@ -340,22 +345,20 @@ class NativeResponseEvents(UpstreamEvents[bytes], ResponseEventStream):
 
 def _run(block: bytes, head: bytes, start: int, first: int, end: int) -> int:
     """How many events ``block[start:end]`` holds (from the one whose data starts at ``first``) when
-    they are all of ``head``'s type, one data line each (an ``event:`` line or not), numbered in
-    sequence where the upstream numbers them; 0 when they are not.
+    they are all of ``head``'s type; 0 when another event may be among them.
 
-    Each such event holds ``head`` once (the start of its JSON object, which no string can hold)
-    and two or three line ends: the counts tell when another event or line is among them, and
-    the numbers too. These events need nothing from the relay: they leave as they came."""
+    Each such event holds ``head`` once (the start of its JSON object, which no string can hold).
+    Where the upstream numbers its events (OpenAI does: each takes the next ``sequence_number``),
+    the first and last numbers tell when another event is among them; where it does not (or for
+    one event), the line ends do (two or three per event: one data line each, an ``event:`` line
+    or not). These events need nothing from the relay: they leave as they came."""
     events = block.count(head, start, end)
-    lines = block.count(b"\n", start, end)
-    if lines != 3 * events and lines != 2 * events:
-        return 0
     if events > 1 and (initial := _number_after(block, first, end)) >= 0:
         key = block.rfind(b'"sequence_number":', first, end)
         final = _NUMBER.match(block, key + 18)
-        if final is None or int(final[1]) != initial + events - 1:
-            return 0
-    return events
+        return events if final is not None and int(final[1]) == initial + events - 1 else 0
+    lines = block.count(b"\n", start, end)
+    return events if lines == 3 * events or lines == 2 * events else 0
 
 
 def _number_after(block: bytes, at: int, end: int) -> int:

@@ -86,12 +86,12 @@ async def relay_all(reads: list[bytes | BaseException]) -> tuple[list[dict[str, 
     return parsed, relay
 
 
-def expected(events: list[bytes]) -> list[dict[str, Any]]:
+def expected(events: list[bytes], public: str = PUB) -> list[dict[str, Any]]:
     out = []
     for raw in events:
         obj = orjson.loads(raw.split(b"data: ", 1)[1])
         if isinstance(obj.get("response"), dict):
-            obj["response"]["model"] = PUB
+            obj["response"]["model"] = public
         out.append(obj)
     return out
 
@@ -167,10 +167,10 @@ def relayed(out: bytes) -> list[dict[str, Any]]:
 # deltas before the text's, keep-alive comments, an upstream error anywhere; cut into any reads.
 @settings(max_examples=120, deadline=None)
 @given(texts=st.lists(TEXT, max_size=10), thoughts=st.lists(TEXT, max_size=4), lines=st.booleans(),
-       numbered=st.booleans(), comments=st.lists(st.integers(0, 20), max_size=2),
+       numbered=st.booleans(), same=st.booleans(), comments=st.lists(st.integers(0, 20), max_size=2),
        error_at=st.one_of(st.none(), st.integers(0, 20)), sizes=st.lists(st.integers(1, 900), max_size=20))  # fmt: skip
 async def test_every_layout_relays_the_events_a_parse_would(
-    texts: list[str], thoughts: list[str], lines: bool, numbered: bool, comments: list[int],
+    texts: list[str], thoughts: list[str], lines: bool, numbered: bool, same: bool, comments: list[int],
     error_at: int | None, sizes: list[int],
 ) -> None:  # fmt: skip
     text, think = {"item_id": "msg_1", "output_index": 1, "content_index": 0}, {"item_id": "rs_1", "output_index": 0}
@@ -193,7 +193,9 @@ async def test_every_layout_relays_the_events_a_parse_would(
     raw = [render(obj, lines) for obj in events]
     for at in sorted(comments, reverse=True):
         raw.insert(min(at, len(raw) - 1), b": keep-alive\n\n")
-    relay = NativeResponseEvents(FakeResponse(cut(b"".join(raw), sizes)), CALL, "up")  # type: ignore[arg-type]
+    public = UP if same else PUB  # (the same name: nothing to rename)
+    call = ResponsesCall(ResponsesRequest.model_validate({"model": public, "input": "hi"}), UP, public, "req-1")
+    relay = NativeResponseEvents(FakeResponse(cut(b"".join(raw), sizes)), call, "up")  # type: ignore[arg-type]
     out = b""
     failed = events[-1]["type"] == "error"
     try:
@@ -205,7 +207,7 @@ async def test_every_layout_relays_the_events_a_parse_would(
         assert not failed
     finally:
         await relay.aclose()
-    expect = expected([render(obj, True) for obj in (events[:-1] if failed else events)])
+    expect = expected([render(obj, True) for obj in (events[:-1] if failed else events)], public)
     assert relayed(out) == expect
     assert relay.relayed_events == sum(obj["type"].endswith(".delta") for obj in expect)
     if failed and numbered:  # the gateway's response.failed (or error) takes the upstream error's number
