@@ -218,9 +218,10 @@ async def test_bridge_failure_midway_ends_in_response_failed(client: openai.Asyn
     assert text == " t0 t1"  # what was produced before the failure, never more
 
 
-async def test_client_leaving_cancels_upstream_and_stores_cancelled(gw: RunningGateway) -> None:
+@pytest.mark.parametrize("model", [OPENAI_MODEL, VLLM_MODEL])  # its own /v1/responses; the chat bridge
+async def test_client_leaving_cancels_upstream_and_stores_cancelled(gw: RunningGateway, model: str) -> None:
     gw.upstream.script.append(Behaviour(kind="ok", delay=0.05))
-    body = {"model": OPENAI_MODEL, "input": "hi", "stream": True, "max_output_tokens": 200}
+    body = {"model": model, "input": "hi", "stream": True, "max_output_tokens": 200}
     async with aiohttp.ClientSession() as http:
         resp = await http.post(f"{gw.url}/v1/responses", json=body)
         first = await resp.content.readline()
