@@ -169,7 +169,7 @@ class ResponsesRequest(_Strict):
             if self.prompt is None and self.conversation is None:
                 raise FieldRuleError("input", "Missing required parameter: 'input'.")
             return
-        if isinstance(self.input, str):
+        if type(self.input) is str:  # not isinstance: a call on every request
             return
         if not self.input and self.previous_response_id is None and self.prompt is None:
             raise FieldRuleError("input", "input is an empty array: give at least one item (or previous_response_id)")
@@ -238,7 +238,7 @@ class ResponsesRequest(_Strict):
     def omits_builtin_tools(self) -> bool:
         """Whether built-in tools a backend cannot run are left out (the operator chose it), not refused."""
         state = self.__pydantic_private__
-        return bool(state and state.get("omit"))
+        return bool(state and "omit" in state)  # set only to True
 
     def omit_builtin_tools(self) -> None:
         self._state()["omit"] = True
@@ -247,16 +247,20 @@ class ResponsesRequest(_Strict):
     def bridged(self) -> Any:
         """The chat translation, once made (``backends.responses``); None before."""
         state = self.__pydantic_private__
-        return state.get("bridged") if state else None
+        return state["bridged"] if state and "bridged" in state else None
 
     def keep_bridged(self, value: Any) -> None:
-        self._state()["bridged"] = value
+        state: dict[str, Any] | None = self.__pydantic_private__
+        if state is None:  # _state() inline: on every bridged request's path
+            state = {}
+            object.__setattr__(self, "__pydantic_private__", state)
+        state["bridged"] = value
 
     @property
     def stored_input(self) -> list[dict[str, Any]] | None:
         """The client's own input items (with ids), kept when ``previous_response_id`` expanded ``input``."""
         state = self.__pydantic_private__
-        stored: list[dict[str, Any]] | None = state.get("stored") if state else None
+        stored: list[dict[str, Any]] | None = state["stored"] if state and "stored" in state else None
         return stored
 
     def keep_stored_input(self, items: list[dict[str, Any]]) -> None:

@@ -73,7 +73,9 @@ class ResponseFrame:
         reasoning = request.reasoning
         summary = None if reasoning is None else reasoning.summary or reasoning.generate_summary
         self.summarises = summary is not None  # the reasoning text is given as summary too
-        self.logprobs = request.wants_logprobs  # each output_text part carries its tokens' logprobs
+        include = request.include
+        # each output_text part carries its tokens' logprobs (ResponsesRequest.wants_logprobs, read inline)
+        self.logprobs = include is not None and "message.output_text.logprobs" in include
         text = request.text
         self._echo: dict[str, Any] = {
             "background": False,
@@ -92,7 +94,7 @@ class ResponseFrame:
             },
             "safety_identifier": request.safety_identifier,
             "service_tier": request.service_tier or "default",
-            "store": request.stores,
+            "store": request.store is not False,  # ResponsesRequest.stores, read inline: true by default
             "temperature": request.temperature,
             "text": {
                 "format": (
