@@ -85,12 +85,17 @@ class NativeResponseEvents(UpstreamEvents[bytes], ResponseEventStream):
     __anext__ = UpstreamEvents._pull
 
     def _process(self, block: bytes) -> bytes:
-        # The read's run of deltas (most of its bytes) is checked with two counts and relayed as
-        # it came (_run); the few events before and after it are taken one by one (_edge). A read
-        # that does not look like that is searched for markers (_scan). The number the next event
-        # gets is read once, from what leaves.
+        # The read's run of deltas (most of its bytes) is checked with a count or two and relayed
+        # as it came (_run); the few events before and after it are taken one by one (_edge). A
+        # read that does not look like that is searched for markers (_scan). The number the next
+        # event gets is read once, from what leaves.
         head = self._delta
         first = block.find(head) if head is not None else -1
+        if first >= 0 and block.find(b"\n\n") == len(block) - 2:  # one event: a token as it arrives
+            if block.count(b"\n") == (3 if first else 2) and (not first or block[first - 1] == 10):
+                self.relayed_events += 1  # (one data line: the delta's own)
+                self._numbered(block)
+                return block
         if first < 0:
             head, first = self._learn(block)
         events = start = end = 0

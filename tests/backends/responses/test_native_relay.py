@@ -168,10 +168,11 @@ def relayed(out: bytes) -> list[dict[str, Any]]:
 @settings(max_examples=120, deadline=None)
 @given(texts=st.lists(TEXT, max_size=10), thoughts=st.lists(TEXT, max_size=4), lines=st.booleans(),
        numbered=st.booleans(), same=st.booleans(), comments=st.lists(st.integers(0, 20), max_size=2),
-       error_at=st.one_of(st.none(), st.integers(0, 20)), sizes=st.lists(st.integers(1, 900), max_size=20))  # fmt: skip
+       error_at=st.one_of(st.none(), st.integers(0, 20)),
+       sizes=st.one_of(st.none(), st.lists(st.integers(1, 900), max_size=20)))  # fmt: skip
 async def test_every_layout_relays_the_events_a_parse_would(
     texts: list[str], thoughts: list[str], lines: bool, numbered: bool, same: bool, comments: list[int],
-    error_at: int | None, sizes: list[int],
+    error_at: int | None, sizes: list[int] | None,
 ) -> None:  # fmt: skip
     text, think = {"item_id": "msg_1", "output_index": 1, "content_index": 0}, {"item_id": "rs_1", "output_index": 0}
     events: list[dict[str, Any]] = [
@@ -195,7 +196,8 @@ async def test_every_layout_relays_the_events_a_parse_would(
         raw.insert(min(at, len(raw) - 1), b": keep-alive\n\n")
     public = UP if same else PUB  # (the same name: nothing to rename)
     call = ResponsesCall(ResponsesRequest.model_validate({"model": public, "input": "hi"}), UP, public, "req-1")
-    relay = NativeResponseEvents(FakeResponse(cut(b"".join(raw), sizes)), call, "up")  # type: ignore[arg-type]
+    reads = raw if sizes is None else cut(b"".join(raw), sizes)  # (None: a read per event, as tokens arrive)
+    relay = NativeResponseEvents(FakeResponse(reads), call, "up")  # type: ignore[arg-type]
     out = b""
     failed = events[-1]["type"] == "error"
     try:
