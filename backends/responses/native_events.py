@@ -148,8 +148,9 @@ class NativeResponseEvents(UpstreamEvents[bytes], ResponseEventStream):
                 line = part.find(b"\n", at)
                 usual = part.startswith(b'data: {"type":"' + kind + b'"', at)
             else:
-                kind = part[at + 15 : part.find(b'"', at + 15, line)]
-                usual = part.startswith(b'data: {"type":"', at)
+                quote = part.find(b'"', at + 15, line)
+                kind = part[at + 15 : quote]
+                usual = quote > 0 and part.startswith(b'data: {"type":"', at)
             end = line + 2
             if line < 0 or not usual or part[line + 1 : end] != b"\n":
                 end = part.find(b"\n\n", start) + 2
