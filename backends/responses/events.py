@@ -44,6 +44,10 @@ __all__ = ["ChatResponseEvents", "ResponseEventStream", "event_bytes", "failure_
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 _TEXT_DELTA = b"response.output_text.delta"
 _NO_LOGPROBS = b',"logprobs":[]}\n\n'
+_STATUS = b'"status":"in_progress"'
+_NO_OUTPUT = b',"output":[],"usage":null}'
+_NO_DETAILS = b'"incomplete_details":null'
+_WHERE_DELTA = len(b'"delta":')
 _RUN = 3  # plain text events a read must still hold after one for a run of them to be written at once (_run)
 
 
@@ -106,6 +110,9 @@ class ChatResponseEvents(ResponseEventStream):
     """The Responses events of one chat stream (module docstring). Not thread-safe; one consumer."""
 
     relayed_events: int  # chat events translated: what the handler settles a stream cut midway with
+    # The closing events (a text part's, an item's, the last Response) written from bytes made once
+    # (_close_part, _item_done, _final_bytes); off: each from its dict, the same bytes (the tests' reference).
+    lifecycle_bytes = True
 
     def __init__(self, inner: CompletionStream, frame: ResponseFrame, backend: str) -> None:
         self._inner = inner
@@ -134,6 +141,12 @@ class ChatResponseEvents(ResponseEventStream):
         self.final: dict[str, Any] | None = None
         self.relayed_events = 0
         self._run_text = ""  # the text of the last run of events written at once (_run)
+        # The first Response's bytes around its status and output (_start), and each closed item's
+        # bytes (_item_done): response.completed is written from them (_final_bytes); None once
+        # a piece could differ from the whole event's serialisation (orjson refused one, an item
+        # holds what the upstream nested).
+        self._frame_bytes: tuple[bytes, bytes] | None = None
+        self._item_bytes: list[bytes] = []
 
     # --- CompletionStream -----------------------------------------------------------------------
     async def __anext__(self) -> bytes:
@@ -197,7 +210,17 @@ class ChatResponseEvents(ResponseEventStream):
     def _start(self, out: list[bytes]) -> None:
         """``response.created`` and ``response.in_progress``: the same Response, serialised once."""
         self._started = True
-        response = dumps_exact(self._frame.envelope("in_progress", []), self._backend, "a stream event")
+        envelope = self._frame.envelope("in_progress", [])
+        try:
+            response = orjson.dumps(envelope)
+        except orjson.JSONEncodeError:  # (an integer beyond 64 bits in the echoed request)
+            response = dumps_exact(envelope, self._backend, "a stream event")
+        else:
+            # Its status is the first (only the id and created_at, both ours, come before it), its
+            # output and usage the last keys (ResponseFrame.envelope): the echo between is reused.
+            at = response.find(_STATUS)
+            if self.lifecycle_bytes and at > 0 and response.endswith(_NO_OUTPUT):
+                self._frame_bytes = (response[: at + 10], response[at + len(_STATUS) : -len(_NO_OUTPUT)])
         for seq, kind in enumerate((b"response.created", b"response.in_progress"), self._seq):
             out += (b"event: ", kind, b'\ndata: {"type":"', kind, b'","sequence_number":%d,"response":' % seq)
             out += (response, b"}\n\n")
@@ -477,6 +500,25 @@ class ChatResponseEvents(ResponseEventStream):
         if self._part is None:
             return
         text = "".join(self._texts)
+        where = self._part_where
+        if self._part == "output_text" and not self._logprobs_wanted and where is not None and self.lifecycle_bytes:
+            # The two events from bytes: the part's fixed fields (its deltas') and its text's JSON, once.
+            try:
+                data = orjson.dumps(text)
+            except orjson.JSONEncodeError:  # (not reached: the text was read as JSON)
+                data = b""
+            if data:
+                at_bytes, seq = where[:-_WHERE_DELTA], self._seq
+                self._seq = seq + 2
+                out.append(
+                    b'event: response.output_text.done\ndata: {"type":"response.output_text.done","sequence_number":%d'
+                    b'%b"text":%b,"logprobs":[]}\n\nevent: response.content_part.done\ndata: {"type":'
+                    b'"response.content_part.done","sequence_number":%d%b"part":{"type":"output_text","text":%b,'
+                    b'"annotations":[]}}\n\n' % (seq, at_bytes, data, seq + 1, at_bytes, data)
+                )
+                self._items[-1]["content"].append({"type": "output_text", "text": text, "annotations": []})
+                self._part, self._texts = None, []
+                return
         at = {**self._at(), "content_index": len(self._items[-1]["content"])}
         if self._part == "output_text":
             part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": []}
@@ -541,8 +583,34 @@ class ChatResponseEvents(ResponseEventStream):
         else:
             self._close_part(out)
             item["status"] = status
-        self._emit(out, {"type": "response.output_item.done", "output_index": len(self._items) - 1, "item": item})
+        self._item_done(out, item)
         self._open, self._part, self._texts = None, None, []
+
+    def _item_done(self, out: list[bytes], item: dict[str, Any]) -> None:
+        """``response.output_item.done`` for ``item``, its bytes kept for response.completed (_final_bytes)
+        where they are what the whole event's serialisation holds: only strings from the upstream
+        (no logprobs, a call's id and name strings), so orjson writes them the same at any depth."""
+        kind = item["type"]
+        flat = self._frame_bytes is not None and (
+            not self._logprobs_wanted
+            if kind == "message"
+            else kind == "reasoning" or all(type(v) is str for v in item.values())
+        )
+        if flat:
+            try:
+                data = orjson.dumps(item)
+            except orjson.JSONEncodeError:  # (not reached: strings only)
+                flat = False
+        if not flat:
+            self._frame_bytes = None
+            self._emit(out, {"type": "response.output_item.done", "output_index": len(self._items) - 1, "item": item})
+            return
+        self._item_bytes.append(data)
+        out.append(
+            b'event: response.output_item.done\ndata: {"type":"response.output_item.done","sequence_number":%d,'
+            b'"output_index":%d,"item":%b}\n\n' % (self._seq, len(self._items) - 1, data)
+        )
+        self._seq += 1
 
     def _end(self, out: list[bytes]) -> None:
         """The chat stream ended cleanly: close the open item, then ``response.completed`` (or incomplete)."""
@@ -556,7 +624,30 @@ class ChatResponseEvents(ResponseEventStream):
             usage = responses_usage(counts.as_json())
         status = "incomplete" if incomplete else "completed"
         self.final = self._frame.envelope(status, self._items, usage, incomplete=incomplete)
-        self._emit(out, {"type": f"response.{status}", "response": self.final})
+        data = self._final_bytes(status, usage, incomplete)
+        if data is None:
+            self._emit(out, {"type": f"response.{status}", "response": self.final})
+        else:
+            kind = b"response.completed" if status == "completed" else b"response.incomplete"
+            out.append(
+                b'event: %b\ndata: {"type":"%b","sequence_number":%d,"response":%b}\n\n' % (kind, kind, self._seq, data)
+            )
+            self._seq += 1
         self.usage = counts
         self.finished = True
         self._done = True
+
+    def _final_bytes(self, status: str, usage: dict[str, Any] | None, incomplete: str | None) -> bytes | None:
+        """The final Response's bytes from the first one's and the items' (what ``orjson.dumps(self.final)``
+        gives, without serialising the echoed request and the texts again); None: the general way."""
+        frame = self._frame_bytes
+        if frame is None or len(self._item_bytes) != len(self._items):
+            return None
+        try:
+            counts = orjson.dumps(usage)
+        except orjson.JSONEncodeError:  # (a count beyond 64 bits)
+            return None
+        head, echo = frame
+        if incomplete is not None:  # the first such key is the Response's own (only ours come before it)
+            echo = echo.replace(_NO_DETAILS, b'"incomplete_details":{"reason":"%b"}' % incomplete.encode(), 1)
+        return b'%b%b"%b,"output":[%b],"usage":%b}' % (head, status.encode(), echo, b",".join(self._item_bytes), counts)

@@ -1,0 +1,164 @@
+"""The bridge's closing events from bytes (backends/responses/events.py: ``_close_part``,
+``_item_done``, ``_final_bytes``): ``output_text.done``, ``content_part.done``,
+``output_item.done`` and ``response.completed`` (or ``incomplete``) written from the first
+Response's bytes and each item's, not serialised again. For generated streams (text, refusal,
+reasoning with or without a summary, function and custom calls, logprobs, usage, a finish that
+cuts, a failure midway, an echoed integer beyond 64 bits) every byte is what each event's dict
+gives (``lifecycle_bytes`` off), and the stored Response is the same."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from backends.errors import UpstreamProtocolError
+from backends.responses import answer as answer_module
+from backends.responses import events as events_module
+from backends.responses.answer import ResponseFrame
+from backends.responses.capabilities import chat_request_of
+from backends.responses.events import ChatResponseEvents
+from schemas.responses import ResponsesRequest
+from tests.backends.responses.test_bridge_text_shape import Reads
+
+HEAD = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 7, "model": "m"}
+TOOLS = [
+    {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}},
+    {"type": "custom", "name": "c"},
+]
+
+
+class General(ChatResponseEvents):
+    lifecycle_bytes = False  # every event from its dict: the reference
+
+
+def frame(logprobs: bool, summary: bool, long_int: bool) -> ResponseFrame:
+    body: dict[str, Any] = {"model": "m", "input": "x", "stream": True, "tools": TOOLS}
+    if logprobs:
+        body["include"] = ["message.output_text.logprobs"]
+    if summary:
+        body["reasoning"] = {"summary": "auto"}
+    request = ResponsesRequest.model_validate(body)
+    shared = ResponseFrame(request, "public", chat_request_of(request)[1])
+    if long_int:  # (the schema refuses one: the general serialiser's way, in case)
+        shared._echo["metadata"] = {"n": 2**70}
+    return shared
+
+
+def chunk(step: tuple[str, Any]) -> bytes:
+    kind, value = step
+    choice: dict[str, Any] = {"index": 0, "delta": {}, "finish_reason": None}
+    body: dict[str, Any] = {**HEAD, "choices": [choice]}
+    if kind == "text":
+        choice["delta"] = {"content": value}
+        choice["logprobs"] = {"content": [{"token": value, "logprob": -0.5e-5, "bytes": [1], "top_logprobs": []}]}
+    elif kind in ("refusal", "reasoning_content"):
+        choice["delta"] = {kind: value}
+    elif kind == "call":
+        index, call_id, args = value
+        choice["delta"] = {
+            "tool_calls": [{"index": index, "id": call_id, "function": {"name": "f", "arguments": args}}]
+        }
+    elif kind == "custom":
+        custom = {"name": "c", "input": "i"}
+        choice["delta"] = {"tool_calls": [{"index": value, "id": "cc", "type": "custom", "custom": custom}]}
+    elif kind == "finish":
+        choice["finish_reason"] = value
+    else:  # usage
+        body = {**HEAD, "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": value, "total_tokens": 9}}
+    return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
+
+
+# A call id nested as deep as orjson writes it in an item's event but not in the Response's (and
+# a float, which the stdlib's serialiser writes otherwise): that item is written the general way.
+DEEP: Any = [1e-05]
+for _ in range(251):
+    DEEP = [DEEP]
+TEXT = st.sampled_from(["a", "é", '"q"', "\\", "\n", "😀 b"])
+STEP = st.one_of(
+    st.tuples(st.just("text"), TEXT),
+    st.tuples(st.just("refusal"), TEXT),
+    st.tuples(st.just("reasoning_content"), TEXT),
+    st.tuples(st.just("call"), st.tuples(st.integers(0, 2), st.sampled_from(["call_1", None, 5, DEEP]), TEXT)),
+    st.tuples(st.just("custom"), st.integers(3, 4)),
+    st.tuples(st.just("finish"), st.sampled_from(["stop", "length", "content_filter", "tool_calls"])),
+    st.tuples(st.just("usage"), st.sampled_from([3, 2**70])),
+)
+
+
+async def written(
+    cls: type[ChatResponseEvents], reads: list[bytes], shared: ResponseFrame, fail: bool
+) -> tuple[bytes, Any]:
+    ids = itertools.count()
+    with pytest.MonkeyPatch.context() as patch:  # the same item ids in both runs
+        for module in (events_module, answer_module):
+            patch.setattr(module, "new_id", lambda prefix: f"{prefix}_{next(ids)}")
+        stream = cls(Reads(list(reads)), shared, "b")
+        out = b""
+        async for piece in stream:
+            out += piece
+            if fail:
+                out += stream.failed_event(UpstreamProtocolError("upstream went away", backend="b"))
+                break
+        return out, stream.snapshot("cancelled")
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    steps=st.lists(STEP, max_size=10),
+    cut=st.integers(1, 3),
+    logprobs=st.booleans(),
+    summary=st.booleans(),
+    long_int=st.booleans(),
+    fail=st.booleans(),
+)
+@example(
+    steps=[("text", "a"), ("text", "b"), ("finish", "length"), ("usage", 3)],
+    cut=9, logprobs=False, summary=False, long_int=False, fail=False,
+)  # fmt: skip
+@example(
+    steps=[("call", (0, DEEP, "{")), ("finish", "tool_calls")],
+    cut=1, logprobs=False, summary=False, long_int=False, fail=False,
+)  # fmt: skip
+@example(
+    steps=[("reasoning_content", "r"), ("call", (0, "c", "{")), ("text", "a")],
+    cut=1, logprobs=False, summary=True, long_int=False, fail=False,
+)  # fmt: skip
+async def test_the_closing_events_from_bytes_are_those_of_their_dicts(
+    steps: list[tuple[str, Any]], cut: int, logprobs: bool, summary: bool, long_int: bool, fail: bool
+) -> None:
+    chunks = [chunk(("text", "A")), *map(chunk, steps)]
+    reads = [b"".join(chunks[at : at + cut]) for at in range(0, len(chunks), cut)]
+    shared = frame(logprobs, summary, long_int)
+    fast, fast_final = await written(ChatResponseEvents, reads, shared, fail)
+    general, general_final = await written(General, reads, shared, fail)
+    assert fast == general
+    assert fast_final == general_final
+
+
+async def test_a_plain_answer_takes_the_byte_path() -> None:
+    """The common stream (text, then a finish and usage) is written without its closing dicts'
+    serialisation, and the last event holds the Response the store keeps."""
+    reads = [b"".join(map(chunk, [("text", "A"), ("text", "b"), ("finish", "length"), ("usage", 2)]))]
+    stream = ChatResponseEvents(Reads(reads), frame(False, False, False), "b")
+    emitted: list[str] = []
+    real = ChatResponseEvents._emit
+
+    def counting(self: ChatResponseEvents, out: list[bytes], event: dict[str, Any]) -> None:
+        emitted.append(event["type"])
+        real(self, out, event)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ChatResponseEvents, "_emit", counting)
+        out = b"".join([piece async for piece in stream])
+    assert emitted == ["response.output_item.added", "response.content_part.added"]
+    last = orjson.loads(out.rstrip().rsplit(b"\n", 1)[1].removeprefix(b"data: "))
+    assert last["type"] == "response.incomplete"
+    assert last["response"] == stream.snapshot("cancelled")
+    assert last["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert last["response"]["output"][0]["content"][0]["text"] == "Ab"
