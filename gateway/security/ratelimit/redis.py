@@ -268,9 +268,12 @@ class RedisStore(LimitStore):
             await self.renew_now()
 
     async def renew_now(self) -> None:
-        """One renewal tick (the renewer's; tests call it to skip the wait)."""
-        if not self._use_redis():  # in an outage, Redis is tried again at the retry time only
-            return
+        """One renewal tick (the renewer's; tests call it to skip the wait).
+
+        Tried at every tick even while degraded: the retry interval paces the request path, and
+        a tick skipped for it (one slow Redis answer, with leases shorter than three retry
+        intervals) would let the leases of live requests expire and their slots be given away.
+        """
         try:
             while self._unreleased:
                 keys, args = self._unreleased[0]
