@@ -39,10 +39,11 @@ async def serve(tmp_path: Path, store: str, prefix: str) -> AsyncIterator[tuple[
     port = free_port()
     path = tmp_path / "gw.yaml"
     path.write_text(CONFIG.format(port=port, store=store, prefix=prefix))
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway", "serve", "--config", str(path), "--workers", "2", cwd=ROOT,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
+    with (tmp_path / "gateway.err").open("wb") as err:  # read by _reloaded
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway", "serve", "--config", str(path), "--workers", "2", cwd=ROOT,
+            stdout=asyncio.subprocess.DEVNULL, stderr=err,
+        )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession() as probe:
@@ -69,6 +70,21 @@ async def _every_worker(
         except aiohttp.ClientError:
             await asyncio.sleep(0.1)
     return seen
+
+
+def _reloads(tmp_path: Path) -> int:
+    """How many times the workers logged a reload applied (a few KB of log: read whole)."""
+    return (tmp_path / "gateway.err").read_bytes().count(b"config reload applied")
+
+
+async def _reloaded(proc: asyncio.subprocess.Process, tmp_path: Path, before: int) -> None:
+    """Until both workers logged the SIGHUP's reload applied (not a fixed sleep: on a loaded
+    machine the turns after it would otherwise all run before the reload they are meant to cross)."""
+    deadline = time.monotonic() + 60
+    while _reloads(tmp_path) < before + 2:
+        assert proc.returncode is None, "gateway exited"
+        assert time.monotonic() < deadline, "the workers did not apply the reload"
+        await asyncio.sleep(0.05)
 
 
 async def _continue_on_every_worker(
@@ -106,8 +122,9 @@ async def test_every_worker_continues_the_conversations_across_a_restart_and_a_r
             last = await _continue_on_every_worker(http, url, first, proc)
             await kill_a_worker(proc)
             last = await _continue_on_every_worker(http, url, last, proc)
+            before = _reloads(tmp_path)
             proc.send_signal(signal.SIGHUP)
-            await asyncio.sleep(1.0)
+            await _reloaded(proc, tmp_path, before)
             last = await _continue_on_every_worker(http, url, last, proc)
             answers = await _every_worker(http, url, f"/v1/responses/{first}/input_items", proc)
             assert {status for status, _ in answers.values()} == {200}
