@@ -48,6 +48,14 @@ _STATUS = b'"status":"in_progress"'
 _NO_OUTPUT = b',"output":[],"usage":null}'
 _NO_DETAILS = b'"incomplete_details":null'
 _WHERE_DELTA = len(b'"delta":')
+# A message item opened with an empty output_text part (its sequence number, output index, id; the
+# part's sequence number, the item's id and output index), as _emit writes the two events' dicts.
+_OPEN_TEXT = (
+    b'event: response.output_item.added\ndata: {"type":"response.output_item.added","sequence_number":%d,'
+    b'"output_index":%d,"item":{"id":"%b","type":"message","role":"assistant","status":"in_progress","content":[]}}'
+    b'\n\nevent: response.content_part.added\ndata: {"type":"response.content_part.added","sequence_number":%d,'
+    b'"item_id":"%b","output_index":%d,"content_index":0,"part":{"type":"output_text","text":"","annotations":[]}}\n\n'
+)
 _RUN = 3  # plain text events a read must still hold after one for a run of them to be written at once (_run)
 
 
@@ -110,8 +118,9 @@ class ChatResponseEvents(ResponseEventStream):
     """The Responses events of one chat stream (module docstring). Not thread-safe; one consumer."""
 
     relayed_events: int  # chat events translated: what the handler settles a stream cut midway with
-    # The closing events (a text part's, an item's, the last Response) written from bytes made once
-    # (_close_part, _item_done, _final_bytes); off: each from its dict, the same bytes (the tests' reference).
+    # Lifecycle events written from bytes (a message opened with its text part: _OPEN_TEXT; a text
+    # part's, an item's and the last Response's closing events: _close_part, _item_done, _final_bytes);
+    # off: each from its dict, the same bytes (the tests' reference).
     lifecycle_bytes = True
 
     def __init__(self, inner: CompletionStream, frame: ResponseFrame, backend: str) -> None:
@@ -430,10 +439,20 @@ class ChatResponseEvents(ResponseEventStream):
     def _text(self, part: str, text: str, logprobs: Any, out: list[bytes]) -> None:
         if self._open != "message":
             self._close(out)
-            item = {"id": new_id("msg"), "type": "message", "role": "assistant", "status": "in_progress", "content": []}
+            item_id = new_id("msg")
+            item = {"id": item_id, "type": "message", "role": "assistant", "status": "in_progress", "content": []}
             self._items.append(item)
             self._open, self._part = "message", None
-            self._emit(out, {"type": "response.output_item.added", "output_index": len(self._items) - 1, "item": item})
+            if part == "output_text" and not self._logprobs_wanted and self.lifecycle_bytes:
+                # The item and its first part (an answer's usual start) from one template: no dicts.
+                seq, index, at = self._seq, len(self._items) - 1, item_id.encode()
+                self._seq = seq + 2
+                out.append(_OPEN_TEXT % (seq, index, at, seq + 1, at, index))
+                self._part, self._texts, self._logprobs, self._part_where = part, [], [], None
+            else:
+                self._emit(
+                    out, {"type": "response.output_item.added", "output_index": len(self._items) - 1, "item": item}
+                )
         if self._part != part:
             self._close_part(out)
             self._part, self._texts, self._logprobs, self._part_where = part, [], [], None
@@ -618,10 +637,12 @@ class ChatResponseEvents(ResponseEventStream):
             self._start(out)
         incomplete = _INCOMPLETE.get(self._finish or "")
         self._close(out, "incomplete" if incomplete else "completed")
-        counts = usage_of(self._chat_usage) or self._inner.usage
-        usage = responses_usage(self._chat_usage)
-        if usage is None and counts is not None:
-            usage = responses_usage(counts.as_json())
+        counts = usage_of(self._chat_usage)
+        if counts is not None:  # (read once: responses_usage takes the counts read)
+            usage = responses_usage(self._chat_usage, counts)
+        else:
+            counts = self._inner.usage
+            usage = None if counts is None else responses_usage(counts.as_json())
         status = "incomplete" if incomplete else "completed"
         self.final = self._frame.envelope(status, self._items, usage, incomplete=incomplete)
         data = self._final_bytes(status, usage, incomplete)
