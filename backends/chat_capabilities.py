@@ -27,7 +27,7 @@ per backend type (per vLLM version and tool parser: cached), never per request.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from functools import cached_property
@@ -48,6 +48,7 @@ __all__ = [
     "ChatCapabilities",
     "Exclusive",
     "Refusal",
+    "ValueRule",
     "request_forms",
 ]
 
@@ -133,6 +134,16 @@ class Exclusive:
 
 
 @dataclass(frozen=True, slots=True)
+class ValueRule:
+    """A refusal that depends on a field's value (a version's bound on it): ``applies(request)``
+    -> refuse ``field`` with ``why``. Checked last, one predicate per rule (a table has few)."""
+
+    field: str
+    why: str
+    applies: Callable[[ChatCompletionRequest], bool]
+
+
+@dataclass(frozen=True, slots=True)
 class Refusal:
     param: str  # the request field to name in the 400
     key: str  # what matched: the field, ``field=form``, ``field>limit`` or ``a+b``
@@ -150,6 +161,7 @@ class ChatCapabilities:
     reasons: Mapping[str, str] = dataclass_field(default_factory=lambda: MappingProxyType({}))
     # How a form is honoured where its level alone does not say (``tools=strict``: by which grammar).
     form_notes: Mapping[str, str] = dataclass_field(default_factory=lambda: MappingProxyType({}))
+    rules: tuple[ValueRule, ...] = ()
 
     @classmethod
     def build(
@@ -162,6 +174,7 @@ class ChatCapabilities:
         exclusive: tuple[Exclusive, ...] = (),
         reasons: Mapping[str, str] | None = None,
         notes: Mapping[str, str] | None = None,
+        rules: tuple[ValueRule, ...] = (),
     ) -> ChatCapabilities:
         unknown = set(levels) - set(CHAT_FIELDS)
         unknown |= {key.split("=")[0] for key in forms or {}} - set(CHAT_FIELDS)
@@ -169,6 +182,7 @@ class ChatCapabilities:
         field_notes = {key: note for key, note in (notes or {}).items() if "=" not in key}
         form_notes = {key: note for key, note in (notes or {}).items() if "=" in key}
         unknown |= {key.split("=")[0] for key in form_notes} - set(CHAT_FIELDS)
+        unknown |= {rule.field for rule in rules} - set(CHAT_FIELDS)
         if unknown:
             raise ValueError(f"unknown chat request fields: {sorted(unknown)}")
         table = {name: levels.get(name, default) for name in CHAT_FIELDS}
@@ -180,6 +194,7 @@ class ChatCapabilities:
             exclusive,
             MappingProxyType(dict(reasons or {})),
             MappingProxyType(form_notes),
+            rules,
         )
 
     def note(self, field: str, form: str | None = None) -> str | None:
@@ -196,7 +211,7 @@ class ChatCapabilities:
     def first_refusal(self, request: ChatCompletionRequest) -> Refusal | None:
         """The first thing the request asks that this backend cannot honour, if any.
 
-        Order: unsupported fields (schema order), then forms, limits and exclusive sets.
+        Order: unsupported fields (schema order), then forms, limits, exclusive sets and value rules.
         Cost: a set intersection plus one walk over the request's forms (a handful).
         """
         touched = self.fields.unsupported.intersection(request.model_fields_set)
@@ -219,6 +234,9 @@ class ChatCapabilities:
             ]
             if len(present) == len(rule.fields):
                 return Refusal(present[-1], "+".join(rule.fields), rule.why)
+        for value_rule in self.rules:
+            if value_rule.applies(request):
+                return Refusal(value_rule.field, value_rule.field, value_rule.why)
         return None
 
     @cached_property

@@ -2,7 +2,8 @@
 ``/v1/chat/completions``): one definition of each field's bounds and rules, used by
 :mod:`schemas.completions` and :mod:`schemas.chat`.
 
-Bounds follow vLLM 0.32's request models (``cache_salt`` 1..1024 characters, ``stream_interval``
+Bounds follow vLLM 0.32's request models (``cache_salt`` 1..1024 characters; 0.32's tighter bound
+on it is per version: ``backends.vllm.capabilities``; ``stream_interval``
 >= 1, ``routed_experts_prompt_start`` >= 0, ``vllm_xargs`` values that survive JSON exactly);
 the rules that tie a field to another raise :class:`~schemas.errors.FieldRuleError` naming it.
 Which servers honour them is the backends' business (``backends.vllm.versions``).

@@ -14,8 +14,8 @@ from __future__ import annotations
 from functools import lru_cache
 
 from backends.capabilities import EMPTY_PROMPT, Capabilities, Level, Rule, empty_prompt
-from backends.chat_capabilities import CHAT_FIELDS, OPENAI_ONLY_FIELDS, ChatCapabilities
-from backends.pooling_capabilities import PoolingCapabilities, embedding_table, rerank_table
+from backends.chat_capabilities import CHAT_FIELDS, OPENAI_ONLY_FIELDS, ChatCapabilities, ValueRule
+from backends.pooling_capabilities import PoolingCapabilities, PoolingRule, embedding_table, rerank_table
 from backends.responses.capabilities import ResponsesCapabilities
 from backends.vllm.versions import (
     BOUNDARIES,
@@ -176,6 +176,31 @@ def _response_format_rules(features: VLLMFeatures) -> tuple[Rule, ...]:
     return (Rule("response_format", why, _no_older_form),)
 
 
+# vLLM 0.32 refuses (400) a cache_salt over 128 characters or holding '@', '/', '\\' or NUL, the
+# separators of LMCache's keys (``validate_cache_salt``, vllm/entrypoints/generate/base/protocol.py,
+# vLLM PR #51444, in completions, chat, Responses and pooling). Earlier versions take any non-empty
+# salt (the schema's 1..1024), so the rule is per version, checked here rather than in the schema.
+CACHE_SALT_RULE_SINCE = VLLMVersion(0, 32, 0)
+_SALT_MAX = 128
+_SALT_FORBIDDEN = frozenset("@/\\\x00")
+
+
+def _salt_refused(salt: str | None) -> bool:
+    return salt is not None and (len(salt) > _SALT_MAX or not _SALT_FORBIDDEN.isdisjoint(salt))
+
+
+def _salt_why(version: VLLMVersion | None) -> str | None:
+    """Why a salt is refused on ``version`` (None: no bound beyond the schema's)."""
+    if version is None or version < CACHE_SALT_RULE_SINCE:
+        return None  # an unknown version refuses cache_salt altogether (its level)
+    return f"vLLM {version} takes a cache_salt of at most {_SALT_MAX} characters without '@', '/', '\\' or NUL"
+
+
+def _salt_rules(features: VLLMFeatures) -> tuple[Rule, ...]:
+    why = _salt_why(features.version)
+    return () if why is None else (Rule("cache_salt", why, lambda r: _salt_refused(r.cache_salt)),)
+
+
 _EMPTY_PROMPT_RULE = Rule(
     "prompt", f'{EMPTY_PROMPT}: vLLM refuses it ("prompt ... must be provided and non-empty")', empty_prompt
 )
@@ -203,7 +228,9 @@ def capabilities_for(features: VLLMFeatures) -> Capabilities:
     elif features.version < BOUNDARIES["response_format"]:
         levels["response_format"] = Level.TRANSLATED  # as guided_json (< 0.11) or structured_outputs (0.11)
     limits = {"logprobs": VLLM_MAX_LOGPROBS, "prompt_logprobs": VLLM_MAX_LOGPROBS}
-    rules = (_EMPTY_PROMPT_RULE, *_structured_rules(features), *_response_format_rules(features))
+    rules = (
+        _EMPTY_PROMPT_RULE, *_structured_rules(features), *_response_format_rules(features), *_salt_rules(features)
+    )  # fmt: skip
     table = Capabilities.of(Level.NATIVE, **levels).with_rules(rules).with_limits(limits)
     return table.with_reasons(reasons)
 
@@ -287,7 +314,9 @@ def vllm_chat_capabilities(features: VLLMChatFeatures) -> ChatCapabilities:
                 forms[f"tool_choice={form}"] = U
                 reasons[f"tool_choice={form}"] = no_parser if needs else f"{no_parser}; {unknown}"
     limits = {"prompt_logprobs": VLLM_MAX_LOGPROBS}  # the server's --max-logprobs default; -1 ("all") over it
-    return ChatCapabilities.build(N, levels, forms, limits=limits, reasons=reasons)
+    why = _salt_why(features.base.version)
+    rules = () if why is None else (ValueRule("cache_salt", why, lambda r: _salt_refused(r.cache_salt)),)
+    return ChatCapabilities.build(N, levels, forms, limits=limits, reasons=reasons, rules=rules)
 
 
 @lru_cache(maxsize=64)
@@ -373,7 +402,9 @@ def vllm_pooling_tables(version: VLLMVersion | None) -> tuple[PoolingCapabilitie
     normalize = _normalize_reason(version)
     if normalize is not None:
         levels["normalize"], reasons["normalize"] = U, normalize
-    embeddings = embedding_table(N, levels, forms, reasons=reasons)
+    why = _salt_why(version)
+    salt = () if why is None else (PoolingRule("cache_salt", why, lambda r: _salt_refused(r.cache_salt)),)
+    embeddings = embedding_table(N, levels, forms, reasons=reasons, rules=salt)
 
     rerank_levels: dict[str, Level] = {**dict.fromkeys(VLLM_RERANK_EXTRAS, N), "return_documents": T}
     rerank_reasons: dict[str, str] = {}
