@@ -20,6 +20,11 @@ from gateway.security.ratelimit import Limits, RedisStore
 from tests.conftest import eventually, free_port
 from tests.gateway.security.conftest import REDIS_MISSING, RedisServer
 
+# The store's Redis timeout (0.25 s by default, so a slow Redis degrades at once): these tests are
+# about leases, and on a loaded machine a 0.25 s answer is ordinary (a timed-out acquire would be
+# decided locally and hold no lease in Redis at all).
+PATIENT = 5.0
+
 
 class AofRedis(RedisServer):
     """redis-server with the append-only file on: a restart brings the leases back, as in production."""
@@ -75,7 +80,7 @@ async def test_releases_lost_in_a_restart_are_retried(aof_redis: AofRedis) -> No
     clock = FakeClock()
     errors: list[None] = []
     store = RedisStore(
-        aof_redis.url, prefix="restart", lease_seconds=60, retry_interval=60, clock=clock,
+        aof_redis.url, prefix="restart", timeout=PATIENT, lease_seconds=60, retry_interval=60, clock=clock,
         on_error=lambda: errors.append(None),
     )  # fmt: skip
     limits = Limits(max_concurrent=3)
@@ -109,7 +114,9 @@ async def test_a_lease_outlives_a_failed_renewal(aof_redis: AofRedis) -> None:
     Before, the renewer waited out the request path's retry interval (5 s by default), so a
     lease shorter than about three of them expired under a live request and its slot was given
     to another."""
-    store = RedisStore(aof_redis.url, prefix="blip", lease_seconds=60, retry_interval=60, clock=FakeClock())
+    store = RedisStore(
+        aof_redis.url, prefix="blip", timeout=PATIENT, lease_seconds=60, retry_interval=60, clock=FakeClock()
+    )
     client = redis.asyncio.Redis.from_url(aof_redis.url)
     leases = "blip:rl:{k}:conc"
     try:
@@ -137,8 +144,8 @@ async def test_leases_are_renewed_while_held(aof_redis: AofRedis) -> None:
     """A held lease outlives its first term because the holder renews it; a live lease's
     refusal says "about a second"; a release frees it at once. Waits on what Redis holds, not
     on a fixed sleep: on a starved event loop a late tick only makes the test wait longer."""
-    live = RedisStore(aof_redis.url, prefix="renew", lease_seconds=1.5)  # renewed every 0.5 s
-    other = RedisStore(aof_redis.url, prefix="renew", lease_seconds=1.5)
+    live = RedisStore(aof_redis.url, prefix="renew", timeout=PATIENT, lease_seconds=1.5)  # renewed every 0.5 s
+    other = RedisStore(aof_redis.url, prefix="renew", timeout=PATIENT, lease_seconds=1.5)
     client = redis.asyncio.Redis.from_url(aof_redis.url)
     leases = "renew:rl:{k}:conc"
     limits = Limits(max_concurrent=1)
@@ -177,8 +184,8 @@ async def test_leases_are_renewed_while_held(aof_redis: AofRedis) -> None:
 
 
 async def test_retry_after_is_the_expiry_of_a_dead_holders_lease(aof_redis: AofRedis) -> None:
-    dead = RedisStore(aof_redis.url, prefix="dead", lease_seconds=2.4)
-    other = RedisStore(aof_redis.url, prefix="dead", lease_seconds=2.4)
+    dead = RedisStore(aof_redis.url, prefix="dead", timeout=PATIENT, lease_seconds=2.4)
+    other = RedisStore(aof_redis.url, prefix="dead", timeout=PATIENT, lease_seconds=2.4)
     limits = Limits(max_concurrent=1)
     try:
         _, held = await dead.acquire("k", limits, 0)
