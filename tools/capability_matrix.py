@@ -206,9 +206,15 @@ def render_chat() -> str:
                     note = f"`{'` with `'.join(rule.fields)}`: {rule.why}"
                     if kind not in notes.setdefault(note, []):
                         notes[note].append(kind)
+            for value_rule in table.rules:  # a version's bound on a value (vLLM 0.32's cache_salt)
+                if not form and field == value_rule.field:
+                    cell = cell if cell.endswith("*") else cell + "*"
+                    note = f"`{field}`: {value_rule.why}"
+                    if kind not in notes.setdefault(note, []):
+                        notes[note].append(kind)
             cells.append(cell + _noted(key, kind, table.note(field, form or None), how))
         lines.append(f"| `{key}` | " + " | ".join(cells) + " |")
-    heading = "\\* refused (400 `unsupported_parameter`) together with another field"
+    heading = "\\* refused (400 `unsupported_parameter`) together with another field, or for some values"
     lines += ["", heading + _HOW_HEADING * bool(how) + ":"]
     lines += [f"- {note} ({', '.join(f'`{k}`' for k in kinds)})." for note, kinds in notes.items()]
     lines += [*_how_lines(how), "", CHAT_END]
