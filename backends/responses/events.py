@@ -43,10 +43,12 @@ __all__ = ["ChatResponseEvents", "ResponseEventStream", "event_bytes", "failure_
 
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 _TEXT_DELTA = b"response.output_text.delta"
+_TEXT_HEAD = b"event: " + _TEXT_DELTA + b'\ndata: {"type":"' + _TEXT_DELTA + b'","sequence_number":'
 _NO_LOGPROBS = b',"logprobs":[]}\n\n'
 _STATUS = b'"status":"in_progress"'
 _NO_OUTPUT = b',"output":[],"usage":null}'
 _NO_DETAILS = b'"incomplete_details":null'
+_DETAILS = {reason: b'"incomplete_details":{"reason":"%b"}' % reason.encode() for reason in _INCOMPLETE.values()}
 _WHERE_DELTA = len(b'"delta":')
 # A message item opened with an empty output_text part (its sequence number, output index, id; the
 # part's sequence number, the item's id and output index), as _emit writes the two events' dicts.
@@ -448,7 +450,9 @@ class ChatResponseEvents(ResponseEventStream):
                 seq, index, at = self._seq, len(self._items) - 1, item_id.encode()
                 self._seq = seq + 2
                 out.append(_OPEN_TEXT % (seq, index, at, seq + 1, at, index))
-                self._part, self._texts, self._logprobs, self._part_where = part, [], [], None
+                fields = b',"item_id":"%b","output_index":%d,"content_index":0,"delta":' % (at, index)  # (_where's)
+                self._part, self._texts, self._logprobs, self._part_where = part, [], [], fields
+                self._fast = (_TEXT_HEAD, fields, _delta_template(_TEXT_HEAD, fields))
             else:
                 self._emit(
                     out, {"type": "response.output_item.added", "output_index": len(self._items) - 1, "item": item}
@@ -477,8 +481,7 @@ class ChatResponseEvents(ResponseEventStream):
         if where is None:
             where = self._part_where = self._where(b"content_index", len(self._items[-1]["content"]))
             if part == "output_text" and not self._logprobs_wanted:
-                head = b"event: " + _TEXT_DELTA + b'\ndata: {"type":"' + _TEXT_DELTA + b'","sequence_number":'
-                self._fast = (head, where, _delta_template(head, where))
+                self._fast = (_TEXT_HEAD, where, _delta_template(_TEXT_HEAD, where))
         if part != "output_text":
             self._delta(out, b"response.refusal.delta", where, text)
         elif self._logprobs_wanted:
@@ -645,7 +648,7 @@ class ChatResponseEvents(ResponseEventStream):
             usage = None if counts is None else responses_usage(counts.as_json())
         status = "incomplete" if incomplete else "completed"
         self.final = self._frame.envelope(status, self._items, usage, incomplete=incomplete)
-        data = self._final_bytes(status, usage, incomplete)
+        data = self._final_bytes(usage, incomplete)
         if data is None:
             self._emit(out, {"type": f"response.{status}", "response": self.final})
         else:
@@ -658,7 +661,7 @@ class ChatResponseEvents(ResponseEventStream):
         self.finished = True
         self._done = True
 
-    def _final_bytes(self, status: str, usage: dict[str, Any] | None, incomplete: str | None) -> bytes | None:
+    def _final_bytes(self, usage: dict[str, Any] | None, incomplete: str | None) -> bytes | None:
         """The final Response's bytes from the first one's and the items' (what ``orjson.dumps(self.final)``
         gives, without serialising the echoed request and the texts again); None: the general way."""
         frame = self._frame_bytes
@@ -670,5 +673,6 @@ class ChatResponseEvents(ResponseEventStream):
             return None
         head, echo = frame
         if incomplete is not None:  # the first such key is the Response's own (only ours come before it)
-            echo = echo.replace(_NO_DETAILS, b'"incomplete_details":{"reason":"%b"}' % incomplete.encode(), 1)
-        return b'%b%b"%b,"output":[%b],"usage":%b}' % (head, status.encode(), echo, b",".join(self._item_bytes), counts)
+            echo = echo.replace(_NO_DETAILS, _DETAILS[incomplete], 1)
+        status_bytes = b"completed" if incomplete is None else b"incomplete"
+        return b'%b%b"%b,"output":[%b],"usage":%b}' % (head, status_bytes, echo, b",".join(self._item_bytes), counts)
