@@ -5,10 +5,12 @@ events (one read, as a fast upstream's arrive) written as Responses events
     .venv/bin/python bench/responses_events.py                          # this checkout
     .venv/bin/python bench/responses_events.py --ref /work/wt/baseline  # and another one's events.py
 
-``--ref``: that checkout's ``backends/responses/events.py`` is loaded beside this one's (the
-rest of the package is this checkout's), and the two take turns in every round. The figure is
-process CPU time (``time.process_time``) per stream, the median of ``--rounds`` rounds, so other
-processes on the machine move it little; ``bench/request_cost.py`` gives the whole request's.
+``--ref``: that checkout's ``backends/responses/events.py`` (with the modules it writes with,
+where it has them: ``response_writer``, ``lifecycle_bytes``, ``text_run``, ``event_stream``) is
+loaded beside this one's (the rest of the package is this checkout's), and the two take turns in
+every round. The figure is process CPU time (``time.process_time``) per stream, the median of
+``--rounds`` rounds, so other processes on the machine move it little; ``bench/request_cost.py``
+gives the whole request's.
 """
 
 from __future__ import annotations
@@ -64,13 +66,33 @@ class OneRead(CompletionStream):
         pass
 
 
-def load_events(checkout: str) -> ModuleType:
-    path = Path(checkout) / "backends" / "responses" / "events.py"
-    spec = importlib.util.spec_from_file_location("ref_events", path)
+# The modules events.py writes with (where the checkout has them): the ref's own, not this one's.
+HELPERS = ("event_stream", "lifecycle_bytes", "text_run", "response_writer")
+
+
+def load_module(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def load_events(checkout: str) -> ModuleType:
+    folder = Path(checkout) / "backends" / "responses"
+    saved = {name: sys.modules.get(name) for name in (f"backends.responses.{helper}" for helper in HELPERS)}
+    try:
+        for helper in HELPERS:
+            if (folder / f"{helper}.py").exists():
+                load_module(f"backends.responses.{helper}", folder / f"{helper}.py")
+        return load_module("ref_events", folder / "events.py")
+    finally:
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
 
 
 async def one(module: ModuleType, frame: Any, data: bytes) -> int:

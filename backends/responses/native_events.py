@@ -27,7 +27,7 @@ import orjson
 from backends.base import ResponsesCall, usage_of
 from backends.errors import UpstreamProtocolError
 from backends.exact_json import loads_keeping_integers
-from backends.responses.events import ResponseEventStream, event_bytes, failure_of
+from backends.responses.event_stream import ResponseEventStream, event_bytes, failure_of
 from backends.transport.base import UpstreamResponse
 from backends.transport.sse import sse_data
 from backends.transport.upstream_events import UpstreamEvents

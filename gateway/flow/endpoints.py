@@ -32,7 +32,7 @@ from backends.base import (
     UpstreamCall,
 )
 from backends.responses.bridge import bridged_responses, bridged_responses_stream, responses_table
-from backends.responses.events import ResponseEventStream, event_bytes, failure_of
+from backends.responses.event_stream import ResponseEventStream, event_bytes, failure_of
 from backends.tool_call_order import MAX_HELD_BYTES, SequentialToolCalls
 from gateway.flow.responses_turns import ResponsesTurns
 from gateway.served import ServedRequest

@@ -27,7 +27,7 @@ from pydantic import TypeAdapter, ValidationError
 from backends.base import Backend, CompletionStream, ResponsesTable
 from backends.responses.answer import new_id
 from backends.responses.bridge import responses_table
-from backends.responses.events import ResponseEventStream
+from backends.responses.event_stream import ResponseEventStream
 from gateway.conversations.window import fit
 from gateway.responses_state import NO_AUTH_TENANT, FinishedTurn, ResponsesState
 from gateway.served import ServedRequest

@@ -1,5 +1,5 @@
-"""The bridge's closing events from bytes (backends/responses/events.py: ``_close_part``,
-``_item_done``, ``_final_bytes``): ``output_text.done``, ``content_part.done``,
+"""The bridge's closing events from bytes (backends/responses/response_writer.py: ``_close_part``,
+``_item_done``, lifecycle_bytes.py: ``final_bytes``): ``output_text.done``, ``content_part.done``,
 ``output_item.done`` and ``response.completed`` (or ``incomplete``) written from the first
 Response's bytes and each item's, not serialised again. For generated streams (text, refusal,
 reasoning with or without a summary, function and custom calls, logprobs, usage, a finish that

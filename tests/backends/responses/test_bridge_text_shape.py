@@ -1,4 +1,4 @@
-"""The bridge's byte path for text deltas (backends/responses/events.py, ``_learn``): a chat event
+"""The bridge's byte path for text deltas (backends/responses/events.py and text_run.py, ``learn``): a chat event
 with the bytes of the stream's last plain text event around another JSON string is written
 without a parse. Whatever the texts (quotes, backslashes, ``"content":`` inside them, escapes the
 upstream chose), however the events are cut into reads, and whatever other events come between
@@ -140,7 +140,7 @@ async def test_the_byte_path_gives_the_parsed_paths_events(
     shared = frame()
     fast, _ = await translate(reads, shared)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(events_module, "_learn", lambda raw: None)  # no shape kept: every event parsed
+        patch.setattr(events_module, "learn", lambda raw: None)  # no shape kept: every event parsed
         parsed, _ = await translate(reads, shared)
     assert fast == parsed
 
@@ -173,7 +173,7 @@ async def test_most_text_events_take_the_byte_path() -> None:
 @pytest.mark.parametrize("other", range(len(others(False))))
 async def test_a_run_of_text_events_in_one_read_is_written_at_once(delta_first: bool, other: int) -> None:
     """Many plain text events in one read (a fast upstream's, or a stream read late) are written as
-    one run (_run), up to an event of another kind, which the run leaves to the parse; the events
+    one run (write_run), up to an event of another kind, which the run leaves to the parse; the events
     are those of the parsed path, and the events of a run cost one parse for all."""
     texts = ["A", "b", '"q"', "\\", "é", "x%dy", "😀", '"content":', "}", "\u2028"]
     first = {**HEAD, "choices": [{"index": 0, "delta": {"role": "assistant", "content": "A"}, "finish_reason": None}]}
@@ -202,7 +202,7 @@ async def test_a_run_of_text_events_in_one_read_is_written_at_once(delta_first: 
     else:  # one that differs from a plain one before its text only (another id, another choice) ends
         assert calls == 22  # the run's check: the read is taken event by event
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(events_module, "_learn", lambda raw: None)
+        patch.setattr(events_module, "learn", lambda raw: None)
         parsed = parse(await written([read], shared))
     assert fast == parsed
     done = next(e for e in fast if e["type"] == "response.output_text.done")

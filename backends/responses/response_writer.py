@@ -1,0 +1,223 @@
+"""A Response's output items written as Responses events: the chat bridge's writing half.
+
+:class:`ResponseWriter` owns what the events say and their order: the sequence numbers, the
+output items (the open one last) and their parts, ``response.created`` / ``in_progress``, the
+delta events, each part's and item's closing events, and the bytes ``response.completed`` is
+written from (:mod:`backends.responses.lifecycle_bytes`). What it is fed, and when, is the
+reader's (:class:`~backends.responses.events.ChatResponseEvents`, whose ``__init__`` sets the
+state declared here: one constructor call per stream). Not thread-safe; one consumer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from backends.exact_json import dumps_exact
+from backends.responses.answer import ResponseFrame
+from backends.responses.event_stream import ResponseEventStream
+from backends.responses.lifecycle_bytes import ITEM_DONE, NO_OUTPUT, STATUS, TEXT_DONE, WHERE_DELTA
+
+__all__ = ["ResponseWriter"]
+
+
+class ResponseWriter(ResponseEventStream):
+    """The output items of one Response and their events (module docstring)."""
+
+    # Lifecycle events written from bytes (a message opened with its text part: OPEN_TEXT; a text
+    # part's, an item's and the last Response's closing events: _close_part, _item_done, final_bytes);
+    # off: each from its dict, the same bytes (the tests' reference).
+    lifecycle_bytes = True
+
+    _frame: ResponseFrame
+    _backend: str
+    _seq: int  # the next event's sequence number
+    _started: bool  # response.created and response.in_progress written
+    _items: list[dict[str, Any]]  # output items, in order (the open one last)
+    _open: str | None  # "reasoning" | "message" | "call"
+    _part: str | None  # the open message part: "output_text" | "refusal"
+    _texts: list[str]  # the open part's (or reasoning's, or arguments') pieces
+    _logprobs: list[Any]
+    _part_where: bytes | None  # the open part's delta fields, made once
+    # While an output_text part is open without logprobs: a text delta's bytes around its
+    # sequence number, so the common event is one concatenation, and the same as a template, so a
+    # run of them is one format (backends.responses.text_run).
+    _fast: tuple[bytes, bytes, bytes] | None
+    _summary: bool  # reasoning written as a summary
+    _logprobs_wanted: bool
+    # The first Response's bytes around its status and output (_start), and each closed item's
+    # bytes (_item_done): response.completed is written from them (final_bytes); None once a piece
+    # could differ from the whole event's serialisation (orjson refused one, an item holds what the
+    # upstream nested).
+    _frame_bytes: tuple[bytes, bytes] | None
+    _item_bytes: list[bytes]
+
+    # --- writing -------------------------------------------------------------------------------
+    def _emit(self, out: list[bytes], event: dict[str, Any]) -> None:
+        """``event`` (its ``type`` the first key, an event type: ASCII) written with the next sequence
+        number after its type, as :func:`event_bytes` writes it, without a copy of the dict."""
+        kind: str = event["type"]
+        try:
+            data = orjson.dumps(event)
+        except orjson.JSONEncodeError:  # (integers beyond 64 bits, nesting past orjson's levels)
+            data = dumps_exact(event, self._backend, "a stream event")
+        at = len(kind) + 10  # past '{"type":"<kind>"'
+        out.append(
+            b"event: " + kind.encode() + b"\ndata: " + data[:at] + b',"sequence_number":%d' % self._seq
+            + data[at:] + b"\n\n"
+        )  # fmt: skip
+        self._seq += 1
+
+    def _start(self, out: list[bytes]) -> None:
+        """``response.created`` and ``response.in_progress``: the same Response, serialised once."""
+        self._started = True
+        envelope = self._frame.envelope("in_progress", [])
+        try:
+            response = orjson.dumps(envelope)
+        except orjson.JSONEncodeError:  # (an integer beyond 64 bits in the echoed request)
+            response = dumps_exact(envelope, self._backend, "a stream event")
+        else:
+            # Its status is the first (only the id and created_at, both ours, come before it), its
+            # output and usage the last keys (ResponseFrame.envelope): the echo between is reused.
+            at = response.find(STATUS)
+            if self.lifecycle_bytes and at > 0 and response.endswith(NO_OUTPUT):
+                self._frame_bytes = (response[: at + 10], response[at + len(STATUS) : -len(NO_OUTPUT)])
+        for seq, kind in enumerate((b"response.created", b"response.in_progress"), self._seq):
+            out += (b"event: ", kind, b'\ndata: {"type":"', kind, b'","sequence_number":%d,"response":' % seq)
+            out += (response, b"}\n\n")
+        self._seq += 2
+
+    def _delta(self, out: list[bytes], kind: bytes, where: bytes, text: str, tail: bytes = b"}") -> None:
+        """A delta event from bytes (every token of a stream is one: no dict, no general serialiser).
+
+        ``kind``: the event type; ``where``: its fixed fields after ``sequence_number`` (item id and
+        indexes, ending in ``"delta":``); ``tail``: what follows the delta's JSON string.
+        """
+        seq = self._seq
+        self._seq = seq + 1
+        out.append(
+            b"event: " + kind + b'\ndata: {"type":"' + kind + b'","sequence_number":' + str(seq).encode()
+            + where + orjson.dumps(text) + tail + b"\n\n"
+        )  # fmt: skip
+
+    def _where(self, index_key: bytes = b"", index: int = 0) -> bytes:
+        """The fixed fields of a delta of the open item: ``item_id``, ``output_index`` (and an index)."""
+        item = self._items[-1]
+        out = b',"item_id":' + orjson.dumps(item["id"]) + b',"output_index":' + str(len(self._items) - 1).encode()
+        if index_key:
+            out += b',"' + index_key + b'":' + str(index).encode()
+        return out + b',"delta":'
+
+    # --- closing ------------------------------------------------------------------------------------
+    def _at(self) -> dict[str, Any]:
+        return {"item_id": self._items[-1]["id"], "output_index": len(self._items) - 1}
+
+    def _close_part(self, out: list[bytes]) -> None:
+        self._fast = None
+        if self._part is None:
+            return
+        text = "".join(self._texts)
+        where = self._part_where
+        if self._part == "output_text" and not self._logprobs_wanted and where is not None and self.lifecycle_bytes:
+            # The two events from bytes: the part's fixed fields (its deltas') and its text's JSON, once.
+            try:
+                data = orjson.dumps(text)
+            except orjson.JSONEncodeError:  # (not reached: the text was read as JSON)
+                data = b""
+            if data:
+                at_bytes, seq = where[:-WHERE_DELTA], self._seq
+                self._seq = seq + 2
+                out.append(TEXT_DONE % (seq, at_bytes, data, seq + 1, at_bytes, data))
+                self._items[-1]["content"].append({"type": "output_text", "text": text, "annotations": []})
+                self._part, self._texts = None, []
+                return
+        at = {**self._at(), "content_index": len(self._items[-1]["content"])}
+        if self._part == "output_text":
+            part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": []}
+            done: dict[str, Any] = {"type": "response.output_text.done", **at, "text": text}
+            if self._logprobs_wanted:
+                part["logprobs"] = done["logprobs"] = self._logprobs
+            else:
+                done["logprobs"] = []
+        else:
+            part = {"type": "refusal", "refusal": text}
+            done = {"type": "response.refusal.done", **at, "refusal": text}
+        self._emit(out, done)
+        self._emit(out, {"type": "response.content_part.done", **at, "part": part})
+        self._items[-1]["content"].append(part)
+        self._part, self._texts = None, []
+
+    def _closed_item(self, status: str) -> dict[str, Any]:
+        """The open item as it stands, closed with ``status`` (its text joined), without events."""
+        item = dict(self._items[-1])
+        text = "".join(self._texts)
+        if self._open == "reasoning":
+            item["content"] = [{"type": "reasoning_text", "text": text}]
+            item["summary"] = [{"type": "summary_text", "text": text}] if self._summary else []
+        elif self._open == "call":
+            item["input" if item["type"] == "custom_tool_call" else "arguments"] = text
+        elif self._open == "message" and self._part is not None:
+            part = (
+                {"type": "output_text", "text": text, "annotations": []}
+                if self._part == "output_text"
+                else {"type": "refusal", "refusal": text}
+            )
+            item["content"] = [*item["content"], part]
+        item["status"] = status
+        return item
+
+    def _close(self, out: list[bytes], status: str = "completed") -> None:
+        """Close the open item, with its ``.done`` events."""
+        if self._open is None:
+            return
+        item = self._items[-1]
+        at = self._at()
+        text = "".join(self._texts)
+        if self._open == "reasoning":
+            if self._summary:
+                self._emit(
+                    out, {"type": "response.reasoning_summary_text.done", **at, "summary_index": 0, "text": text}
+                )
+                part = {"type": "summary_text", "text": text}
+                self._emit(
+                    out, {"type": "response.reasoning_summary_part.done", **at, "summary_index": 0, "part": part}
+                )
+            else:
+                self._emit(out, {"type": "response.reasoning_text.done", **at, "content_index": 0, "text": text})
+            item.update(self._closed_item(status))
+        elif self._open == "call":
+            if item["type"] == "custom_tool_call":
+                self._emit(out, {"type": "response.custom_tool_call_input.done", **at, "input": text})
+            else:
+                done = {"type": "response.function_call_arguments.done", **at, "arguments": text, "name": item["name"]}
+                self._emit(out, done)
+            item.update(self._closed_item(status))
+        else:
+            self._close_part(out)
+            item["status"] = status
+        self._item_done(out, item)
+        self._open, self._part, self._texts = None, None, []
+
+    def _item_done(self, out: list[bytes], item: dict[str, Any]) -> None:
+        """``response.output_item.done`` for ``item``, its bytes kept for response.completed (final_bytes)
+        where they are what the whole event's serialisation holds: only strings from the upstream
+        (no logprobs, a call's id and name strings), so orjson writes them the same at any depth."""
+        kind = item["type"]
+        flat = self._frame_bytes is not None and (
+            not self._logprobs_wanted
+            if kind == "message"
+            else kind == "reasoning" or all(type(v) is str for v in item.values())
+        )
+        if flat:
+            try:
+                data = orjson.dumps(item)
+            except orjson.JSONEncodeError:  # (not reached: strings only)
+                flat = False
+        if not flat:
+            self._frame_bytes = None
+            self._emit(out, {"type": "response.output_item.done", "output_index": len(self._items) - 1, "item": item})
+            return
+        self._item_bytes.append(data)
+        out.append(ITEM_DONE % (self._seq, len(self._items) - 1, data))
+        self._seq += 1

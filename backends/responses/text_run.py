@@ -1,0 +1,92 @@
+"""The chat bridge's learned text shape, and a run of plain text events written at once.
+
+A stream's plain text events (one choice, a piece of text, nothing else) differ only in their
+content string: :func:`learn` keeps the bytes around it, so later ones are known by their ends
+(and their string relayed as the upstream escaped it); :func:`write_run` writes a run of them in
+one read with one ``%`` format. Used by :class:`~backends.responses.events.ChatResponseEvents`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import orjson
+
+__all__ = ["RUN", "Shape", "learn", "write_run"]
+
+RUN = 3  # plain text events a read must still hold after one for a run of them to be written at once
+
+# A JSON string (and the blanks before it), as a text event's content is written.
+_JSON_STRING = re.compile(rb'\s*"(?:[^"\\]|\\.)*"')
+_CONTENT_KEY = b'"content":'
+
+# A plain text event's shape (learn): the bytes before and after its string, their lengths, and
+# what lies between two such events: after, separator, before (write_run); after and the separator.
+Shape = tuple[bytes, bytes, int, int, bytes, bytes]
+
+
+def learn(raw: bytes) -> Shape | None:
+    """The shape of a plain text event (its bytes around its content string); None when
+    ``"content":`` is not there exactly once or the event spans lines (then no shape is kept).
+    A key is JSON structure, never generated text (quotes inside strings are escaped)."""
+    if raw.count(_CONTENT_KEY) != 1 or b"\n" in raw:
+        return None
+    start = raw.index(_CONTENT_KEY) + len(_CONTENT_KEY)
+    match = _JSON_STRING.match(raw, start)
+    if match is None:
+        return None
+    before, after = raw[:start], raw[match.end() :]
+    if not after:
+        return None
+    return before, after, len(before), len(after), after + b"\n\n" + before, after + b"\n\n"
+
+
+def write_run(
+    chunk: bytes, start: int, shape: Shape, template: bytes, seq: int, out: list[bytes]
+) -> tuple[int, int, str]:
+    """The plain text events of ``chunk`` from ``start`` (where one begins) written at once: how
+    many, and where the next event begins; ``(0, start)`` when the loop is to take them one by
+    one. Their text goes to ``_run_text``.
+
+    The rest of the read is cut after each ``after`` and separator; the pieces up to the last
+    such cut, or up to one that spans two events (an event of another kind between: it holds
+    a separator), are taken. They are plain text events when (1) each but the first starts with
+    ``before``: the cuts are the only places the shape's middle (``after``, separator,
+    ``before``) can be, since ``after`` holds no line feed, so its count over them says so; and
+    (2) what follows ``before`` in each is one JSON string: read together as one JSON array,
+    they give as many strings as pieces (an empty piece, or one with two values, gives no
+    array of that length) and hold no line feed (each lies within one event).
+    """
+    pieces = chunk[start:].split(shape[5])
+    stop = len(chunk) - len(pieces.pop())  # what follows the last event ending in ``after``: the loop's
+    taken = len(pieces)
+    if taken < 2:
+        return 0, start, ""
+    cut = shape[2]
+    strings = [piece[cut:] for piece in pieces]
+    array = b"[" + b"\n,".join(strings) + b"]"  # (JSON allows the line feed before a comma)
+    if array.count(b"\n") != taken - 1:  # a piece spans two events: the run ends before it
+        spans = array.find(b"\n\n")
+        taken = array.count(b"\n,", 0, spans) if spans > 0 else 0
+        if taken < 2:
+            return 0, start, ""
+        strings = strings[:taken]
+        array = b"[" + b"\n,".join(strings) + b"]"
+        if array.count(b"\n") != taken - 1:
+            return 0, start, ""
+        stop = start + len(b"".join(pieces[:taken])) + taken * len(shape[5])
+    if chunk.count(shape[4], start, stop) != taken - 1:
+        return 0, start, ""
+    try:
+        texts = orjson.loads(array)
+        text = "".join(texts)  # (a TypeError for anything but strings)
+    except (orjson.JSONDecodeError, TypeError):
+        return 0, start, ""
+    if len(texts) != taken:
+        return 0, start, ""
+    args: list[Any] = strings * 2  # sequence numbers and strings, taken in turns by the template
+    args[::2] = range(seq, seq + taken)
+    args[1::2] = strings
+    out.append((template * taken) % tuple(args))
+    return taken, stop, text
