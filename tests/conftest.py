@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import random
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -44,6 +45,39 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = f.read().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32_768, 60_999
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def port_range(size: int = 40) -> tuple[int, int]:
+    """``size`` consecutive ports that all bind now, picked at random outside the kernel's
+    ephemeral range (where every test's clients and port-0 servers live). Never a fixed
+    range: other pytest processes on the machine run the same tests at the same time."""
+    eph_lo, eph_hi = _ephemeral_ports()
+    spans = [(lo, hi - size) for lo, hi in ((10_000, eph_lo - 1), (eph_hi + 1, 65_535)) if hi - lo >= size]
+    for _ in range(200):
+        lo_span, hi_span = random.choice(spans)
+        lo = random.randint(lo_span, hi_span)
+        if all(_bindable(port) for port in range(lo, lo + size)):
+            return lo, lo + size - 1
+    raise RuntimeError(f"no {size} consecutive free ports found")
 
 
 async def eventually(check: Callable[[], bool | Awaitable[bool]], within: float = 10.0) -> None:

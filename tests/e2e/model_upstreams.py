@@ -23,7 +23,6 @@ gateway's own ``mock`` backend), every model on the ``responses`` endpoint.
 from __future__ import annotations
 
 import json
-import random
 import sys
 import time
 from collections.abc import AsyncIterator, Iterable
@@ -42,7 +41,7 @@ from backends.mock.chat import chat_chunks, complete_chat
 from gateway.app import create_app
 from gateway.configfile import parse_config
 from schemas.chat import ChatCompletionRequest
-from tests.conftest import serve_app
+from tests.conftest import port_range, serve_app
 from tests.e2e.chat_upstreams import GoldenChatUpstream
 
 __all__ = [
@@ -224,14 +223,14 @@ _WORKER = Path(__file__).with_name("sim_vllm_worker.py")
 
 def _pool_backend() -> list[str]:
     """One ``vllm-pool`` worker: ``sim_vllm_worker.py`` in place of ``vllm serve``, a hermes tool parser."""
-    low = random.randrange(20_000, 59_000)
+    low, high = port_range(41)  # free now, not a fixed guess: other pytest processes share the machine
     return [
         "  - name: b-vllm-pool",
         "    type: vllm-pool",
         "    model: up-vllm-pool",
         f"    command: {json.dumps([sys.executable, str(_WORKER)])}",
         '    vllm_args: ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]',
-        f"    port_range: [{low}, {low + 40}]",
+        f"    port_range: [{low}, {high}]",
         "    workers: 1",
         "    startup_timeout: 20",
         "    stop_timeout: 2",

@@ -9,6 +9,9 @@ Contract:
   worker's GPUs and port to a new process afterwards. Idempotent.
 - :func:`group_alive` / :func:`tail` read /proc and the log file; cheap enough to call
   on every state change.
+- :func:`foreign_listener` names the process outside the group that listens on a port (a
+  race on the port range: another program took it between the pool's bind probe and the
+  worker's own bind), so the supervisor never counts a stranger's answers as its worker's.
 
 Linux only (prctl, /proc).
 """
@@ -21,13 +24,13 @@ import signal
 import sys
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
 import backends.vllm.pool.launcher as launcher  # the module itself (its file is the launcher script), not the package
 
-__all__ = ["WorkerProcess", "group_alive", "spawn", "stop", "tail"]
+__all__ = ["WorkerProcess", "foreign_listener", "group_alive", "spawn", "stop", "tail"]
 
 _LAUNCHER = launcher.__file__
 
@@ -76,8 +79,8 @@ def _open_log(path: Path, header: str) -> BinaryIO:
     return log
 
 
-def group_alive(pgid: int) -> bool:
-    """Whether any live (non-zombie) process is in process group ``pgid``."""
+def _processes() -> Iterator[tuple[int, bytes, int]]:
+    """(pid, state letter, process group id) of every process /proc shows."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -87,8 +90,58 @@ def group_alive(pgid: int) -> bool:
         except OSError:
             continue
         fields = stat[stat.rfind(b")") + 2 :].split()
-        if fields[0] not in (b"Z", b"X") and int(fields[2]) == pgid:
-            return True
+        yield int(entry), fields[0], int(fields[2])
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any live (non-zombie) process is in process group ``pgid``."""
+    return any(state not in (b"Z", b"X") and group == pgid for _, state, group in _processes())
+
+
+def foreign_listener(pgid: int, port: int) -> int | None:
+    """The pid of a process outside group ``pgid`` that holds a TCP socket listening on ``port``
+    (this network namespace), or None: the listener is the group's own, or none is found, or its
+    owner is not readable (another user's: trusted, as a container runtime's proxy would be)."""
+    inodes = _listening_inodes(port)
+    if not inodes:
+        return None
+    others: list[int] = []
+    for pid, _, group in _processes():
+        if group != pgid:
+            others.append(pid)
+        elif _holds(pid, inodes):
+            return None
+    return next((pid for pid in others if _holds(pid, inodes)), None)
+
+
+def _listening_inodes(port: int) -> set[str]:
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            # local_address is HEXIP:HEXPORT; state 0A is LISTEN; column 9 is the socket's inode.
+            if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(cols[9])
+    return inodes
+
+
+def _holds(pid: int, inodes: set[str]) -> bool:
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in wanted:
+                return True
+        except OSError:
+            continue
     return False
 
 

@@ -40,7 +40,7 @@ from backends.base import Backend
 from backends.errors import UpstreamError
 from backends.transport.base import HTTPTransport
 from backends.vllm.pool.probe import control_transport, ready, worker_get
-from backends.vllm.pool.process import WorkerProcess, spawn, stop, tail
+from backends.vllm.pool.process import WorkerProcess, foreign_listener, spawn, stop, tail
 from backends.vllm.pool.resources import GpuLedger, PortAllocator, detect_gpus, plan_gpus
 from backends.vllm.pool.worker import Worker, client_host, describe_outcome, events_address
 from backends.vllm.routing.balancer import Endpoint
@@ -323,7 +323,7 @@ class Supervisor:
                     return "exited"
                 if self._closing or worker.retiring:
                     return "closing"
-                if await ready(self._control, worker):
+                if await ready(self._control, worker) and self._answers_itself(worker, proc):
                     break
                 if time.monotonic() >= deadline:
                     return "startup_timeout"
@@ -345,6 +345,19 @@ class Supervisor:
                     return "unhealthy"
         finally:
             exited.cancel()
+
+    def _answers_itself(self, worker: Worker, proc: WorkerProcess) -> bool:
+        """Whether the listener that answered on the worker's port is its own process's. Another
+        program may take the port between the allocator's bind probe and the worker's own bind:
+        the worker then fails to bind and exits (and gets another port on its restart), and the
+        stranger's answers must not make it ready meanwhile."""
+        if worker.port is None:
+            return False
+        stranger = foreign_listener(proc.pid, worker.port)
+        if stranger is None:
+            return True
+        worker.last_error = f"port {worker.port} is answered by another process (pid {stranger}), not this worker"
+        return False
 
     def _became_ready(self, worker: Worker, adapter: Backend) -> None:
         ep = worker.endpoint

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import signal
 import sys
 import time
@@ -25,7 +24,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from tests.conftest import free_port
+from tests.conftest import free_port, port_range
 from tests.e2e.model_upstreams import SimulatedUpstream
 from tests.gateway.security.conftest import RedisServer
 from tests.gateway.workers.procs import kill_a_worker, stop_gateway
@@ -50,11 +49,11 @@ class VLLMShaped(SimulatedUpstream):
 
 
 def _config(port: int, base_url: str, redis: str, prefix: str) -> str:
-    low = random.randrange(20_000, 59_000)
+    low, high = port_range(41)  # free now, not a fixed guess: other pytest processes share the machine
     pool = {
         "name": "pool", "type": "vllm-pool", "model": "pool-weights", "served_model_name": "up-pool",
         "command": [sys.executable, str(WORKER)], "vllm_args": ["--max-model-len", str(WINDOWS["m-pool"])],
-        "port_range": [low, low + 40], "workers": 1, "startup_timeout": 30, "stop_timeout": 2,
+        "port_range": [low, high], "workers": 1, "startup_timeout": 30, "stop_timeout": 2,
         "routing": {"wait_for_ready": 30},
     }  # fmt: skip
     return f"""

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import sys
 import time
 import uuid
@@ -28,6 +27,7 @@ from gateway.app import create_app
 from gateway.configfile import parse_config
 from gateway.state import STATE
 from schemas.config import VLLMPoolBackendConfig
+from tests.conftest import port_range as port_range  # re-exported: pool tests import it from here
 from tests.conftest import serve_app
 
 STANDIN = str(Path(__file__).with_name("standin_worker.py"))
@@ -66,11 +66,6 @@ def tag() -> Iterator[str]:
     yield value
     left = wait_no_pids(value)
     assert not left, f"processes left behind: {left}"
-
-
-def port_range(size: int = 40) -> tuple[int, int]:
-    lo = random.randrange(20_000, 60_000 - size)
-    return lo, lo + size - 1
 
 
 def pool_yaml(

@@ -9,14 +9,16 @@ import time
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from backends.base import UpstreamCall
 from backends.vllm.adapter import VLLMBackend
-from backends.vllm.pool import VLLMPoolBackend
+from backends.vllm.pool import VLLMPoolBackend, resources
 from backends.vllm.routing import NoReadyWorkerError
 from backends.vllm.routing.status import read_status
 from schemas.completions import CompletionRequest
 from tests.backends.vllm.pool.conftest import MODEL, MakePool, control, live_pids_with, states, wait_for, worker_info
+from tests.conftest import port_range
 
 
 def call(prompt: str = "hello", **fields: object) -> UpstreamCall:
@@ -30,14 +32,15 @@ async def ready(pool: VLLMPoolBackend, n: int | None = None) -> None:
 
 
 async def test_workers_get_their_gpus_ports_and_logs(make_pool: MakePool, tag: str) -> None:
-    pool = await make_pool(gpus="[0, 1, 2, 3]", tensor_parallel_size=2, workers=None, ports=(41000, 41039))
+    lo, hi = port_range()  # free now: a fixed range collides with other pytest processes on the machine
+    pool = await make_pool(gpus="[0, 1, 2, 3]", tensor_parallel_size=2, workers=None, ports=(lo, hi))
     assert [w.gpus for w in pool.supervisor.workers] == [[0, 1], [2, 3]]
     await ready(pool)
     async with aiohttp.ClientSession() as session:
         infos = [await worker_info(session, w.port or 0) for w in pool.supervisor.workers]
     assert [i["cuda_visible_devices"] for i in infos] == ["0,1", "2,3"]
     ports = [w.port for w in pool.supervisor.workers]
-    assert len(set(ports)) == 2 and all(p is not None and 41000 <= p <= 41039 for p in ports)
+    assert len(set(ports)) == 2 and all(p is not None and lo <= p <= hi for p in ports)
     events = []
     for info in infos:
         argv = info["argv"]
@@ -61,6 +64,39 @@ async def test_workers_get_their_gpus_ports_and_logs(make_pool: MakePool, tag: s
     adapter = pool.dispatcher.endpoints[0].adapter
     assert isinstance(adapter, VLLMBackend) and str(adapter.version) == "0.32.0"
     assert pool.capabilities is adapter.capabilities
+
+
+async def test_a_stranger_on_the_port_is_not_taken_for_the_worker(
+    make_pool: MakePool, tag: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 20's race: another program binds a port of the range after the pool's bind probe
+    # found it free, and answers /health and /v1/models like a worker would.
+    lo, hi = port_range(2)
+
+    async def health(_: web.Request) -> web.Response:
+        return web.Response()
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": MODEL}]})
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", lo).start()
+    try:
+        monkeypatch.setattr(resources, "_bindable", lambda host, port: True)  # probed before the stranger bound
+        pool = await make_pool(ports=(lo, hi))
+        worker = pool.supervisor.workers[0]
+        await ready(pool)
+        # Its stand-in could not bind lo and exited; restarted on the next port, it is ready there.
+        assert worker.port == hi and worker.restarts >= 1
+        async with aiohttp.ClientSession() as session:
+            info = await worker_info(session, hi)
+        assert info["pid"] in live_pids_with(tag)
+    finally:
+        await runner.cleanup()
 
 
 async def test_no_free_port_fails_the_worker_cleanly(make_pool: MakePool) -> None:
