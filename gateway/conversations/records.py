@@ -28,7 +28,7 @@ import orjson
 
 from backends.responses.answer import new_id  # ``{prefix}_`` and 48 random hex digits (192 bits)
 
-__all__ = ["Record", "Turn", "decode", "encode", "input_items", "listed", "named", "new_id"]
+__all__ = ["Record", "Turn", "decode", "encode", "input_items", "item_id", "listed", "named", "new_id"]
 
 # Id prefixes of the items the gateway names when a client sent them without an id.
 _PREFIXES = {
@@ -150,8 +150,13 @@ def _has_id(item: Mapping[str, Any]) -> bool:
     return isinstance(name, str) and name != ""
 
 
+def item_id(kind: str) -> str:
+    """A new id for an input item of type ``kind`` that came without one (``msg_``, ``fc_``, ...)."""
+    return new_id(_PREFIXES.get(kind, "item"))
+
+
 def _item_id(item: Mapping[str, Any]) -> str:
-    return new_id(_PREFIXES.get(str(item.get("type", "message")), "item"))
+    return item_id(str(item.get("type", "message")))
 
 
 def input_items(request_input: str | Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

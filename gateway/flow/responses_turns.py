@@ -28,6 +28,7 @@ from backends.base import Backend, CompletionStream, ResponsesTable
 from backends.responses.answer import new_id
 from backends.responses.bridge import responses_table
 from backends.responses.event_stream import ResponseEventStream
+from gateway.conversations.records import item_id
 from gateway.conversations.window import fit
 from gateway.responses_state import NO_AUTH_TENANT, FinishedTurn, ResponsesState
 from gateway.served import ServedRequest
@@ -61,7 +62,6 @@ log = logging.getLogger("gateway")
 
 OMITTED_HEADER = "x-gateway-omitted-tools"
 _ITEMS: TypeAdapter[list[Any]] = TypeAdapter(list[InputItem])
-_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
 
 
 def tenant_of(key: ApiKey | None) -> str:
@@ -80,7 +80,7 @@ def own_items(request: ResponsesRequest) -> list[dict[str, Any]]:
     for item in items:
         data = item.model_dump(mode="json", by_alias=True, exclude_none=True)
         if "id" not in data:
-            data["id"] = new_id(_ID_PREFIX.get(item.type, "item"))
+            data["id"] = item_id(item.type)
         out.append(data)
     return out
 
