@@ -205,6 +205,19 @@ async def test_sigterm_with_two_workers_fails_no_request(tmp_path: Path) -> None
     assert "worker=0: shutting down" in err and "worker=1: shutting down" in err  # both drained at once
 
 
+async def _until_reloaded(stderr: asyncio.StreamReader, workers: int) -> str:
+    """The log read until each of ``workers`` workers logged "config reload applied"."""
+    lines: list[str] = []
+    pending = {f"worker={k}:" for k in range(workers)}
+    while pending:
+        line = (await stderr.readline()).decode()
+        assert line, "the gateway closed its log before every worker reloaded"
+        lines.append(line)
+        if "config reload applied" in line:
+            pending = {w for w in pending if w not in line}
+    return "".join(lines)
+
+
 async def test_logs_name_the_worker_and_sighup_restarts_nothing(tmp_path: Path) -> None:
     async with gateway(tmp_path, 2, extra=", audit_log: true, access_log: true") as (proc, url):
         async with aiohttp.ClientSession() as session:
@@ -214,13 +227,15 @@ async def test_logs_name_the_worker_and_sighup_restarts_nothing(tmp_path: Path) 
                     assert resp.status == 200
             workers = _children(proc.pid)
             proc.send_signal(signal.SIGHUP)  # forwarded to the workers; restarts nothing
-            await asyncio.sleep(1.0)
+            # Until each worker logged its reload applied (not a sleep: a slow machine outsleeps it,
+            # and a restart still under way would pass unseen).
+            assert proc.stderr is not None
+            seen = await asyncio.wait_for(_until_reloaded(proc.stderr, 2), timeout=30)
             assert _children(proc.pid) == workers
             assert await _healthy(session, url, 2)
         proc.send_signal(signal.SIGTERM)
         await asyncio.wait_for(proc.wait(), timeout=30)
-        assert proc.stderr is not None
-        err = (await proc.stderr.read()).decode()
+        err = seen + (await proc.stderr.read()).decode()
     audit = [orjson.loads(line) for line in err.splitlines() if line.startswith('{"event":"completion"')]
     assert len(audit) == 8
     assert {a["worker"] for a in audit} <= {0, 1}
