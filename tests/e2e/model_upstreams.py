@@ -14,7 +14,8 @@ native request bodies it got.
 - ``ollama``: ``POST /api/chat`` (arguments as objects, ``format`` a schema, NDJSON streams);
 - ``vllm-pool``: one worker the gateway starts, ``sim_vllm_worker.py`` (the ``vllm`` kind's server);
 - ``openai``: OpenAI's own ``POST /v1/responses``, served by a second gateway whose only backend is
-  the ``mock`` (so the outer gateway relays a native Responses upstream, as it does for OpenAI).
+  the ``mock`` (so the outer gateway relays a native Responses upstream, as it does for OpenAI); it
+  takes built-in tools as OpenAI does (``builtin_tools: omit``: the mock leaves them out).
 
 :func:`start_responses_gateway` serves ``resp-<type>`` for each of these plus ``resp-mock`` (the
 gateway's own ``mock`` backend), every model on the ``responses`` endpoint.
@@ -283,7 +284,9 @@ async def start_responses_gateway(extra_models: str = "") -> AsyncIterator[Respo
         for upstream in upstreams.values():
             await upstream.start()
         inner = "server: {host: 127.0.0.1, port: 0}\nbackends:\n  - {name: sim, type: mock}\nmodels:\n"
-        inner += "  - {name: up-openai, routes: [{backend: sim, model: up-openai}]}\n"
+        # OpenAI runs the built-in tools a client offers (Codex offers web_search every turn); its
+        # stand-in's mock cannot, so it leaves them out rather than refuse what OpenAI would take.
+        inner += "  - {name: up-openai, routes: [{backend: sim, model: up-openai}], responses: {builtin_tools: omit}}\n"
         runner, openai_url = await serve_app(create_app(parse_config(inner, "<openai stand-in>", env={})))
         runners.append(runner)
         urls = {"openai": openai_url + "/v1", **{kind: up.base_url for kind, up in upstreams.items()}}
