@@ -22,6 +22,8 @@ import os
 import time
 from typing import Any
 
+import orjson
+
 from backends.base import CompletionResult, TokenUsage, usage_of
 from backends.errors import UpstreamProtocolError
 from backends.exact_json import dumps_exact, loads_keeping_integers
@@ -34,14 +36,16 @@ _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"
 
 
 _ID_BYTES = 24
+_ID_CHARS = _ID_BYTES * 2
 _POOL_BYTES = _ID_BYTES * 256
-_pool = b""
-_at = _POOL_BYTES  # where the next id's bytes start in _pool; at the end: read a new pool
+_POOL_CHARS = _POOL_BYTES * 2
+_pool = ""  # 256 ids' random bytes, in hex
+_at = _POOL_CHARS  # where the next id's digits start in _pool; at the end: read a new pool
 
 
 def _fresh_pool() -> None:
     global _at
-    _at = _POOL_BYTES
+    _at = _POOL_CHARS
 
 
 os.register_at_fork(after_in_child=_fresh_pool)  # a forked child never reuses its parent's bytes
@@ -49,15 +53,15 @@ os.register_at_fork(after_in_child=_fresh_pool)  # a forked child never reuses i
 
 def new_id(prefix: str) -> str:
     """An id in OpenAI's style (``resp_``, ``msg_``, ``fc_``, ``rs_`` + 48 hex digits): 24 bytes of the
-    OS's randomness, read 256 ids at a time (one ``getrandom`` call, not one per id: a Response has
-    two or more ids, a stream's items more)."""
+    OS's randomness, read 256 ids at a time (one ``getrandom`` call and one ``hex``, not one per id: a
+    Response has two or more ids, a stream's items more)."""
     global _pool, _at
     at = _at
-    if at == _POOL_BYTES:
-        _pool = os.urandom(_POOL_BYTES)
+    if at == _POOL_CHARS:
+        _pool = os.urandom(_POOL_BYTES).hex()
         at = 0
-    _at = at + _ID_BYTES
-    return f"{prefix}_{_pool[at : at + _ID_BYTES].hex()}"
+    _at = at + _ID_CHARS
+    return f"{prefix}_{_pool[at : at + _ID_CHARS]}"
 
 
 class ResponseFrame:
@@ -112,6 +116,18 @@ class ResponseFrame:
             "user": request.user,
             "metadata": request.metadata or {},
         }
+
+    def around_status(self) -> tuple[bytes, bytes] | None:
+        """The Response's bytes around its status, as ``orjson.dumps`` writes its envelope in an event:
+        up to the status's value (its id, ``object``, ``created_at``), and the echoed request's members
+        that follow it (``output`` and ``usage`` come last: ``envelope``); None where orjson refuses the
+        echo (an integer beyond 64 bits, nesting past its levels): that Response takes the dicts' way."""
+        try:
+            echo = orjson.dumps([self._echo])  # one level down, as in its event: refused where that would be
+        except orjson.JSONEncodeError:
+            return None
+        head = b'{"id":"%b","object":"response","created_at":%d,"status":"' % (self.id.encode(), self.created_at)
+        return head, echo[2:-2]
 
     def envelope(
         self,

@@ -41,15 +41,7 @@ from backends.responses.answer import (
     responses_usage,
 )
 from backends.responses.event_stream import failure_of
-from backends.responses.lifecycle_bytes import (
-    INCOMPLETE,
-    LAST_EVENT,
-    NO_LOGPROBS,
-    OPEN_TEXT,
-    TEXT_HEAD,
-    delta_template,
-    final_bytes,
-)
+from backends.responses.lifecycle_bytes import INCOMPLETE, NO_LOGPROBS, OPEN_TEXT, TEXT_HEAD, delta_template
 from backends.responses.response_writer import ResponseWriter
 from backends.responses.text_run import RUN, Shape, learn, write_run
 from schemas.errors import GatewayError
@@ -345,23 +337,13 @@ class ChatResponseEvents(ResponseWriter):
         """The chat stream ended cleanly: close the open item, then ``response.completed`` (or incomplete)."""
         if not self._started:  # an upstream that ended without a single chunk
             self._start(out)
-        incomplete = INCOMPLETE.get(self._finish or "")
-        self._close(out, "incomplete" if incomplete else "completed")
         counts = usage_of(self._chat_usage)
         if counts is not None:  # (read once: responses_usage takes the counts read)
             usage = responses_usage(self._chat_usage, counts)
         else:
             counts = self._inner.usage
             usage = None if counts is None else responses_usage(counts.as_json())
-        status = "incomplete" if incomplete else "completed"
-        self.final = self._frame.envelope(status, self._items, usage, incomplete=incomplete)
-        data = final_bytes(self._frame_bytes, self._item_bytes, len(self._items), usage, incomplete)
-        if data is None:
-            self._emit(out, {"type": f"response.{status}", "response": self.final})
-        else:
-            kind = b"response.completed" if status == "completed" else b"response.incomplete"
-            out.append(LAST_EVENT % (kind, kind, self._seq, data))
-            self._seq += 1
+        self._complete(out, INCOMPLETE.get(self._finish or ""), usage)
         self.usage = counts
         self.finished = True
         self._done = True

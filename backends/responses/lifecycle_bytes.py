@@ -16,26 +16,34 @@ __all__ = [
     "ITEM_DONE",
     "LAST_EVENT",
     "NO_LOGPROBS",
-    "NO_OUTPUT",
     "OPEN_TEXT",
-    "STATUS",
+    "START",
     "TEXT_DONE",
+    "TEXT_END",
     "TEXT_HEAD",
+    "TEXT_MESSAGE",
     "WHERE_DELTA",
     "delta_template",
     "final_bytes",
+    "last_response",
 ]
 
 # A chat finish_reason that leaves the Response incomplete, and the reason it gives.
 INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 _TEXT_DELTA = b"response.output_text.delta"
 TEXT_HEAD = b"event: " + _TEXT_DELTA + b'\ndata: {"type":"' + _TEXT_DELTA + b'","sequence_number":'
+_ESCAPED_TEXT_HEAD = TEXT_HEAD.replace(b"%", b"%%")
 NO_LOGPROBS = b',"logprobs":[]}\n\n'
-STATUS = b'"status":"in_progress"'
-NO_OUTPUT = b',"output":[],"usage":null}'
 _NO_DETAILS = b'"incomplete_details":null'
 _DETAILS = {reason: b'"incomplete_details":{"reason":"%b"}' % reason.encode() for reason in INCOMPLETE.values()}
 WHERE_DELTA = len(b'"delta":')
+# response.created and response.in_progress (each: its sequence number, the Response's bytes up to its
+# status's value and its echo's members: ResponseFrame.around_status), as their dicts serialise.
+START = (
+    b'event: response.created\ndata: {"type":"response.created","sequence_number":%d,"response":%bin_progress",'
+    b'%b,"output":[],"usage":null}}\n\nevent: response.in_progress\ndata: {"type":"response.in_progress",'
+    b'"sequence_number":%d,"response":%bin_progress",%b,"output":[],"usage":null}}\n\n'
+)
 # A message item opened with an empty output_text part (its sequence number, output index, id; the
 # part's sequence number, the item's id and output index), as the two events' dicts serialise.
 OPEN_TEXT = (
@@ -59,28 +67,43 @@ ITEM_DONE = (
 )
 # response.completed or response.incomplete (the type twice, sequence number, the Response's JSON).
 LAST_EVENT = b'event: %b\ndata: {"type":"%b","sequence_number":%d,"response":%b}\n\n'
+# A message holding one output_text part, closed (its id, status, text's JSON), as its dict serialises.
+TEXT_MESSAGE = (
+    b'{"id":"%b","type":"message","role":"assistant","status":"%b","content":[{"type":"output_text","text":%b,'
+    b'"annotations":[]}]}'
+)
+# The common end of a stream: its open text part's closing events, its message's, and the last event.
+TEXT_END = TEXT_DONE + ITEM_DONE + LAST_EVENT
 
 
 def delta_template(head: bytes, where: bytes) -> bytes:
     """A text delta event as a ``%`` template of its sequence number and its JSON string (a run)."""
-    return head.replace(b"%", b"%%") + b"%d" + where.replace(b"%", b"%%") + b"%b" + NO_LOGPROBS
+    escaped = _ESCAPED_TEXT_HEAD if head is TEXT_HEAD else head.replace(b"%", b"%%")
+    return escaped + b"%d" + (where.replace(b"%", b"%%") if b"%" in where else where) + b"%b" + NO_LOGPROBS
+
+
+def last_response(frame: tuple[bytes, bytes], outputs: bytes, counts: bytes, incomplete: str | None) -> bytes:
+    """The last Response's bytes: ``frame`` (:meth:`ResponseFrame.around_status`), the status that
+    ``incomplete`` (its reason, or None) gives, the output items' JSON (comma-joined) and the usage's."""
+    head, echo = frame
+    if incomplete is None:
+        return b'%bcompleted",%b,"output":[%b],"usage":%b}' % (head, echo, outputs, counts)
+    # the first such key is the Response's own (only ours come before it)
+    echo = echo.replace(_NO_DETAILS, _DETAILS[incomplete], 1)
+    return b'%bincomplete",%b,"output":[%b],"usage":%b}' % (head, echo, outputs, counts)
 
 
 def final_bytes(
     frame: tuple[bytes, bytes] | None, item_bytes: list[bytes], items: int, usage: dict[str, Any] | None,
     incomplete: str | None,
 ) -> bytes | None:  # fmt: skip
-    """The final Response's bytes from the first one's (``frame``: its bytes around its status and
-    output) and the ``items`` closed items' (what ``orjson.dumps`` of the whole gives, without
-    serialising the echoed request and the texts again); None: the general way."""
+    """The final Response's bytes from the first one's (``frame``) and the ``items`` closed items' (what
+    ``orjson.dumps`` of the whole gives, without serialising the echoed request and the texts again);
+    None: the general way."""
     if frame is None or len(item_bytes) != items:
         return None
     try:
         counts = orjson.dumps(usage)
     except orjson.JSONEncodeError:  # (a count beyond 64 bits)
         return None
-    head, echo = frame
-    if incomplete is not None:  # the first such key is the Response's own (only ours come before it)
-        echo = echo.replace(_NO_DETAILS, _DETAILS[incomplete], 1)
-    status_bytes = b"completed" if incomplete is None else b"incomplete"
-    return b'%b%b"%b,"output":[%b],"usage":%b}' % (head, status_bytes, echo, b",".join(item_bytes), counts)
+    return last_response(frame, b",".join(item_bytes), counts, incomplete)

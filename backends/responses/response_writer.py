@@ -17,7 +17,17 @@ import orjson
 from backends.exact_json import dumps_exact
 from backends.responses.answer import ResponseFrame
 from backends.responses.event_stream import ResponseEventStream
-from backends.responses.lifecycle_bytes import ITEM_DONE, NO_OUTPUT, STATUS, TEXT_DONE, WHERE_DELTA
+from backends.responses.lifecycle_bytes import (
+    ITEM_DONE,
+    LAST_EVENT,
+    START,
+    TEXT_DONE,
+    TEXT_END,
+    TEXT_MESSAGE,
+    WHERE_DELTA,
+    final_bytes,
+    last_response,
+)
 
 __all__ = ["ResponseWriter"]
 
@@ -46,12 +56,13 @@ class ResponseWriter(ResponseEventStream):
     _fast: tuple[bytes, bytes, bytes] | None
     _summary: bool  # reasoning written as a summary
     _logprobs_wanted: bool
-    # The first Response's bytes around its status and output (_start), and each closed item's
-    # bytes (_item_done): response.completed is written from them (final_bytes); None once a piece
+    # The first Response's bytes around its status (_start: ResponseFrame.around_status), and each closed
+    # item's bytes (_item_done): response.completed is written from them (_complete); None once a piece
     # could differ from the whole event's serialisation (orjson refused one, an item holds what the
     # upstream nested).
     _frame_bytes: tuple[bytes, bytes] | None
     _item_bytes: list[bytes]
+    final: dict[str, Any] | None  # the last Response (the store's), once written
 
     # --- writing -------------------------------------------------------------------------------
     def _emit(self, out: list[bytes], event: dict[str, Any]) -> None:
@@ -70,23 +81,20 @@ class ResponseWriter(ResponseEventStream):
         self._seq += 1
 
     def _start(self, out: list[bytes]) -> None:
-        """``response.created`` and ``response.in_progress``: the same Response, serialised once."""
+        """``response.created`` and ``response.in_progress``: the same Response, its echo serialised once."""
         self._started = True
-        envelope = self._frame.envelope("in_progress", [])
-        try:
-            response = orjson.dumps(envelope)
-        except orjson.JSONEncodeError:  # (an integer beyond 64 bits in the echoed request)
-            response = dumps_exact(envelope, self._backend, "a stream event")
-        else:
-            # Its status is the first (only the id and created_at, both ours, come before it), its
-            # output and usage the last keys (ResponseFrame.envelope): the echo between is reused.
-            at = response.find(STATUS)
-            if self.lifecycle_bytes and at > 0 and response.endswith(NO_OUTPUT):
-                self._frame_bytes = (response[: at + 10], response[at + len(STATUS) : -len(NO_OUTPUT)])
-        for seq, kind in enumerate((b"response.created", b"response.in_progress"), self._seq):
-            out += (b"event: ", kind, b'\ndata: {"type":"', kind, b'","sequence_number":%d,"response":' % seq)
-            out += (response, b"}\n\n")
-        self._seq += 2
+        frame = self._frame.around_status() if self.lifecycle_bytes else None
+        if frame is None:  # (the dicts' way: an echo orjson refuses, or the tests' reference)
+            response = self._frame.envelope("in_progress", [])
+            self._emit(out, {"type": "response.created", "response": response})
+            self._emit(out, {"type": "response.in_progress", "response": response})
+            return
+        # Both events from one template; response.completed reuses the same bytes (_complete).
+        self._frame_bytes = frame
+        seq = self._seq
+        self._seq = seq + 2
+        head, echo = frame
+        out.append(START % (seq, head, echo, seq + 1, head, echo))
 
     def _delta(self, out: list[bytes], kind: bytes, where: bytes, text: str, tail: bytes = b"}") -> None:
         """A delta event from bytes (every token of a stream is one: no dict, no general serialiser).
@@ -97,7 +105,7 @@ class ResponseWriter(ResponseEventStream):
         seq = self._seq
         self._seq = seq + 1
         out.append(
-            b"event: " + kind + b'\ndata: {"type":"' + kind + b'","sequence_number":' + str(seq).encode()
+            b"event: " + kind + b'\ndata: {"type":"' + kind + b'","sequence_number":%d' % seq
             + where + orjson.dumps(text) + tail + b"\n\n"
         )  # fmt: skip
 
@@ -221,3 +229,52 @@ class ResponseWriter(ResponseEventStream):
         self._item_bytes.append(data)
         out.append(ITEM_DONE % (self._seq, len(self._items) - 1, data))
         self._seq += 1
+
+    # --- the end ------------------------------------------------------------------------------------
+    def _complete(self, out: list[bytes], incomplete: str | None, usage: dict[str, Any] | None) -> None:
+        """Close the open item, then ``response.completed`` (``response.incomplete`` with ``incomplete``, its
+        reason); ``final``: that Response."""
+        status = "completed" if incomplete is None else "incomplete"
+        items = self._items
+        index = len(items) - 1
+        frame = self._frame_bytes
+        where = self._part_where
+        if (
+            frame is not None and where is not None and self._part == "output_text" and self._open == "message"
+            and not self._logprobs_wanted and not items[index]["content"] and len(self._item_bytes) == index
+        ):  # fmt: skip
+            # The common end, a message's one text part open: its closing events, the message's and the
+            # last one in one template, the text's JSON made once (the bytes _close and final_bytes write).
+            text = "".join(self._texts)
+            try:
+                data, counts = orjson.dumps(text), orjson.dumps(usage)
+            except orjson.JSONEncodeError:  # (a count beyond 64 bits: the general way)
+                data = b""
+            if data:
+                item = items[index]
+                closed = b"completed" if incomplete is None else b"incomplete"
+                message = TEXT_MESSAGE % (item["id"].encode(), closed, data)
+                outputs = b",".join([*self._item_bytes, message]) if index else message
+                at, seq = where[:-WHERE_DELTA], self._seq
+                self._seq = seq + 4
+                kind = b"response.completed" if incomplete is None else b"response.incomplete"
+                out.append(
+                    TEXT_END % (
+                        seq, at, data, seq + 1, at, data, seq + 2, index, message,
+                        kind, kind, seq + 3, last_response(frame, outputs, counts, incomplete),
+                    )
+                )  # fmt: skip
+                item["content"].append({"type": "output_text", "text": text, "annotations": []})
+                item["status"] = status
+                self._open, self._part, self._texts, self._fast = None, None, [], None
+                self.final = self._frame.envelope(status, items, usage, incomplete=incomplete)
+                return
+        self._close(out, status)
+        self.final = self._frame.envelope(status, items, usage, incomplete=incomplete)
+        last = final_bytes(frame, self._item_bytes, len(items), usage, incomplete)
+        if last is None:
+            self._emit(out, {"type": f"response.{status}", "response": self.final})
+        else:
+            kind = b"response.completed" if incomplete is None else b"response.incomplete"
+            out.append(LAST_EVENT % (kind, kind, self._seq, last))
+            self._seq += 1

@@ -1,7 +1,9 @@
-"""The bridge's closing events from bytes (backends/responses/response_writer.py: ``_close_part``,
-``_item_done``, lifecycle_bytes.py: ``final_bytes``): ``output_text.done``, ``content_part.done``,
-``output_item.done`` and ``response.completed`` (or ``incomplete``) written from the first
-Response's bytes and each item's, not serialised again. For generated streams (text, refusal,
+"""The bridge's lifecycle events from bytes (backends/responses/response_writer.py: ``_start``,
+``_close_part``, ``_item_done``, ``_complete``; lifecycle_bytes.py: ``START``, ``TEXT_END``,
+``final_bytes``): ``response.created`` and ``in_progress`` from the echo serialised once, and
+``output_text.done``, ``content_part.done``, ``output_item.done`` and ``response.completed`` (or
+``incomplete``) written from the first Response's bytes and each item's (the common end, an open
+text part, in one template), not serialised again. For generated streams (text, refusal,
 reasoning with or without a summary, function and custom calls, logprobs, usage, a finish that
 cuts, a failure midway, an echoed integer beyond 64 bits) every byte is what each event's dict
 gives (``lifecycle_bytes`` off), and the stored Response is the same."""
@@ -129,6 +131,15 @@ async def written(
     steps=[("reasoning_content", "r"), ("call", (0, "c", "{")), ("text", "a")],
     cut=1, logprobs=False, summary=True, long_int=False, fail=False,
 )  # fmt: skip
+@example(
+    steps=[("reasoning_content", "r"), ("text", "a"), ("finish", "content_filter"), ("usage", 3)],
+    cut=2, logprobs=False, summary=False, long_int=False, fail=False,
+)  # fmt: skip
+@example(
+    steps=[("text", "a"), ("finish", "stop"), ("usage", 2**70)],
+    cut=1, logprobs=False, summary=False, long_int=False, fail=False,
+)  # fmt: skip
+@example(steps=[], cut=1, logprobs=False, summary=False, long_int=True, fail=False)
 async def test_the_closing_events_from_bytes_are_those_of_their_dicts(
     steps: list[tuple[str, Any]], cut: int, logprobs: bool, summary: bool, long_int: bool, fail: bool
 ) -> None:
@@ -143,7 +154,8 @@ async def test_the_closing_events_from_bytes_are_those_of_their_dicts(
 
 async def test_a_plain_answer_takes_the_byte_path() -> None:
     """The common stream (text, then a finish and usage) is written without its lifecycle events'
-    dicts, and the last event holds the Response the store keeps."""
+    dicts, its end in one template (no part or item closed on its own), and the last event holds
+    the Response the store keeps."""
     reads = [b"".join(map(chunk, [("text", "A"), ("text", "b"), ("finish", "length"), ("usage", 2)]))]
     stream = ChatResponseEvents(Reads(reads), frame(False, False, False), "b")
     emitted: list[str] = []
@@ -153,12 +165,21 @@ async def test_a_plain_answer_takes_the_byte_path() -> None:
         emitted.append(event["type"])
         real(self, out, event)
 
+    def not_called(self: ChatResponseEvents, out: list[bytes], *args: Any) -> None:
+        raise AssertionError("closed on its own")
+
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(ChatResponseEvents, "_emit", counting)
+        patch.setattr(ChatResponseEvents, "_close_part", not_called)
+        patch.setattr(ChatResponseEvents, "_item_done", not_called)
         out = b"".join([piece async for piece in stream])
     assert emitted == []  # every lifecycle event from bytes
-    last = orjson.loads(out.rstrip().rsplit(b"\n", 1)[1].removeprefix(b"data: "))
+    events = [orjson.loads(line.removeprefix(b"data: ")) for line in out.splitlines() if line.startswith(b"data: ")]
+    assert [event["sequence_number"] for event in events] == list(range(len(events)))
+    last = events[-1]
     assert last["type"] == "response.incomplete"
     assert last["response"] == stream.snapshot("cancelled")
     assert last["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
     assert last["response"]["output"][0]["content"][0]["text"] == "Ab"
+    assert events[0]["response"] == {**last["response"], "status": "in_progress", "incomplete_details": None,
+                                     "output": [], "usage": None}  # fmt: skip
