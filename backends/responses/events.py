@@ -178,7 +178,7 @@ class ChatResponseEvents(ResponseWriter):
             events += 1
             # A piece of text and nothing else (one choice, no finish, no logprobs, no usage) while a
             # text part is open (every token of a stream but its first): written at once.
-            if fast is not None:
+            if fast is not None and obj.get("usage") is None:  # (a usage chunk: no choice to unpack)
                 try:
                     (choice,) = obj["choices"]  # exactly one
                     text = choice["delta"]["content"]
@@ -188,7 +188,6 @@ class ChatResponseEvents(ResponseWriter):
                         and choice.get("index", 0) == 0
                         and choice.get("finish_reason") is None
                         and choice.get("logprobs") is None
-                        and obj.get("usage") is None
                     )
                 except (KeyError, TypeError, ValueError, AttributeError):  # another shape: the general way
                     plain = False

@@ -9,7 +9,7 @@ one read with one ``%`` format. Used by :class:`~backends.responses.events.ChatR
 from __future__ import annotations
 
 import re
-from typing import Any
+from io import BytesIO
 
 import orjson
 
@@ -46,17 +46,67 @@ def write_run(
     chunk: bytes, start: int, shape: Shape, template: bytes, seq: int, out: list[bytes]
 ) -> tuple[int, int, str]:
     """The plain text events of ``chunk`` from ``start`` (where one begins) written at once: how
-    many, and where the next event begins; ``(0, start)`` when the loop is to take them one by
-    one. Their text goes to ``_run_text``.
+    many, where the next event begins, and their text; ``(0, start, "")`` when the loop is to take
+    them one by one.
+
+    The usual read (a fast upstream's: plain text events, then at most a finish and the usage
+    chunk) is taken to its last event that ends in ``after``: its lines (cut by ``readlines``, a
+    ``memchr`` each) less the shape's ``before`` and ``after`` are the strings, and they are
+    plain text events when (1) ``before``, the strings joined by the shape's middle (``after``,
+    separator, ``before``), then ``after`` and the separator are those bytes exactly; and (2) each
+    string is one JSON string: read together as one JSON array, they give as many strings as
+    lines (an empty piece, or one with two values, gives no array of that length), and the array
+    holds no line feed (each lies within one event). A read with another event among its plain
+    ones fails (1) and is cut by :func:`_write_pieces`. The events are one ``%`` of the template's
+    bytes around the strings, which gives each its sequence number (their ``%`` doubled): no
+    object per event but its line and its string.
+    """
+    tail = shape[5]
+    stop = chunk.rfind(tail, start) + len(tail)  # after the last event that ends in ``after``
+    cut, back = shape[2], -shape[3] - 1
+    strings = [line[cut:back] for line in BytesIO(chunk[start:stop]).readlines()[::2]]
+    if len(strings) < 2:  # (no other event in the read ends in ``after``)
+        return 0, start, ""
+    if chunk[start + cut : stop - len(tail)] != shape[4].join(strings):
+        return _write_pieces(chunk, start, shape, template, seq, out)
+    return _written(strings, start, stop, template, seq, out)
+
+
+def _written(
+    strings: list[bytes], start: int, stop: int, template: bytes, seq: int, out: list[bytes]
+) -> tuple[int, int, str]:
+    """The events of a run whose strings lie each between the shape's ends (:func:`write_run`'s (1)),
+    once they are JSON strings without a line feed (its (2)): how many, ``stop``, their text; or
+    ``(0, start, "")``."""
+    array = b"[" + b",".join(strings) + b"]"
+    if b"\n" in array:
+        return 0, start, ""
+    try:
+        texts = orjson.loads(array)
+        text = "".join(texts)  # (a TypeError for anything but strings)
+    except (orjson.JSONDecodeError, TypeError):
+        return 0, start, ""
+    taken = len(strings)
+    if len(texts) != taken:
+        return 0, start, ""
+    head, _, end = template.rpartition(b"%b")  # the template: head (with %d), the string, end
+    if b"%" in array:  # (the template's own are doubled already)
+        strings = [string.replace(b"%", b"%%") for string in strings]
+    out.append((head + (end + head).join(strings) + end) % tuple(range(seq, seq + taken)))
+    return taken, stop, text
+
+
+def _write_pieces(
+    chunk: bytes, start: int, shape: Shape, template: bytes, seq: int, out: list[bytes]
+) -> tuple[int, int, str]:
+    """:func:`write_run` for a read with another event among its plain ones: the run ends before it.
 
     The rest of the read is cut after each ``after`` and separator; the pieces up to the last
     such cut, or up to one that spans two events (an event of another kind between: it holds
     a separator), are taken. They are plain text events when (1) each but the first starts with
     ``before``: the cuts are the only places the shape's middle (``after``, separator,
     ``before``) can be, since ``after`` holds no line feed, so its count over them says so; and
-    (2) what follows ``before`` in each is one JSON string: read together as one JSON array,
-    they give as many strings as pieces (an empty piece, or one with two values, gives no
-    array of that length) and hold no line feed (each lies within one event).
+    (2) as :func:`write_run`'s.
     """
     pieces = chunk[start:].split(shape[5])
     stop = len(chunk) - len(pieces.pop())  # what follows the last event ending in ``after``: the loop's
@@ -72,21 +122,7 @@ def write_run(
         if taken < 2:
             return 0, start, ""
         strings = strings[:taken]
-        array = b"[" + b"\n,".join(strings) + b"]"
-        if array.count(b"\n") != taken - 1:
-            return 0, start, ""
         stop = start + len(b"".join(pieces[:taken])) + taken * len(shape[5])
     if chunk.count(shape[4], start, stop) != taken - 1:
         return 0, start, ""
-    try:
-        texts = orjson.loads(array)
-        text = "".join(texts)  # (a TypeError for anything but strings)
-    except (orjson.JSONDecodeError, TypeError):
-        return 0, start, ""
-    if len(texts) != taken:
-        return 0, start, ""
-    args: list[Any] = strings * 2  # sequence numbers and strings, taken in turns by the template
-    args[::2] = range(seq, seq + taken)
-    args[1::2] = strings
-    out.append((template * taken) % tuple(args))
-    return taken, stop, text
+    return _written(strings, start, stop, template, seq, out)

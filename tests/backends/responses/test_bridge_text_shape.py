@@ -17,9 +17,11 @@ from hypothesis import strategies as st
 
 from backends.base import CompletionStream
 from backends.responses import events as events_module
+from backends.responses import text_run
 from backends.responses.answer import ResponseFrame
 from backends.responses.capabilities import chat_request_of
 from backends.responses.events import ChatResponseEvents
+from backends.responses.lifecycle_bytes import TEXT_HEAD, delta_template
 from schemas.responses import ResponsesRequest
 
 HEAD = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 7, "model": "m"}
@@ -207,3 +209,57 @@ async def test_a_run_of_text_events_in_one_read_is_written_at_once(delta_first: 
     assert fast == parsed
     done = next(e for e in fast if e["type"] == "response.output_text.done")
     assert done["text"].endswith("".join(texts))
+
+
+RUN_PIECES = st.sampled_from(["a", " ", '"', "\\", "é", "%", "%d", "\n", '"content":', "}"])
+RUN_TEXTS = st.lists(RUN_PIECES, max_size=4).map("".join)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    texts=st.lists(RUN_TEXTS, min_size=2, max_size=10),
+    other=st.one_of(st.none(), st.tuples(st.integers(0, len(others(False)) - 1), st.integers(1, 9))),
+    model=st.sampled_from(["m", "m%dx", "org/model-3.1"]),
+    ascii_escapes=st.booleans(),
+    delta_first=st.booleans(),
+    ends=st.integers(0, 2),
+)
+def test_a_run_is_the_events_of_its_strings(
+    texts: list[str], other: tuple[int, int] | None, model: str, ascii_escapes: bool, delta_first: bool, ends: int
+) -> None:
+    """write_run's usual way (the read's lines, one comparison) takes what the pieces' way takes (a
+    read with another event among the plain ones included), and writes each string once, in the
+    template, with its sequence number: whatever the strings, the model name, ``%`` in either."""
+    head = {**HEAD, "model": model}
+
+    def event(text: str, **choice: Any) -> bytes:
+        return serialised({**text_event(text, delta_first=delta_first, **choice), **head}, ascii_escapes)
+
+    chunks = [event(t) for t in texts]
+    if other is not None:  # another event among them (or after them)
+        kind, at = other
+        chunks.insert(min(at, len(chunks)), serialised({**others(delta_first)[kind], "model": model}, ascii_escapes))
+    chunks += [event("!", finish_reason="stop"), serialised({**head, "choices": [], "usage": None}, False)][:ends]
+    read = event("first") + b"".join(chunks)
+    shape = text_run.learn(event("first")[:-2])
+    assert shape is not None
+    start = len(event("first"))
+    template = delta_template(TEXT_HEAD, b',"item_id":"msg_%%1","output_index":0,"content_index":0,"delta":')
+    usual: list[bytes] = []
+    taken, stop, text = text_run.write_run(read, start, shape, template, 7, usual)
+    pieces: list[bytes] = []
+    assert text_run._write_pieces(read, start, shape, template, 7, pieces) == (taken, stop, text)
+    assert usual == pieces
+    if taken:
+        strings = [read[at + shape[2] : read.index(b"\n\n", at) - shape[3]] for at in _starts(read, start, stop)]
+        assert usual == [b"".join(template % (7 + i, string) for i, string in enumerate(strings))]
+        assert text == "".join(orjson.loads(b"[" + b",".join(strings) + b"]"))
+    if other is None and len(texts) >= 2:
+        assert taken == len(texts)  # a read of plain text events is one run
+
+
+def _starts(read: bytes, start: int, stop: int) -> list[int]:
+    starts = [start]
+    while (at := read.find(b"\n\n", starts[-1]) + 2) < stop:
+        starts.append(at)
+    return starts
