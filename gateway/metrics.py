@@ -144,6 +144,7 @@ class GatewayMetrics(MetricFamilies):
         self._pair_children: dict[tuple[str, str, Endpoint], _Pair] = {}
         self._closing: dict[tuple[str | None, str | None, Endpoint], _Closing] = {}
         self._in_flight_children: dict[tuple[str, Endpoint], _Add] = {}
+        self._eviction_children: dict[tuple[str, str], _Add] = {}
         self._scopes = self._backends | {GATEWAY_SCOPE}
         for scope in self._scopes:
             self.queue_depth_gauge.labels(scope)
@@ -430,7 +431,12 @@ class GatewayMetrics(MetricFamilies):
         self.store_limit.labels(store, "bytes").set_function(lambda: _stat(stats, "max_bytes"))
 
     def store_evicted(self, store: str, reason: str, count: int) -> None:
-        self.store_evictions.labels(store, reason if reason in _EVICTIONS else UNKNOWN).inc(count)
+        # A full memory store evicts on every save: its labelled child is looked up once, not per save.
+        add = self._eviction_children.get((store, reason))
+        if add is None:
+            label = reason if reason in _EVICTIONS else UNKNOWN
+            add = self._eviction_children[(store, reason)] = _adder(self.store_evictions.labels(store, label))
+        add(count)
 
     def store_error(self, store: str) -> None:
         self.store_errors.labels(store).inc()

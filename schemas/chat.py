@@ -344,6 +344,8 @@ class ChatCompletionRequest(_Strict):
                 out[name] = value
             elif name == "messages":
                 out[name] = [message_upstream_fields(message) for message in value]
+            elif type(value) is ChatStreamOptions:  # flags only: its serializer's result, without its call
+                out[name] = {key: flag for key, flag in value.__dict__.items() if flag is not None}
             else:
                 out[name] = _FIELDS.serializer(name).to_python(value, **_DUMP)
         return out

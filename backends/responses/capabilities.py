@@ -30,6 +30,7 @@ from typing import Any
 
 from backends.capabilities import Capabilities, Level
 from backends.chat_capabilities import ChatCapabilities, Refusal
+from backends.responses.plain_chat import plain_chat_request
 from backends.responses.to_chat import CHAT_TO_RESPONSES, NO_TOOL_NAMES, ToolNames, Untranslatable, to_chat
 from schemas.chat import ChatCompletionRequest
 from schemas.errors import UnsupportedParameterError
@@ -158,11 +159,24 @@ def request_forms(request: ResponsesRequest) -> Iterator[tuple[str, str]]:
 
 def chat_request_of(request: ResponsesRequest) -> tuple[ChatCompletionRequest, ToolNames]:
     """The request's chat translation, made once per request (the check and the call share it)."""
-    cached: tuple[ChatCompletionRequest, ToolNames] | None = request.bridged
-    if cached is None:
-        names = ToolNames(request) if request.tools else NO_TOOL_NAMES
-        cached = (to_chat(request, names, stream=bool(request.stream)), names)
+    # ResponsesRequest.bridged and keep_bridged, read inline: twice on every bridged request's path.
+    state: dict[str, Any] | None = request.__pydantic_private__
+    if state is not None and "bridged" in state:
+        cached: tuple[ChatCompletionRequest, ToolNames] = state["bridged"]
+        return cached
+    if request.tools:
+        names = ToolNames(request)
+        chat = to_chat(request, names, stream=bool(request.stream))
+    else:  # (to_chat's own first step, without its call)
+        names = NO_TOOL_NAMES
+        stream = bool(request.stream)
+        plain = plain_chat_request(request, stream=stream)
+        chat = plain if plain is not None else to_chat(request, names, stream=stream)
+    cached = (chat, names)
+    if state is None:
         request.keep_bridged(cached)
+    else:
+        state["bridged"] = cached
     return cached
 
 

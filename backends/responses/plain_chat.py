@@ -66,6 +66,7 @@ SAME_SCALARS: tuple[str, ...] = (
 UNREAD_FIELDS: frozenset[str] = frozenset(
     {"store", "previous_response_id", "metadata", "truncation", "prompt_cache_key", "client_metadata", "max_tool_calls"}
 )
+_SAME_SCALARS = frozenset(SAME_SCALARS)
 PLAIN_FIELDS: frozenset[str] = frozenset(
     {"model", "input", "instructions", "max_output_tokens", "stream", "stream_options", *SAME_SCALARS} | UNREAD_FIELDS
 )
@@ -119,13 +120,15 @@ def plain_chat_request(request: ResponsesRequest, *, stream: bool) -> ChatComple
     messages = _messages(request)
     if messages is None:
         return None
-    fields: dict[str, Any] = {"model": request.model, "messages": messages}
     values = request.__dict__
-    for name in SAME_SCALARS:
-        if name in fields_set and values[name] is not None:
-            fields[name] = values[name]
-    if request.max_output_tokens is not None:
-        fields["max_completion_tokens"] = request.max_output_tokens
+    fields: dict[str, Any] = {"model": values["model"], "messages": messages}
+    for name in _SAME_SCALARS & fields_set:  # usually one or two (their order is the defaults')
+        value = values[name]
+        if value is not None:
+            fields[name] = value
+    limit = values["max_output_tokens"]
+    if limit is not None:
+        fields["max_completion_tokens"] = limit
     if stream:
         fields["stream"] = True
         fields["stream_options"] = _USAGE

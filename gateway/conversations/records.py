@@ -140,7 +140,8 @@ def listed(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def named(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``items`` with an ``id`` each (the list itself when they all have one: the usual turn)."""
     for item in items:
-        if not _has_id(item):
+        name = item.get("id")  # (_has_id, inline: once per item of every stored turn)
+        if not (isinstance(name, str) and name):
             return [item if _has_id(item) else {**item, "id": _item_id(item)} for item in items]
     return items
 

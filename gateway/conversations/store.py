@@ -11,6 +11,7 @@ whatever needs one.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -97,7 +98,8 @@ class ConversationStore:
             ttl=config.ttl,
             max_items=config.max_items,
             max_bytes=config.max_bytes,
-            on_evict=lambda reason, count: metrics.store_evicted(NAMESPACE, reason, count),
+            # (a partial: no frame of its own, and a full store evicts on every save)
+            on_evict=functools.partial(metrics.store_evicted, NAMESPACE),
         )
         metrics.watch_store(NAMESPACE, memory.stats)
         return cls(memory)
@@ -142,7 +144,8 @@ class ConversationStore:
 
     def check_storable(self) -> None:
         """Refuse ``store: true`` up front when it could not be honoured (before any upstream call)."""
-        self._backing("store")
+        if self.store is None or self.unshared:  # (_backing's test: this runs on every stored turn)
+            self._backing("store")
 
     # --- the Responses handler's seam (gateway.responses_state.ResponsesState) ------------------
     async def history(self, tenant: str, response_id: str) -> list[dict[str, Any]]:
@@ -157,7 +160,9 @@ class ConversationStore:
         response_id = str(turn.response["id"])
         previous = turn.previous_response_id
         try:
-            store = self._backing("store")
+            store = self.store
+            if store is None or self.unshared:  # (_backing's test, inline: this runs on every stored turn)
+                store = self._backing("store")
             chain = await self._chain(store, tenant, previous) if previous is not None else []
             if response_id in chain:  # an upstream that reuses ids: storing it would loop the conversation
                 log.error("response %s was not stored: its conversation already holds that id", response_id)

@@ -113,7 +113,7 @@ class ResponsesTurns:
         request: ResponsesRequest = served  # type: ignore[assignment]  # the Responses parse made it
         if entry.omit_builtin_tools and request.tools:
             request.omit_builtin_tools()
-        if request.stores:
+        if request.store is not False:  # ResponsesRequest.stores, read inline (as in end)
             store.check_storable()  # refused by name before any upstream call when it cannot be kept
         previous = request.previous_response_id
         if previous is None:
@@ -158,17 +158,18 @@ class ResponsesTurns:
         self, served: ServedRequest, answer: dict[str, Any] | None, store: ResponsesState, key: ApiKey | None
     ) -> None:
         request: ResponsesRequest = served  # type: ignore[assignment]  # (not cast(): a call per use)
-        if not request.stores or answer is None or "id" not in answer:
+        # ResponsesRequest.stores and tenant_of, read inline: on every stored turn
+        if request.store is False or answer is None or "id" not in answer:
             return
         turn = FinishedTurn(answer, request.stored_input or own_items(request), request.previous_response_id)
-        await store.save(tenant_of(key), turn)
+        await store.save(NO_AUTH_TENANT if key is None else key.name, turn)
 
     async def end_stream(
         self, served: ServedRequest, stream: CompletionStream, store: ResponsesState, key: ApiKey | None
     ) -> None:
         """A stream's turn: its final Response, or where it stood when the client left (``cancelled``)."""
         request: ResponsesRequest = served  # type: ignore[assignment]  # (not cast(): a call per use)
-        if request.stores and isinstance(stream, ResponseEventStream):
+        if request.store is not False and isinstance(stream, ResponseEventStream):
             await self.end(request, stream.snapshot("cancelled"), store, key)
 
 

@@ -180,8 +180,8 @@ class MemoryStore(TenantStore):
         while len(entries) > self.max_items:
             self._bytes -= entries.popitem(last=False)[1].size
             dropped += 1
-        if dropped:
-            self._evicted("items", dropped)
+        if dropped and self._on_evict is not None:  # (_evicted, inline: a full store evicts on every write)
+            self._on_evict("items", dropped)
         dropped = 0
         while self._bytes > self.max_bytes and entries:
             self._bytes -= entries.popitem(last=False)[1].size

@@ -137,3 +137,19 @@ def test_observer_records_what_observe_records() -> None:
     }
     assert samples == expected
     assert samples[("h_bucket", "0.1")] == 4 and samples[("h_bucket", "+Inf")] == 10
+
+
+def test_store_evictions_add_up_through_the_cached_adders() -> None:
+    """A full memory store evicts on every save: each (store, reason) series is bound once, and every
+    eviction still counts, an unknown reason under ``_unknown``."""
+    m = GatewayMetrics(["m"], ["b"])
+    for _ in range(3):
+        m.store_evicted("responses", "items", 1)
+    m.store_evicted("responses", "bytes", 4)
+    m.store_evicted("responses", "invented", 2)
+    m.store_evicted("responses", "invented", 1)
+    m.store_evicted("keys", "items", 5)
+    assert _value(m, "gateway_state_store_evictions_total", store="responses", reason="items") == 3
+    assert _value(m, "gateway_state_store_evictions_total", store="responses", reason="bytes") == 4
+    assert _value(m, "gateway_state_store_evictions_total", store="responses", reason=UNKNOWN) == 3
+    assert _value(m, "gateway_state_store_evictions_total", store="keys", reason="items") == 5

@@ -6,6 +6,7 @@ would send (``model_validate_json``), since strictness differs between the two m
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from typing import Any
@@ -527,6 +528,22 @@ def test_upstream_fields_is_model_dump(fields: dict[str, Any]) -> None:
     for name, value in fields_out.items():
         if isinstance(value, dict | list):
             assert value is not getattr(request, name)
+
+
+_FLAG = [None, True, False, "unset"]
+
+
+@pytest.mark.parametrize("flags", list(itertools.product(_FLAG, _FLAG, _FLAG)), ids=str)
+def test_upstream_fields_dumps_stream_options_as_its_serializer(flags: tuple[Any, Any, Any]) -> None:
+    """``stream_options`` (the Responses bridge sets it on every stream) takes a path of its own: its flags
+    set to a value, in declared order, as the dump gives them (and a copy)."""
+    names = ("include_usage", "include_obfuscation", "continuous_usage_stats")
+    options = {name: flag for name, flag in zip(names, flags, strict=True) if flag != "unset"}
+    request = make("json", stream=True, stream_options=options)
+    dump = request.model_dump(exclude_none=True, exclude_unset=True, by_alias=True)
+    got = request.upstream_fields()["stream_options"]
+    assert list(got.items()) == list(dump["stream_options"].items())
+    assert got is not request.stream_options.__dict__
 
 
 # --- helpers --------------------------------------------------------------------------------

@@ -138,3 +138,38 @@ def test_any_plain_request_is_built_as_validation_builds_it(body: dict[str, Any]
     if plain is not None:
         same(plain, want)
         assert plain.upstream_fields() == want.upstream_fields()
+
+
+_TOOL = {"type": "function", "name": "f", "parameters": {"type": "object"}}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.fixed_dictionaries(
+        {"model": st.text(min_size=1, max_size=3), "input": _TEXT | st.lists(_ITEM, max_size=3)},
+        optional={**_OPTIONAL, "stream": st.booleans(), "tools": st.just([_TOOL])},
+    ),
+    st.booleans(),
+)
+def test_chat_request_of_is_to_chat_made_once(body: dict[str, Any], omit: bool) -> None:
+    """The translation the check and the call share (plain or validated, with or without the request's
+    private state already set) is to_chat's, made on the first call and kept."""
+    try:
+        request = ResponsesRequest.model_validate(body)
+    except ValidationError:
+        return
+    if omit:
+        request.omit_builtin_tools()  # private state before the translation
+    try:
+        want = to_chat(request, ToolNames(request), stream=bool(request.stream))
+    except Untranslatable as exc:
+        with pytest.raises(Untranslatable) as caught:
+            chat_request_of(request)
+        assert caught.value.param == exc.param
+        return
+    got, names = chat_request_of(request)
+    same(got, want)
+    assert bool(names) is False  # no namespace tools here
+    assert chat_request_of(request)[0] is got
+    assert request.bridged == (got, names)
+    assert request.omits_builtin_tools is omit
