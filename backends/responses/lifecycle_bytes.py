@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 __all__ = [
+    "DELTA",
     "INCOMPLETE",
     "ITEM_DONE",
     "LAST_EVENT",
@@ -37,6 +38,9 @@ NO_LOGPROBS = b',"logprobs":[]}\n\n'
 _NO_DETAILS = b'"incomplete_details":null'
 _DETAILS = {reason: b'"incomplete_details":{"reason":"%b"}' % reason.encode() for reason in INCOMPLETE.values()}
 WHERE_DELTA = len(b'"delta":')
+# A delta event (its type twice, sequence number, its fixed fields ending in "delta":, the delta's JSON
+# string, what follows it): one format, no intermediate bytes.
+DELTA = b'event: %b\ndata: {"type":"%b","sequence_number":%d%b%b%b\n\n'
 # response.created and response.in_progress (each: its sequence number, the Response's bytes up to its
 # status's value and its echo's members: ResponseFrame.around_status), as their dicts serialise.
 START = (

@@ -18,6 +18,7 @@ from backends.exact_json import dumps_exact
 from backends.responses.answer import ResponseFrame
 from backends.responses.event_stream import ResponseEventStream
 from backends.responses.lifecycle_bytes import (
+    DELTA,
     ITEM_DONE,
     LAST_EVENT,
     START,
@@ -74,10 +75,7 @@ class ResponseWriter(ResponseEventStream):
         except orjson.JSONEncodeError:  # (integers beyond 64 bits, nesting past orjson's levels)
             data = dumps_exact(event, self._backend, "a stream event")
         at = len(kind) + 10  # past '{"type":"<kind>"'
-        out.append(
-            b"event: " + kind.encode() + b"\ndata: " + data[:at] + b',"sequence_number":%d' % self._seq
-            + data[at:] + b"\n\n"
-        )  # fmt: skip
+        out.append(b'event: %b\ndata: %b,"sequence_number":%d%b\n\n' % (kind.encode(), data[:at], self._seq, data[at:]))
         self._seq += 1
 
     def _start(self, out: list[bytes]) -> None:
@@ -104,10 +102,7 @@ class ResponseWriter(ResponseEventStream):
         """
         seq = self._seq
         self._seq = seq + 1
-        out.append(
-            b"event: " + kind + b'\ndata: {"type":"' + kind + b'","sequence_number":%d' % seq
-            + where + orjson.dumps(text) + tail + b"\n\n"
-        )  # fmt: skip
+        out.append(DELTA % (kind, kind, seq, where, orjson.dumps(text), tail))
 
     def _where(self, index_key: bytes = b"", index: int = 0) -> bytes:
         """The fixed fields of a delta of the open item: ``item_id``, ``output_index`` (and an index)."""
