@@ -108,9 +108,10 @@ def encode(response: Mapping[str, Any], items: Sequence[Mapping[str, Any]], chai
     """A record's bytes (module docstring). Raises ``TypeError`` for what JSON cannot hold."""
     output = response.get("output")
     rest = {**response, "output": None}  # the key keeps its place: the Response reads back in its order
+    # A first turn's chain (the usual one) is empty: its line is written without a dumps.
     return b"\n".join(
-        (orjson.dumps(chain), orjson.dumps(items), orjson.dumps(output if isinstance(output, list) else []),
-         orjson.dumps(rest))
+        (orjson.dumps(chain) if chain else b"[]", orjson.dumps(items),
+         orjson.dumps(output if isinstance(output, list) else []), orjson.dumps(rest))
     )  # fmt: skip
 
 

@@ -70,8 +70,10 @@ class MemoryStore(TenantStore):
         """:meth:`put` without awaiting (callers already in the loop with nothing to wait for)."""
         now = self._clock()
         entries = self._entries
-        if entries and next(iter(entries.values())).expires <= now:  # (the sweep's own first test, inline)
-            self._sweep(now)
+        for oldest in entries.values():  # (the sweep's own first test, inline; a loop: no next(iter()) calls)
+            if oldest.expires <= now:
+                self._sweep(now)
+            break
         slot = (tenant, key)
         old = entries.pop(slot, None)
         if old is not None:

@@ -4,6 +4,7 @@ several workers would not share refusing by name."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -143,6 +144,16 @@ def test_a_record_reads_back_the_response_as_answered_part_by_part() -> None:
     assert orjson.dumps(record.response) == orjson.dumps(response)  # the same keys in the same order
     assert record.chain == ["resp_a", "resp_b"] and record.input == items and record.model == "m"
     assert record.turn("resp_x").items == [*items, *response["output"]]
+
+
+@pytest.mark.parametrize("chain", [[], (), ["resp_a"], ("resp_a", "resp_b")], ids=str)
+def test_a_record_is_one_dumps_per_line_whatever_the_chain(chain: Sequence[str]) -> None:
+    """A first turn's empty chain is written without its dumps: the bytes are the dumps' all the same."""
+    response = _response("resp_x", "hi")
+    items = input_items("a question")
+    lines = [chain, items, response["output"], {**response, "output": None}]
+    assert encode(response, items, chain) == b"\n".join(orjson.dumps(line) for line in lines)
+    assert decode(encode(response, items, chain)).chain == list(chain)
 
 
 async def test_a_response_json_cannot_hold_is_not_stored_without_raising(caplog: pytest.LogCaptureFixture) -> None:
