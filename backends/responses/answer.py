@@ -285,4 +285,8 @@ def response_from_chat(
     response = frame.envelope(
         status, output, None if usage is None else responses_usage(chat_usage, usage), incomplete=incomplete
     )
-    return CompletionResult(dumps_exact(response, backend), usage, answer=response), response
+    try:
+        body = orjson.dumps(response)
+    except orjson.JSONEncodeError:  # (an integer beyond 64 bits, nesting past orjson's levels)
+        body = dumps_exact(response, backend)
+    return CompletionResult(body, usage, answer=response), response

@@ -76,7 +76,7 @@ class ChatResponseEvents(ResponseWriter):
         self._chat_usage: Any = None
         self._summary = frame.summarises
         self._call_index: Any = None
-        self._logprobs_wanted = frame.request.wants_logprobs
+        self._logprobs_wanted = frame.logprobs  # (the request's wants_logprobs, read once by the frame)
         self.final: dict[str, Any] | None = None
         self.relayed_events = 0
         self._frame_bytes: tuple[bytes, bytes] | None = None
@@ -258,7 +258,8 @@ class ChatResponseEvents(ResponseWriter):
 
     def _text(self, part: str, text: str, logprobs: Any, out: list[bytes]) -> None:
         if self._open != "message":
-            self._close(out)
+            if self._open is not None:  # (an answer's first item: nothing to close, no call)
+                self._close(out)
             item_id = new_id("msg")
             item = {"id": item_id, "type": "message", "role": "assistant", "status": "in_progress", "content": []}
             self._items.append(item)

@@ -13,9 +13,11 @@ import orjson
 
 __all__ = [
     "DELTA",
+    "DETAILS",
     "INCOMPLETE",
     "ITEM_DONE",
     "LAST_EVENT",
+    "NO_DETAILS",
     "NO_LOGPROBS",
     "OPEN_TEXT",
     "START",
@@ -26,7 +28,6 @@ __all__ = [
     "WHERE_DELTA",
     "delta_template",
     "final_bytes",
-    "last_response",
 ]
 
 # A chat finish_reason that leaves the Response incomplete, and the reason it gives.
@@ -35,8 +36,10 @@ _TEXT_DELTA = b"response.output_text.delta"
 TEXT_HEAD = b"event: " + _TEXT_DELTA + b'\ndata: {"type":"' + _TEXT_DELTA + b'","sequence_number":'
 _ESCAPED_TEXT_HEAD = TEXT_HEAD.replace(b"%", b"%%")
 NO_LOGPROBS = b',"logprobs":[]}\n\n'
-_NO_DETAILS = b'"incomplete_details":null'
-_DETAILS = {reason: b'"incomplete_details":{"reason":"%b"}' % reason.encode() for reason in INCOMPLETE.values()}
+# A Response's incomplete_details, null and with each reason (the first such key of its echo is its own:
+# only ours come before it).
+NO_DETAILS = b'"incomplete_details":null'
+DETAILS = {reason: b'"incomplete_details":{"reason":"%b"}' % reason.encode() for reason in INCOMPLETE.values()}
 WHERE_DELTA = len(b'"delta":')
 # A delta event (its type twice, sequence number, its fixed fields ending in "delta":, the delta's JSON
 # string, what follows it): one format, no intermediate bytes.
@@ -71,30 +74,24 @@ ITEM_DONE = (
 )
 # response.completed or response.incomplete (the type twice, sequence number, the Response's JSON).
 LAST_EVENT = b'event: %b\ndata: {"type":"%b","sequence_number":%d,"response":%b}\n\n'
+# The last Response from the first one's bytes (ResponseFrame.around_status: up to its status's value, then
+# its echo's members; the echo with incomplete_details set where it is incomplete), its status, its output
+# items' JSON (comma-joined) and its usage's.
+_LAST_RESPONSE = b'%b%b",%b,"output":[%b],"usage":%b}'
 # A message holding one output_text part, closed (its id, status, text's JSON), as its dict serialises.
 TEXT_MESSAGE = (
     b'{"id":"%b","type":"message","role":"assistant","status":"%b","content":[{"type":"output_text","text":%b,'
     b'"annotations":[]}]}'
 )
-# The common end of a stream: its open text part's closing events, its message's, and the last event.
-TEXT_END = TEXT_DONE + ITEM_DONE + LAST_EVENT
+# The common end of a stream: its open text part's closing events (TEXT_DONE), its message's (ITEM_DONE),
+# and the last event (LAST_EVENT around _LAST_RESPONSE's fields).
+TEXT_END = TEXT_DONE + ITEM_DONE + LAST_EVENT.replace(b'"response":%b', b'"response":' + _LAST_RESPONSE)
 
 
 def delta_template(head: bytes, where: bytes) -> bytes:
     """A text delta event as a ``%`` template of its sequence number and its JSON string (a run)."""
     escaped = _ESCAPED_TEXT_HEAD if head is TEXT_HEAD else head.replace(b"%", b"%%")
     return escaped + b"%d" + (where.replace(b"%", b"%%") if b"%" in where else where) + b"%b" + NO_LOGPROBS
-
-
-def last_response(frame: tuple[bytes, bytes], outputs: bytes, counts: bytes, incomplete: str | None) -> bytes:
-    """The last Response's bytes: ``frame`` (:meth:`ResponseFrame.around_status`), the status that
-    ``incomplete`` (its reason, or None) gives, the output items' JSON (comma-joined) and the usage's."""
-    head, echo = frame
-    if incomplete is None:
-        return b'%bcompleted",%b,"output":[%b],"usage":%b}' % (head, echo, outputs, counts)
-    # the first such key is the Response's own (only ours come before it)
-    echo = echo.replace(_NO_DETAILS, _DETAILS[incomplete], 1)
-    return b'%bincomplete",%b,"output":[%b],"usage":%b}' % (head, echo, outputs, counts)
 
 
 def final_bytes(
@@ -110,4 +107,8 @@ def final_bytes(
         counts = orjson.dumps(usage)
     except orjson.JSONEncodeError:  # (a count beyond 64 bits)
         return None
-    return last_response(frame, b",".join(item_bytes), counts, incomplete)
+    head, echo = frame
+    if incomplete is None:
+        return _LAST_RESPONSE % (head, b"completed", echo, b",".join(item_bytes), counts)
+    echo = echo.replace(NO_DETAILS, DETAILS[incomplete], 1)
+    return _LAST_RESPONSE % (head, b"incomplete", echo, b",".join(item_bytes), counts)

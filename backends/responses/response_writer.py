@@ -19,15 +19,16 @@ from backends.responses.answer import ResponseFrame
 from backends.responses.event_stream import ResponseEventStream
 from backends.responses.lifecycle_bytes import (
     DELTA,
+    DETAILS,
     ITEM_DONE,
     LAST_EVENT,
+    NO_DETAILS,
     START,
     TEXT_DONE,
     TEXT_END,
     TEXT_MESSAGE,
     WHERE_DELTA,
     final_bytes,
-    last_response,
 )
 
 __all__ = ["ResponseWriter"]
@@ -231,12 +232,12 @@ class ResponseWriter(ResponseEventStream):
         reason); ``final``: that Response."""
         status = "completed" if incomplete is None else "incomplete"
         items = self._items
-        index = len(items) - 1
         frame = self._frame_bytes
         where = self._part_where
+        # (With frame bytes, every closed item's bytes are kept: _item_done drops the frame otherwise.)
         if (
             frame is not None and where is not None and self._part == "output_text" and self._open == "message"
-            and not self._logprobs_wanted and not items[index]["content"] and len(self._item_bytes) == index
+            and not self._logprobs_wanted and not items[-1]["content"]
         ):  # fmt: skip
             # The common end, a message's one text part open: its closing events, the message's and the
             # last one in one template, the text's JSON made once (the bytes _close and final_bytes write).
@@ -246,17 +247,22 @@ class ResponseWriter(ResponseEventStream):
             except orjson.JSONEncodeError:  # (a count beyond 64 bits: the general way)
                 data = b""
             if data:
-                item = items[index]
-                closed = b"completed" if incomplete is None else b"incomplete"
+                item = items[-1]
+                head, echo = frame
+                if incomplete is None:
+                    kind, closed = b"response.completed", b"completed"
+                else:
+                    kind, closed = b"response.incomplete", b"incomplete"
+                    echo = echo.replace(NO_DETAILS, DETAILS[incomplete], 1)
                 message = TEXT_MESSAGE % (item["id"].encode(), closed, data)
-                outputs = b",".join([*self._item_bytes, message]) if index else message
+                earlier = self._item_bytes
+                outputs = b",".join([*earlier, message]) if earlier else message
                 at, seq = where[:-WHERE_DELTA], self._seq
                 self._seq = seq + 4
-                kind = b"response.completed" if incomplete is None else b"response.incomplete"
                 out.append(
                     TEXT_END % (
-                        seq, at, data, seq + 1, at, data, seq + 2, index, message,
-                        kind, kind, seq + 3, last_response(frame, outputs, counts, incomplete),
+                        seq, at, data, seq + 1, at, data, seq + 2, len(items) - 1, message,
+                        kind, kind, seq + 3, head, closed, echo, outputs, counts,
                     )
                 )  # fmt: skip
                 item["content"].append({"type": "output_text", "text": text, "annotations": []})

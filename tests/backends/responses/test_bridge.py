@@ -3,6 +3,7 @@ streams as Responses (backends/responses: to_chat, capabilities, answer, events)
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import orjson
@@ -193,6 +194,18 @@ def test_a_cut_answer_is_incomplete() -> None:
     assert response["status"] == "incomplete"
     assert response["incomplete_details"] == {"reason": "max_output_tokens"}
     assert response["output"][0]["status"] == "incomplete"
+
+
+def test_an_answer_holding_an_integer_beyond_64_bits_is_written_exactly() -> None:
+    """What orjson cannot write (an upstream's call id past 64 bits) is written by the exact serialiser."""
+    request = req(input="x", tools=[FN])
+    frame = ResponseFrame(request, "public", chat_request_of(request)[1])
+    answer = orjson.loads(_chat_body({"content": None}, "tool_calls"))
+    call = {"id": 2**70, "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+    answer["choices"][0]["message"]["tool_calls"] = [call]
+    result, response = response_from_chat(json.dumps(answer).encode(), frame, "b")
+    assert response["output"][0]["call_id"] == 2**70
+    assert b'"call_id":1180591620717411303424,' in result.body and json.loads(result.body) == response
 
 
 # --- streams ----------------------------------------------------------------------------------------
