@@ -12,15 +12,21 @@ from typing import Any
 import orjson
 
 __all__ = [
+    "ARGUMENTS_DONE",
     "DELTA",
     "DETAILS",
     "INCOMPLETE",
+    "INPUT_DONE",
     "ITEM_DONE",
     "LAST_EVENT",
     "NO_DETAILS",
     "NO_LOGPROBS",
     "OPEN_TEXT",
+    "REASONING_DONE",
+    "REASONING_ITEM",
     "START",
+    "SUMMARY",
+    "SUMMARY_DONE",
     "TEXT_DONE",
     "TEXT_END",
     "TEXT_HEAD",
@@ -66,6 +72,34 @@ TEXT_DONE = (
     b'%b"text":%b,"logprobs":[]}\n\nevent: response.content_part.done\ndata: {"type":'
     b'"response.content_part.done","sequence_number":%d%b"part":{"type":"output_text","text":%b,'
     b'"annotations":[]}}\n\n'
+)
+# A reasoning item's closing event (sequence number, its id, output index, its text's JSON); with a
+# summary, the summary's two (the same, twice); the closed item (its id, its summary: [] or SUMMARY
+# around the text's JSON, the text's JSON, its status).
+REASONING_DONE = (
+    b'event: response.reasoning_text.done\ndata: {"type":"response.reasoning_text.done","sequence_number":%d,'
+    b'"item_id":"%b","output_index":%d,"content_index":0,"text":%b}\n\n'
+)
+SUMMARY_DONE = (
+    b'event: response.reasoning_summary_text.done\ndata: {"type":"response.reasoning_summary_text.done",'
+    b'"sequence_number":%d,"item_id":"%b","output_index":%d,"summary_index":0,"text":%b}\n\n'
+    b'event: response.reasoning_summary_part.done\ndata: {"type":"response.reasoning_summary_part.done",'
+    b'"sequence_number":%d,"item_id":"%b","output_index":%d,"summary_index":0,"part":{"type":"summary_text",'
+    b'"text":%b}}\n\n'
+)
+SUMMARY = b'[{"type":"summary_text","text":%b}]'
+REASONING_ITEM = (
+    b'{"id":"%b","type":"reasoning","summary":%b,"content":[{"type":"reasoning_text","text":%b}],"status":"%b"}'
+)
+# A call's closing event (sequence number, its id, output index, its arguments' JSON, its name's JSON;
+# a custom tool call's: its input's JSON).
+ARGUMENTS_DONE = (
+    b'event: response.function_call_arguments.done\ndata: {"type":"response.function_call_arguments.done",'
+    b'"sequence_number":%d,"item_id":"%b","output_index":%d,"arguments":%b,"name":%b}\n\n'
+)
+INPUT_DONE = (
+    b'event: response.custom_tool_call_input.done\ndata: {"type":"response.custom_tool_call_input.done",'
+    b'"sequence_number":%d,"item_id":"%b","output_index":%d,"input":%b}\n\n'
 )
 # response.output_item.done (sequence number, output index, the item's JSON).
 ITEM_DONE = (

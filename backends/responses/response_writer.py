@@ -18,12 +18,18 @@ from backends.exact_json import dumps_exact
 from backends.responses.answer import ResponseFrame
 from backends.responses.event_stream import ResponseEventStream
 from backends.responses.lifecycle_bytes import (
+    ARGUMENTS_DONE,
     DELTA,
     DETAILS,
+    INPUT_DONE,
     ITEM_DONE,
     LAST_EVENT,
     NO_DETAILS,
+    REASONING_DONE,
+    REASONING_ITEM,
     START,
+    SUMMARY,
+    SUMMARY_DONE,
     TEXT_DONE,
     TEXT_END,
     TEXT_MESSAGE,
@@ -176,6 +182,9 @@ class ResponseWriter(ResponseEventStream):
         if self._open is None:
             return
         item = self._items[-1]
+        if self._open != "message" and self.lifecycle_bytes and self._closed_from_bytes(out, item, status):
+            self._open, self._part, self._texts = None, None, []
+            return
         at = self._at()
         text = "".join(self._texts)
         if self._open == "reasoning":
@@ -202,6 +211,46 @@ class ResponseWriter(ResponseEventStream):
             item["status"] = status
         self._item_done(out, item)
         self._open, self._part, self._texts = None, None, []
+
+    def _closed_from_bytes(self, out: list[bytes], item: dict[str, Any], status: str) -> bool:
+        """A reasoning item's or a call's closing events from templates, its text's JSON made once (the
+        bytes _close's dicts give); False: orjson refused a piece, the dicts' way."""
+        text = "".join(self._texts)
+        index, seq = len(self._items) - 1, self._seq
+        custom = item["type"] == "custom_tool_call"
+        try:
+            data = orjson.dumps(text)
+            name = orjson.dumps(item["name"]) if self._open == "call" and not custom else b""
+        except orjson.JSONEncodeError:  # (not reached: strings read as JSON, the name ours)
+            return False
+        item_id = item["id"].encode()
+        if self._open == "reasoning":
+            summary = self._summary
+            if summary:
+                out.append(SUMMARY_DONE % (seq, item_id, index, data, seq + 1, item_id, index, data))
+                seq += 2
+            else:
+                out.append(REASONING_DONE % (seq, item_id, index, data))
+                seq += 1
+            item["summary"] = [{"type": "summary_text", "text": text}] if summary else []
+            item["content"] = [{"type": "reasoning_text", "text": text}]
+            item["status"] = status
+            self._seq = seq + 1
+            closed = REASONING_ITEM % (item_id, SUMMARY % data if summary else b"[]", data, status.encode())
+            out.append(ITEM_DONE % (seq, index, closed))
+            if self._frame_bytes is not None:
+                self._item_bytes.append(closed)
+            return True
+        if custom:
+            out.append(INPUT_DONE % (seq, item_id, index, data))
+            item["input"] = text
+        else:
+            out.append(ARGUMENTS_DONE % (seq, item_id, index, data, name))
+            item["arguments"] = text
+        item["status"] = status
+        self._seq = seq + 1
+        self._item_done(out, item)
+        return True
 
     def _item_done(self, out: list[bytes], item: dict[str, Any]) -> None:
         """``response.output_item.done`` for ``item``, its bytes kept for response.completed (final_bytes)

@@ -3,7 +3,8 @@
 ``final_bytes``): ``response.created`` and ``in_progress`` from the echo serialised once, and
 ``output_text.done``, ``content_part.done``, ``output_item.done`` and ``response.completed`` (or
 ``incomplete``) written from the first Response's bytes and each item's (the common end, an open
-text part, in one template), not serialised again. For generated streams (text, refusal,
+text part, in one template; a reasoning item's and a call's closing events from templates too:
+``_closed_from_bytes``), not serialised again. For generated streams (text, refusal,
 reasoning with or without a summary, function and custom calls, logprobs, usage, a finish that
 cuts, a failure midway, an echoed integer beyond 64 bits) every byte is what each event's dict
 gives (``lifecycle_bytes`` off), and the stored Response is the same."""
@@ -183,3 +184,26 @@ async def test_a_plain_answer_takes_the_byte_path() -> None:
     assert last["response"]["output"][0]["content"][0]["text"] == "Ab"
     assert events[0]["response"] == {**last["response"], "status": "in_progress", "incomplete_details": None,
                                      "output": [], "usage": None}  # fmt: skip
+
+
+async def test_reasoning_and_calls_close_from_bytes() -> None:
+    """A coding agent's turn (reasoning with a summary, a function call, a custom tool call) closes
+    every item without an event dict; the bytes are the dicts' (the test above)."""
+    steps = [("reasoning_content", "r"), ("call", (0, "call_1", "{")), ("custom", 3), ("finish", "tool_calls")]
+    reads = [b"".join(map(chunk, steps))]
+    emitted: list[str] = []
+    real = ChatResponseEvents._emit
+
+    def counting(self: ChatResponseEvents, out: list[bytes], event: dict[str, Any]) -> None:
+        emitted.append(event["type"])
+        real(self, out, event)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ChatResponseEvents, "_emit", counting)
+        stream = ChatResponseEvents(Reads(reads), frame(False, True, False), "b")
+        out = b"".join([piece async for piece in stream])
+    assert emitted and not [kind for kind in emitted if kind.endswith(".done")]  # only items' openings
+    kinds = [line.removeprefix(b"event: ").decode() for line in out.splitlines() if line.startswith(b"event: ")]
+    assert kinds.count("response.output_item.done") == 3 and kinds[-1] == "response.completed"
+    assert "response.reasoning_summary_part.done" in kinds and "response.custom_tool_call_input.done" in kinds
+    assert "response.function_call_arguments.done" in kinds
