@@ -37,7 +37,6 @@ from backends.responses.answer import (
     ResponseFrame,
     call_item,
     new_id,
-    reasoning_item,
     responses_usage,
 )
 from backends.responses.event_stream import failure_of
@@ -238,23 +237,12 @@ class ChatResponseEvents(ResponseWriter):
 
     def _reasoning(self, text: str, out: list[bytes]) -> None:
         if self._open != "reasoning":
-            self._close(out)
-            item = reasoning_item(self._frame, "", new_id("rs"), "in_progress")
-            item["summary"], item["content"] = [], []
-            self._items.append(item)
-            self._open, self._texts = "reasoning", []
-            self._emit(out, {"type": "response.output_item.added", "output_index": len(self._items) - 1, "item": item})
-            if self._summary:
-                part = {"type": "summary_text", "text": ""}
-                self._emit(
-                    out,
-                    {"type": "response.reasoning_summary_part.added", **self._at(), "summary_index": 0, "part": part},
-                )
+            if self._open is not None:
+                self._close(out)
+            self._open_reasoning(out, new_id("rs"))
         self._texts.append(text)
-        if self._summary:
-            self._delta(out, b"response.reasoning_summary_text.delta", self._where(b"summary_index"), text)
-        else:
-            self._delta(out, b"response.reasoning_text.delta", self._where(b"content_index"), text)
+        kind, where = self._reasoning_delta  # (made when the item opened)
+        self._delta(out, kind, where, text)
 
     def _text(self, part: str, text: str, logprobs: Any, out: list[bytes]) -> None:
         if self._open != "message":

@@ -21,11 +21,13 @@ __all__ = [
     "LAST_EVENT",
     "NO_DETAILS",
     "NO_LOGPROBS",
+    "OPEN_REASONING",
     "OPEN_TEXT",
     "REASONING_DONE",
     "REASONING_ITEM",
     "START",
     "SUMMARY",
+    "SUMMARY_ADDED",
     "SUMMARY_DONE",
     "TEXT_DONE",
     "TEXT_END",
@@ -72,6 +74,17 @@ TEXT_DONE = (
     b'%b"text":%b,"logprobs":[]}\n\nevent: response.content_part.done\ndata: {"type":'
     b'"response.content_part.done","sequence_number":%d%b"part":{"type":"output_text","text":%b,'
     b'"annotations":[]}}\n\n'
+)
+# A reasoning item opened (sequence number, output index, its id); with a summary, the summary's part
+# opened (sequence number, its id, output index), as their dicts serialise.
+OPEN_REASONING = (
+    b'event: response.output_item.added\ndata: {"type":"response.output_item.added","sequence_number":%d,'
+    b'"output_index":%d,"item":{"id":"%b","type":"reasoning","summary":[],"content":[],"status":"in_progress"}}\n\n'
+)
+SUMMARY_ADDED = (
+    b'event: response.reasoning_summary_part.added\ndata: {"type":"response.reasoning_summary_part.added",'
+    b'"sequence_number":%d,"item_id":"%b","output_index":%d,"summary_index":0,"part":{"type":"summary_text",'
+    b'"text":""}}\n\n'
 )
 # A reasoning item's closing event (sequence number, its id, output index, its text's JSON); with a
 # summary, the summary's two (the same, twice); the closed item (its id, its summary: [] or SUMMARY

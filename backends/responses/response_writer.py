@@ -25,10 +25,12 @@ from backends.responses.lifecycle_bytes import (
     ITEM_DONE,
     LAST_EVENT,
     NO_DETAILS,
+    OPEN_REASONING,
     REASONING_DONE,
     REASONING_ITEM,
     START,
     SUMMARY,
+    SUMMARY_ADDED,
     SUMMARY_DONE,
     TEXT_DONE,
     TEXT_END,
@@ -63,6 +65,7 @@ class ResponseWriter(ResponseEventStream):
     # run of them is one format (backends.responses.text_run).
     _fast: tuple[bytes, bytes, bytes] | None
     _summary: bool  # reasoning written as a summary
+    _reasoning_delta: tuple[bytes, bytes]  # the open reasoning item's delta type and fixed fields (_open_reasoning)
     _logprobs_wanted: bool
     # The first Response's bytes around its status (_start: ResponseFrame.around_status), and each closed
     # item's bytes (_item_done): response.completed is written from them (_complete); None once a piece
@@ -110,6 +113,33 @@ class ResponseWriter(ResponseEventStream):
         seq = self._seq
         self._seq = seq + 1
         out.append(DELTA % (kind, kind, seq, where, orjson.dumps(text), tail))
+
+    def _open_reasoning(self, out: list[bytes], item_id: str) -> None:
+        """Open a reasoning item ``item_id``: its ``output_item.added`` (and the summary's part, where one
+        is given) from templates, and its deltas' type and fixed fields made once."""
+        item = {"id": item_id, "type": "reasoning", "summary": [], "content": [], "status": "in_progress"}
+        self._items.append(item)
+        self._open, self._texts = "reasoning", []
+        index, at, summary = len(self._items) - 1, item_id.encode(), self._summary
+        if summary:
+            kind, key = b"response.reasoning_summary_text.delta", b"summary_index"
+        else:
+            kind, key = b"response.reasoning_text.delta", b"content_index"
+        if not self.lifecycle_bytes:  # (the tests' reference: from dicts, and _where)
+            self._emit(out, {"type": "response.output_item.added", "output_index": index, "item": item})
+            if summary:
+                added = {"type": "response.reasoning_summary_part.added", **self._at(), "summary_index": 0}
+                self._emit(out, {**added, "part": {"type": "summary_text", "text": ""}})
+            self._reasoning_delta = (kind, self._where(key))
+            return
+        seq = self._seq
+        if summary:
+            self._seq = seq + 2
+            out.append(OPEN_REASONING % (seq, index, at) + SUMMARY_ADDED % (seq + 1, at, index))
+        else:
+            self._seq = seq + 1
+            out.append(OPEN_REASONING % (seq, index, at))
+        self._reasoning_delta = (kind, b',"item_id":"%b","output_index":%d,"%b":0,"delta":' % (at, index, key))
 
     def _where(self, index_key: bytes = b"", index: int = 0) -> bytes:
         """The fixed fields of a delta of the open item: ``item_id``, ``output_index`` (and an index)."""

@@ -186,9 +186,10 @@ async def test_a_plain_answer_takes_the_byte_path() -> None:
                                      "output": [], "usage": None}  # fmt: skip
 
 
-async def test_reasoning_and_calls_close_from_bytes() -> None:
-    """A coding agent's turn (reasoning with a summary, a function call, a custom tool call) closes
-    every item without an event dict; the bytes are the dicts' (the test above)."""
+async def test_reasoning_and_calls_open_and_close_from_bytes() -> None:
+    """A coding agent's turn (reasoning with a summary, a function call, a custom tool call) opens its
+    reasoning and closes every item without an event dict (only a call's opening is one); the bytes
+    are the dicts' (the test above)."""
     steps = [("reasoning_content", "r"), ("call", (0, "call_1", "{")), ("custom", 3), ("finish", "tool_calls")]
     reads = [b"".join(map(chunk, steps))]
     emitted: list[str] = []
@@ -202,7 +203,7 @@ async def test_reasoning_and_calls_close_from_bytes() -> None:
         patch.setattr(ChatResponseEvents, "_emit", counting)
         stream = ChatResponseEvents(Reads(reads), frame(False, True, False), "b")
         out = b"".join([piece async for piece in stream])
-    assert emitted and not [kind for kind in emitted if kind.endswith(".done")]  # only items' openings
+    assert emitted == ["response.output_item.added"] * 2  # the calls' openings
     kinds = [line.removeprefix(b"event: ").decode() for line in out.splitlines() if line.startswith(b"event: ")]
     assert kinds.count("response.output_item.done") == 3 and kinds[-1] == "response.completed"
     assert "response.reasoning_summary_part.done" in kinds and "response.custom_tool_call_input.done" in kinds
