@@ -32,7 +32,9 @@ it; with ``--pricing`` the ``priced`` target's key also has a budget (``auth.key
 reached), so ``this`` against ``priced`` is what prices and a budget add to the same keyed request.
 ``resp_prev20`` (``resp_ns`` continuing a conversation of 20 stored turns with
 ``previous_response_id``: the store's read, the earlier turns' items sent again, the new turn
-stored; compare with ``resp_ns`` of the same run). A checkout that does not serve an endpoint
+stored; compare with ``resp_ns`` of the same run); ``resp_ns_nostore``, ``resp_st_nostore`` (``resp_ns``,
+``resp_st`` with ``"store": false``: the turn is not saved; against ``resp_ns``/``resp_st`` of the same run,
+what the conversation store's save costs). A checkout that does not serve an endpoint
 (404) shows ``n/a`` for it.
 """
 
@@ -64,6 +66,9 @@ SCENARIOS = {  # name: (path, chat (or "responses"), stream, max_tokens)
     "emb": ("/v1/embeddings", False, False, 64),  # one 64-word input; the answer: one 1,024-dim float vector
     # resp_ns continuing a stored conversation of PREVIOUS_TURNS turns (previous_response_id; memory store)
     "resp_prev20": ("/v1/responses", "responses", False, 16),
+    # resp_ns and resp_st with ``"store": false``: the same turn, not kept (what the store's save costs)
+    "resp_ns_nostore": ("/v1/responses", "responses", False, 16),
+    "resp_st_nostore": ("/v1/responses", "responses", True, 64),
 }
 PREVIOUS_TURNS = 20
 PREVIOUS: dict[int, str] = {}  # gateway port -> the last response of its conversation (resp_prev20)
@@ -145,6 +150,8 @@ def request_bytes(scenario: str, port: int) -> bytes:
         body = {"model": "bench", "input": PROMPT, "max_output_tokens": tokens, "temperature": 0}
         if scenario == "resp_prev20":
             body["previous_response_id"] = PREVIOUS[port]
+        elif scenario.endswith("_nostore"):
+            body["store"] = False
     elif path == "/v1/embeddings":
         body = {"model": "bench", "input": " ".join(f"word{i}" for i in range(tokens))}
     elif chat:
