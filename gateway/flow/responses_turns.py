@@ -10,7 +10,7 @@ the handler at three points:
   of the request's own ``input``, whichever backend served them;
 - :meth:`ResponsesTurns.headers`: the answer's extra headers (``x-gateway-omitted-tools`` when the
   operator's ``omit`` left built-in tools out on this backend; the log says it too);
-- :meth:`ResponsesTurns.end` / :meth:`ResponsesTurns.end_stream`, once the Response reached a terminal
+- :meth:`ResponsesTurns.end` (a stream's through :class:`StreamEnd`), once the Response reached a terminal
   status (a client that left mid-stream: ``cancelled``): the turn is saved when ``store`` allows.
 
 The tenant is the caller's key name (one tenant without auth: ``NO_AUTH_TENANT``).
@@ -164,14 +164,6 @@ class ResponsesTurns:
         turn = FinishedTurn(answer, request.stored_input or own_items(request), request.previous_response_id)
         await store.save(NO_AUTH_TENANT if key is None else key.name, turn)
 
-    async def end_stream(
-        self, served: ServedRequest, stream: CompletionStream, store: ResponsesState, key: ApiKey | None
-    ) -> None:
-        """A stream's turn: its final Response, or where it stood when the client left (``cancelled``)."""
-        request: ResponsesRequest = served  # type: ignore[assignment]  # (not cast(): a call per use)
-        if request.store is not False and isinstance(stream, ResponseEventStream):
-            await self.end(request, stream.snapshot("cancelled"), store, key)
-
 
 class StreamEnd:
     """A streamed turn's save, done once: by the handler just before it writes the stream's last
@@ -189,7 +181,11 @@ class StreamEnd:
         self._done = False
 
     async def __call__(self) -> None:
+        """The stream's turn: its final Response, or where it stood when the client left (``cancelled``)."""
         if self._done:
             return
         self._done = True
-        await self._turns.end_stream(*self._args)
+        served, stream, store, key = self._args
+        request: ResponsesRequest = served  # type: ignore[assignment]  # (not cast(): a call per use)
+        if request.store is not False and isinstance(stream, ResponseEventStream):
+            await self._turns.end(request, stream.snapshot("cancelled"), store, key)
