@@ -296,6 +296,10 @@ class ChatResponseEvents(ResponseWriter):
             entries = entries if isinstance(entries, list) else []
             self._logprobs.extend(entries)
             self._delta(out, b"response.output_text.delta", where, text, b',"logprobs":' + orjson.dumps(entries) + b"}")
+        elif self._fast is not None:  # the part's delta template (made when it opened): no _delta call
+            seq = self._seq
+            self._seq = seq + 1
+            out.append(self._fast[2] % (seq, orjson.dumps(text)))
         else:
             self._delta(out, b"response.output_text.delta", where, text, b',"logprobs":[]}')
 
