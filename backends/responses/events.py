@@ -135,17 +135,26 @@ class ChatResponseEvents(ResponseWriter):
         pos, end = 0, len(chunk)
         run = True  # whether a run of plain text events may still be written at once (until one is not)
         while pos < end:
-            cut = chunk.find(b"\n\n", pos)
+            # The event's end: its first line's end (a memchr) when a blank line follows, as it
+            # does after a one-line event (the usual); else the first blank line's after it.
+            cut = chunk.find(b"\n", pos)
             if cut < 0:
                 cut = end
-            raw = chunk[pos:cut]
-            pos = cut + 2
+            elif not chunk.startswith(b"\n", cut + 1):
+                cut = chunk.find(b"\n\n", cut + 1)
+                if cut < 0:
+                    cut = end
             # The common event, while a text part is open: the bytes of the last plain text event
             # with another JSON string as its content (learn). Nothing else differs, so it means
             # what that event meant: written at once, its string as the upstream escaped it.
-            if fast is not None and shape is not None and raw.startswith(shape[0]) and raw.endswith(shape[1]):
+            if (
+                fast is not None
+                and shape is not None
+                and chunk.startswith(shape[0], pos)
+                and chunk.endswith(shape[1], pos, cut)
+            ):
                 if run and end - cut > RUN * (shape[2] + shape[3]):  # more may follow: the run at once
-                    taken, stop, run_text = write_run(chunk, cut - len(raw), shape, fast[2], seq, out)
+                    taken, stop, run_text = write_run(chunk, pos, shape, fast[2], seq, out)
                     if taken:
                         texts.append(run_text)
                         seq += taken
@@ -153,7 +162,7 @@ class ChatResponseEvents(ResponseWriter):
                         pos = stop
                         continue
                     run = False
-                piece = raw[shape[2] : -shape[3]]  # the after part is never empty (it closes the event)
+                piece = chunk[pos + shape[2] : cut - shape[3]]  # (the after part is never empty: it closes the event)
                 try:
                     text = loads(piece)
                 except orjson.JSONDecodeError:
@@ -163,7 +172,10 @@ class ChatResponseEvents(ResponseWriter):
                     out += (fast[0], b"%d" % seq, fast[1], piece, NO_LOGPROBS)  # joined once, by the caller
                     seq += 1
                     events += 1
+                    pos = cut + 2
                     continue
+            raw = chunk[pos:cut]
+            pos = cut + 2
             if raw[:5] != b"data:":
                 continue
             try:

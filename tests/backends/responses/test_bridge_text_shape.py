@@ -263,3 +263,25 @@ def _starts(read: bytes, start: int, stop: int) -> list[int]:
     while (at := read.find(b"\n\n", starts[-1]) + 2) < stop:
         starts.append(at)
     return starts
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        b": keep-alive\n\n",
+        b"id: 3\n" + serialised(text_event("skipped"), False),
+        b": a\n_" + serialised(text_event("skipped"), False),  # (a line no field: the data after it is its own)
+    ],
+)
+@pytest.mark.parametrize("tokens", [2, 12])
+async def test_an_event_on_two_lines_is_one_event(other: bytes, tokens: int) -> None:
+    """An event ends at a blank line, not at its first line's end: a comment, or an event whose first
+    line is not its data (the bridge reads events that start with theirs), among one-line text events
+    is one event, passed over as before, whether the read goes one by one or as a run."""
+    first = {**HEAD, "choices": [{"index": 0, "delta": {"role": "assistant", "content": "A"}, "finish_reason": None}]}
+    texts = [serialised(text_event(f"t{i}"), False) for i in range(tokens)]
+    read = serialised(first, False) + b"".join(texts[: tokens // 2]) + other + b"".join(texts[tokens // 2 :])
+    shared = frame()
+    events = parse(await written([read], shared))
+    deltas = [e["delta"] for e in events if e["type"] == "response.output_text.delta"]
+    assert deltas == ["A", *(f"t{i}" for i in range(tokens))]
