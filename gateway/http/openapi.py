@@ -16,16 +16,35 @@ fine-tune), so the document never lists one the caller could not list otherwise.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler
-from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from gateway.http.openapi_own import (
+    EXPLORER,
+    OPENAPI,
+    REF,
+    admin_paths,
+    errors,
+    own_operations,
+    ref,
+    stored_operations,
+)
 from gateway.security.auth import AuthenticationError, KeyRing, presented_key
 from gateway.version import gateway_version
+from schemas.answers import (
+    DetokenizeResponse,
+    EmbeddingResponse,
+    Health,
+    ModelList,
+    Readiness,
+    RerankResponse,
+    TokenizeResponse,
+    Version,
+)
 from schemas.chat import ChatCompletionRequest
 from schemas.chat_responses import ChatCompletionChunk, ChatCompletionResponse
 from schemas.completions import CompletionRequest, CompletionResponse
@@ -36,121 +55,10 @@ from schemas.errors import ErrorEnvelope
 from schemas.rerank import RerankRequest
 from schemas.responses import ResponsesRequest
 from schemas.responses_objects import ResponseObject, ResponseStreamEvent
-from schemas.stored_responses import INCLUDABLE, InputItemList, ResponseDeleted
+from schemas.stored_responses import InputItemList, ResponseDeleted
 from schemas.tokenize import DetokenizeRequest, TokenizeRequest
 
 __all__ = ["build_openapi", "openapi_handler"]
-
-_REF = "#/components/schemas/{model}"
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"]
-    created: int
-    owned_by: str
-    endpoints: list[str]
-    max_model_len: int | None = None  # models on vLLM routes, as the server reports it
-    root: str | None = None
-
-
-class ModelList(BaseModel):
-    object: Literal["list"]
-    data: list[ModelCard]
-
-
-class Health(BaseModel):
-    status: Literal["ok", "draining"]
-
-
-class Readiness(BaseModel):
-    status: Literal["ready", "not_ready", "draining"]
-    reason: Literal["no_routable_backend"] | None = None
-
-
-_EXPLORER = {
-    "get": {
-        "operationId": "apiExplorer",
-        "summary": "This document in an API explorer (Swagger UI, served by the gateway: no CDN)",
-        "responses": {"200": {"description": "HTML", "content": {"text/html": {"schema": {"type": "string"}}}}},
-    }
-}
-
-
-class Version(BaseModel):
-    version: str
-
-
-class EmbeddingData(BaseModel):
-    object: Literal["embedding"]
-    index: int
-    embedding: list[float] | str  # floats, or base64 of little-endian float32
-
-
-class PoolingUsage(BaseModel):
-    prompt_tokens: int
-    total_tokens: int
-
-
-class EmbeddingResponse(BaseModel):
-    object: Literal["list"]
-    data: list[EmbeddingData]
-    model: str
-    usage: PoolingUsage
-
-
-class RerankResult(BaseModel):
-    index: int
-    relevance_score: float
-    document: dict[str, str] | None = None
-
-
-class RerankResponse(BaseModel):
-    id: str
-    model: str
-    usage: PoolingUsage
-    results: list[RerankResult]
-
-
-class TokenizeResponse(BaseModel):
-    count: int
-    max_model_len: int
-    tokens: list[int]
-    token_strs: list[str] | None = None
-
-
-class DetokenizeResponse(BaseModel):
-    prompt: str
-
-
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": _REF.format(model=name)}
-
-
-def _errors(*statuses: int) -> dict[str, Any]:
-    return {
-        str(status): {
-            "description": _REASONS[status],
-            "content": {"application/json": {"schema": _ref("ErrorEnvelope")}},
-        }
-        for status in statuses
-    }
-
-
-_REASONS = {
-    400: "Invalid request: malformed JSON, a field out of range, a rule broken, an unsupported field or a request cap",
-    401: "Missing or unknown API key",
-    403: "The key may not use this model (admin endpoints: no auth.admin_key configured)",
-    404: "Unknown model, or a model not served on this endpoint; a response id unknown to this key",
-    408: "The request body arrived too slowly",
-    413: "The request body is too large",
-    415: "The request's Content-Encoding is not supported",
-    429: "Rate limited (per key), the key's budget spent, the gateway at capacity, or the upstream's 429",
-    500: "A gateway bug (details only in its log)",
-    502: "The upstream failed or refused our credentials",
-    503: "The upstream or the gateway is unavailable",
-    504: "The upstream timed out",
-}
 
 _RATE_HEADERS = {
     name: {"description": "Per-key rate limit state (keys with limits only)", "schema": {"type": "string"}}
@@ -231,78 +139,18 @@ def _generation(spec: _Generation, model: str, headers: dict[str, Any], auth: bo
         "summary": spec.summary,
         "requestBody": {
             "required": True,
-            "content": {
-                "application/json": {"schema": _ref(spec.request), "example": {"model": model, **spec.example}}
-            },
+            "content": {"application/json": {"schema": ref(spec.request), "example": {"model": model, **spec.example}}},
         },
         "responses": {
             "200": {
                 "description": "The answer; with stream=true, server-sent events of its chunks",
                 "headers": headers,
                 "content": {
-                    "application/json": {"schema": _ref(spec.response)},
+                    "application/json": {"schema": ref(spec.response)},
                     "text/event-stream": {"schema": {"type": "string"}},
                 },
             },
-            **_errors(400, *((401, 403) if auth else ()), 404, 408, 413, 415, 429, 500, 502, 503, 504),
-        },
-    }
-
-
-def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
-    return {"name": name, "in": "query", "required": False, "schema": schema, "description": description}
-
-
-_RESPONSE_ID = {"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}
-_INCLUDE = _query(
-    "include",
-    {"type": "array", "items": {"type": "string", "enum": list(INCLUDABLE)}},
-    "Accepted as OpenAI's; a stored response is returned as answered (also sent as include[])",
-)
-
-
-def _stored_operations(auth: bool) -> dict[str, Any]:
-    """The stored-response endpoints (``gateway.http.stored_responses``)."""
-    refusals = _errors(400, *((401, 403) if auth else ()), 404, 503)
-
-    def answer(description: str, schema: dict[str, Any]) -> dict[str, Any]:
-        return {"200": {"description": description, "content": {"application/json": {"schema": schema}}}, **refusals}
-
-    return {
-        "/v1/responses/{response_id}": {
-            "get": {
-                "operationId": "getResponse",
-                "summary": "A response this key stored (store: true); another key's is a 404",
-                "parameters": [
-                    _RESPONSE_ID,
-                    _INCLUDE,
-                    _query("include_obfuscation", {"type": "boolean"}, "Only changes streamed events"),
-                    _query("stream", {"type": "boolean"}, "true is refused: stored responses are not replayed"),
-                    _query("starting_after", {"type": "integer", "minimum": 0}, "Refused (streamed retrieve only)"),
-                ],
-                "responses": answer("The Response object as it was answered", {"type": "object"}),
-            },
-            "delete": {
-                "operationId": "deleteResponse",
-                "summary": "Delete a response this key stored",
-                "parameters": [_RESPONSE_ID],
-                "responses": answer("Deleted", _ref("ResponseDeleted")),
-            },
-        },
-        "/v1/responses/{response_id}/input_items": {
-            "get": {
-                "operationId": "listInputItems",
-                "summary": "The input items of a response this key stored, a page at a time",
-                "parameters": [
-                    _RESPONSE_ID,
-                    _query("after", {"type": "string", "maxLength": 256}, "List the items after this item id"),
-                    _query("before", {"type": "string", "maxLength": 256}, "List the items before this item id"),
-                    _INCLUDE,
-                    _query("limit", {"type": "integer", "minimum": 1, "maximum": 100, "default": 20}, "Page size"),
-                    _query("order", {"type": "string", "enum": ["asc", "desc"], "default": "desc"}, "Item order"),
-                ],
-                "responses": answer("A page of input items", _ref("InputItemList")),
-            }
+            **errors(400, *((401, 403) if auth else ()), 404, 408, 413, 415, 429, 500, 502, 503, 504),
         },
     }
 
@@ -312,7 +160,7 @@ def _answer(spec: _Generation, model: str, headers: dict[str, Any], auth: bool) 
     operation["responses"]["200"] = {
         "description": "The answer",
         "headers": headers,
-        "content": {"application/json": {"schema": _ref(spec.response)}},
+        "content": {"application/json": {"schema": ref(spec.response)}},
     }
     return operation
 
@@ -345,7 +193,7 @@ def build_openapi(config: GatewayConfig, visible: list[str] | None = None) -> di
             (DetokenizeRequest, "validation"),
             (DetokenizeResponse, "validation"),
         ],
-        ref_template=_REF,
+        ref_template=REF,
     )
     components: dict[str, Any] = {"schemas": schemas["$defs"]}
     names = [model.name for model in config.models] if visible is None else visible
@@ -371,61 +219,11 @@ def build_openapi(config: GatewayConfig, visible: list[str] | None = None) -> di
         path: _generation(spec, example_model, headers, auth is not None) for path, spec in _GENERATIONS.items()
     }
     generations |= {path: _answer(spec, example_model, headers, auth is not None) for path, spec in _ANSWERS.items()}
-    models: dict[str, Any] = {
-        "operationId": "listModels",
-        "summary": "The models this gateway serves (with auth on: those the key may use)",
-        "responses": {
-            "200": {
-                "description": "OpenAI list of models",
-                "headers": headers,
-                "content": {"application/json": {"schema": _ref("ModelList")}},
-            },
-            **(_errors(401) if auth is not None else {}),
-        },
-    }
-    model: dict[str, Any] = {
-        "operationId": "retrieveModel",
-        "summary": "One model (404 alike for a model that does not exist and one the key may not use)",
-        "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
-        "responses": {
-            "200": {
-                "description": "OpenAI model object",
-                "headers": headers,
-                "content": {"application/json": {"schema": _ref("ModelCard")}},
-            },
-            **_errors(*((401,) if auth is not None else ()), 404),
-        },
-    }
-    version: dict[str, Any] = {
-        "operationId": "version",
-        "summary": "The gateway's version",
-        "responses": {
-            "200": {"description": "The version", "content": {"application/json": {"schema": _ref("Version")}}},
-            **(_errors(401) if auth is not None else {}),
-        },
-    }
-    stored = _stored_operations(auth is not None)
+    stored = stored_operations(auth is not None)
+    own = own_operations(headers, auth is not None, api_security, metrics_security)
     if api_security:
-        for operation in [
-            *generations.values(),
-            model,
-            version,
-            *(op for ops in stored.values() for op in ops.values()),
-        ]:
+        for operation in [*generations.values(), *(op for ops in stored.values() for op in ops.values())]:
             operation["security"] = api_security
-        models["security"] = api_security
-    metrics: dict[str, Any] = {
-        "operationId": "metrics",
-        "summary": "Prometheus metrics",
-        "responses": {
-            "200": {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}},
-            **(_errors(401) if metrics_security else {}),
-        },
-    }
-    if metrics_security:
-        metrics["security"] = metrics_security
-    health_answer = {"application/json": {"schema": _ref("Health")}}
-    ready_answer = {"application/json": {"schema": _ref("Readiness")}}
     # The rerank endpoint's other paths (Cohere's /v2/rerank, Jina's /rerank): the same operation.
     rerank = generations[ENDPOINT_PATHS[Endpoint.RERANK]]
     for alias in ENDPOINT_ALIASES[Endpoint.RERANK]:
@@ -444,70 +242,15 @@ def build_openapi(config: GatewayConfig, visible: list[str] | None = None) -> di
         },
         "paths": {
             **{path: {"post": operation} for path, operation in generations.items()},
-            "/v1/models": {"get": models},
+            "/v1/models": own.pop("/v1/models"),
             **stored,
-            "/v1/models/{model}": {"get": model},
-            "/version": {"get": version},
-            "/health": {
-                "get": {
-                    "operationId": "health",
-                    "summary": "Liveness (503 while draining)",
-                    "responses": {
-                        "200": {"description": "Serving", "content": health_answer},
-                        "503": {"description": "Draining", "content": health_answer},
-                    },
-                }
-            },
-            "/ready": {
-                "get": {
-                    "operationId": "ready",
-                    "summary": "Readiness: some model has a route that can take a request now (503 while "
-                    "draining or when none can)",
-                    "responses": {
-                        "200": {"description": "Ready", "content": ready_answer},
-                        "503": {"description": "Draining, or no routable backend", "content": ready_answer},
-                    },
-                }
-            },
-            "/metrics": {"get": metrics},
-            **({"/docs": _EXPLORER} if config.server.api_explorer else {}),
-            **_admin_paths(api_security),
-            "/openapi.json": {
-                "get": {
-                    "operationId": "openapi",
-                    "summary": "This document",
-                    "responses": {
-                        "200": {
-                            "description": "OpenAPI 3.1",
-                            "content": {"application/json": {"schema": {"type": "object"}}},
-                        }
-                    },
-                }
-            },
+            **own,
+            **({"/docs": EXPLORER} if config.server.api_explorer else {}),
+            **admin_paths(api_security),
+            "/openapi.json": OPENAPI,
         },
         "components": components,
     }
-
-
-def _admin_paths(security: list[dict[str, list[str]]]) -> dict[str, Any]:
-    """The operators' endpoints (gateway.http.admin): with auth on, behind ``auth.admin_key``."""
-    paths: dict[str, Any] = {}
-    for path, operation_id, summary in (
-        ("/admin/health", "adminHealth", "Deep health: each backend's circuit, last probe, version, models"),
-        ("/admin/keys", "adminKeys", "Each key's spend (day, month, total) and budget"),
-    ):
-        operation: dict[str, Any] = {
-            "operationId": operation_id,
-            "summary": summary,
-            "responses": {
-                "200": {"description": summary, "content": {"application/json": {"schema": {"type": "object"}}}},
-                **(_errors(401, 403) if security else {}),
-            },
-        }
-        if security:
-            operation["security"] = security
-        paths[path] = {"get": operation}
-    return paths
 
 
 def openapi_handler(config: GatewayConfig, keyring: KeyRing | None = None) -> Handler:
