@@ -285,3 +285,29 @@ async def test_an_event_on_two_lines_is_one_event(other: bytes, tokens: int) -> 
     events = parse(await written([read], shared))
     deltas = [e["delta"] for e in events if e["type"] == "response.output_text.delta"]
     assert deltas == ["A", *(f"t{i}" for i in range(tokens))]
+
+
+async def test_a_stream_read_a_token_at_a_time_is_written_per_read() -> None:
+    """Reads of one text event each in the learned shape (a model's pace) are written by ``__anext__``
+    itself: the same events as the parsed path's, and no pass through the read loop per token."""
+    first = {**HEAD, "choices": [{"index": 0, "delta": {"role": "assistant", "content": "A"}, "finish_reason": None}]}
+    texts = ["b", 'say "hi"', "é", "x%dy", "\\", "z"]
+    reads = [serialised(first, True)] + [serialised(text_event(t), True) for t in texts]
+    reads.append(serialised(text_event("!", finish_reason="stop"), True))
+    shared = frame()
+    loops = 0
+    real = ChatResponseEvents._chunk
+
+    def counting(self: ChatResponseEvents, chunk: bytes, out: list[bytes]) -> None:
+        nonlocal loops
+        loops += 1
+        real(self, chunk, out)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ChatResponseEvents, "_chunk", counting)
+        fast = await written(list(reads), shared)
+    assert loops == 3  # the first event, the one the shape is learned from, the finish
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(events_module, "learn", lambda raw: None)
+        assert parse(fast) == parse(await written(list(reads), shared))
+    assert b'"delta":"\\u00e9"' in fast  # relayed as the upstream wrote it
