@@ -11,19 +11,15 @@ from gateway.store.base import Add, StoreStats, TenantStore
 __all__ = ["ENTRY_OVERHEAD", "MemoryStore"]
 
 # Bytes an entry costs beyond its value and key strings (the dict slot, the key tuple, the entry
-# object): counted against ``max_bytes`` so the bound is near what the process really holds.
+# tuple): counted against ``max_bytes`` so the bound is near what the process really holds.
 ENTRY_OVERHEAD = 200
 
 _Key = tuple[str, str]  # (tenant, key)
-
-
-class _Entry:
-    __slots__ = ("expires", "size", "value")
-
-    def __init__(self, value: bytes, expires: float, size: int) -> None:
-        self.value = value
-        self.expires = expires
-        self.size = size
+# (value, expires, size), replaced whole on a touch or an add, never changed in place. A plain
+# tuple of a bytes, a float and an int, keyed by a tuple of two strings: CPython's collector stops
+# tracking both at its first pass over them, so a full store (10,000 turns by default) adds nothing
+# to what every later collection walks (an object with slots stays tracked for its whole life).
+_Entry = tuple[bytes, float, int]
 
 
 class MemoryStore(TenantStore):
@@ -71,18 +67,18 @@ class MemoryStore(TenantStore):
         now = self._clock()
         entries = self._entries
         for oldest in entries.values():  # (the sweep's own first test, inline; a loop: no next(iter()) calls)
-            if oldest.expires <= now:
+            if oldest[1] <= now:
                 self._sweep(now)
             break
         slot = (tenant, key)
         old = entries.pop(slot, None)
         if old is not None:
-            self._bytes -= old.size
+            self._bytes -= old[2]
         size = len(value) + len(tenant) + len(key) + ENTRY_OVERHEAD
         if size > self.max_bytes:
             self._evicted("too_large", 1)
             return False
-        entries[slot] = _Entry(value, now + self.ttl, size)
+        entries[slot] = (value, now + self.ttl, size)
         self._bytes += size
         if len(entries) > self.max_items or self._bytes > self.max_bytes:
             self._enforce()
@@ -99,7 +95,7 @@ class MemoryStore(TenantStore):
         for key in keys:
             slot = (tenant, key)
             entry = entries.get(slot)
-            if entry is not None and entry.expires <= now:
+            if entry is not None and entry[1] <= now:
                 self._drop(slot, entry)
                 self._evicted("expired", 1)
                 entry = None
@@ -107,9 +103,9 @@ class MemoryStore(TenantStore):
                 out.append(None)
                 continue
             if touch:
-                entry.expires = now + self.ttl
+                entries[slot] = entry = (entry[0], now + self.ttl, entry[2])
                 entries.move_to_end(slot)
-            out.append(entry.value)
+            out.append(entry[0])
         return out
 
     async def delete(self, tenant: str, key: str) -> bool:
@@ -118,7 +114,7 @@ class MemoryStore(TenantStore):
         if entry is None:
             return False
         self._drop(slot, entry)
-        return entry.expires > self._clock()  # an expired value was already gone
+        return entry[1] > self._clock()  # an expired value was already gone
 
     async def add(self, tenant: str, key: str, amount: int) -> int:
         return self.add_now(tenant, key, amount)
@@ -132,24 +128,26 @@ class MemoryStore(TenantStore):
         slot = (tenant, key)
         entry = self._entries.get(slot)
         now = self._clock()
-        if entry is not None and entry.expires > now:
-            # A live counter is updated in place (what a write does: newest, its time to live anew),
-            # without a new entry: the spend ledger adds to three counters on every request.
-            total = int(entry.value) + amount
+        if entry is not None and entry[1] > now:
+            # A live counter is rewritten where it is (what a write does: newest, its time to live
+            # anew), without the sweep and the bounds of a put: the spend ledger adds to three
+            # counters on every request.
+            old = entry[0]
+            total = int(old) + amount
             value = str(total).encode()
-            grown = len(value) - len(entry.value)
-            entry.value = value
-            entry.expires = now + (self.ttl if ttl is None else ttl)
+            grown = len(value) - len(old)
+            self._entries[slot] = (value, now + (self.ttl if ttl is None else ttl), entry[2] + grown)
             self._entries.move_to_end(slot)
             if grown:
-                entry.size += grown
                 self._bytes += grown
                 self._enforce()
             return total
         (current,) = self.get_now(tenant, [key])
         total = (int(current) if current is not None else 0) + amount
         if self.put_now(tenant, key, str(total).encode()) and ttl is not None:
-            self._entries[(tenant, key)].expires = self._clock() + ttl  # inf: never
+            slot = (tenant, key)
+            value, _, size = self._entries[slot]
+            self._entries[slot] = (value, self._clock() + ttl, size)  # inf: never
         return total
 
     def stats(self) -> StoreStats:
@@ -159,7 +157,7 @@ class MemoryStore(TenantStore):
     # --- bounds ------------------------------------------------------------------------------
     def _drop(self, slot: _Key, entry: _Entry) -> None:
         del self._entries[slot]
-        self._bytes -= entry.size
+        self._bytes -= entry[2]
 
     def _sweep(self, now: float) -> None:
         """Drop the expired values at the front (values share one ttl, so the front expires first;
@@ -169,7 +167,7 @@ class MemoryStore(TenantStore):
         dropped = 0
         while entries:
             slot, entry = next(iter(entries.items()))
-            if entry.expires > now:
+            if entry[1] > now:
                 break
             self._drop(slot, entry)
             dropped += 1
@@ -180,13 +178,13 @@ class MemoryStore(TenantStore):
         entries = self._entries
         dropped = 0
         while len(entries) > self.max_items:
-            self._bytes -= entries.popitem(last=False)[1].size
+            self._bytes -= entries.popitem(last=False)[1][2]
             dropped += 1
         if dropped and self._on_evict is not None:  # (_evicted, inline: a full store evicts on every write)
             self._on_evict("items", dropped)
         dropped = 0
         while self._bytes > self.max_bytes and entries:
-            self._bytes -= entries.popitem(last=False)[1].size
+            self._bytes -= entries.popitem(last=False)[1][2]
             dropped += 1
         if dropped:
             self._evicted("bytes", dropped)

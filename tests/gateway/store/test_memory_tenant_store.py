@@ -3,6 +3,7 @@ out first), every eviction heard with its reason, counters."""
 
 from __future__ import annotations
 
+import gc
 import math
 
 import pytest
@@ -160,3 +161,26 @@ async def test_reads_of_missing_keys_are_none_in_order(touch: bool) -> None:
     await store.put("a", "b", b"2")
     assert await store.get("a", ["x", "b", "y"], touch=touch) == [None, b"2", None]
     assert await store.get("a", []) == []
+
+
+async def test_stored_entries_add_nothing_for_the_collector_to_walk() -> None:
+    """Written, touched and counted entries and their keys are untracked after the collector's first
+    pass: a full store (10,000 turns by default) costs no later collection a walk over them."""
+    clock = Clock()
+    store = make(clock, [], max_items=5000)
+    gc.collect()
+    tracked = len(gc.get_objects())
+    for i in range(2000):
+        store.put_now("team-a", f"resp_{i}", b"turn %d" % i)
+    store.get_now("team-a", ["resp_1", "resp_2"], touch=True)
+    store.add_now("team-a", "spend", 5)
+    store.add_now("team-a", "spend", 7)  # a live counter, rewritten
+    store.add_now("team-b", "day", 1, math.inf)
+    gc.collect()
+    assert len(gc.get_objects()) - tracked < 100  # was one tracked object per entry (2,000 and more)
+    entries = store._entries
+    for key in [("team-a", "resp_0"), ("team-a", "resp_1"), ("team-a", "spend"), ("team-b", "day")]:
+        stored_key = next(k for k in entries if k == key)
+        assert not gc.is_tracked(stored_key), key
+        assert not gc.is_tracked(entries[key]), key
+    assert store.get_now("team-a", ["resp_1", "spend", "resp_1999"]) == [b"turn 1", b"12", b"turn 1999"]
