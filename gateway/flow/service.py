@@ -20,7 +20,7 @@ When no route could even be tried because every circuit is open, the answer is a
 
 Cost: the first iteration of the loop is the whole story for a request that does not
 fail: one breaker check, one slot, one call. Everything else (the remaining try order,
-scheduled retries, passed-over and skipped routes: :class:`_Setbacks`) is allocated only
+scheduled retries, passed-over and skipped routes: :class:`~gateway.flow.setbacks.Setbacks`) is allocated only
 once something failed or was skipped.
 
 A failure the request caused (:func:`gateway.flow.health.client_caused`, a 4xx other than
@@ -29,7 +29,7 @@ failover. While an attempt is with an upstream, the request's record says so
 (``RequestRecord.reached``), so a client that leaves meanwhile is charged for the work.
 
 Slots: a non-streaming attempt holds its backend's slot while it runs; a stream keeps it
-until :meth:`OpenedStream.aclose`. Cancellation (the client left) releases whatever the
+until :meth:`~gateway.flow.opened.OpenedStream.aclose`. Cancellation (the client left) releases whatever the
 attempt held and leaves the breaker's verdict open.
 """
 
@@ -44,117 +44,22 @@ from backends.base import Call, CompletionResult, CompletionStream
 from backends.errors import UpstreamError
 from gateway.clock import Clock
 from gateway.flow.endpoints import EndpointOps
-from gateway.flow.health import Permit, health_verdict
-from gateway.flow.retry import RetryState, retryable
+from gateway.flow.health import Permit
+from gateway.flow.opened import OpenedStream, TracedStream
+from gateway.flow.retry import retryable
 from gateway.flow.router import BackendGuard, ModelEntry, Route
+from gateway.flow.setbacks import Setbacks
 from gateway.metrics import GatewayMetrics
-from schemas.errors import ServiceUnavailableError
 
 if TYPE_CHECKING:  # the record is filled in here; gateway.accounting imports nothing of the flow
     from gateway.accounting import RequestRecord
-    from gateway.tracing import RequestTrace
 
-__all__ = ["CompletionService", "OpenedStream", "TracedStream"]
+__all__ = ["CompletionService"]
 
 log = logging.getLogger("gateway")
 
 _T = TypeVar("_T")
 _Attempt = Callable[[EndpointOps, Route, Call[Any]], Awaitable[_T]]
-
-
-class OpenedStream:
-    """A stream whose first event is in hand. Holds its backend's slot until :meth:`aclose`.
-
-    The breaker hears how the stream ended: a failure after the first event counts
-    against the backend (:meth:`failed`); a clean end counts for it, at :meth:`aclose`
-    (a half-open trial was already settled by the first event); a client that left says
-    nothing. Success is not counted at the first event, or a backend that always cuts its
-    streams midway would look healthy.
-    """
-
-    __slots__ = ("_closed", "_metrics", "_verdict_due", "first", "route", "stream")
-
-    def __init__(
-        self, first: bytes, stream: CompletionStream, route: Route, metrics: GatewayMetrics, *, verdict_due: bool
-    ) -> None:
-        self.first = first
-        self.stream = stream
-        self.route = route
-        self._metrics = metrics
-        self._verdict_due = verdict_due
-        self._closed = False
-
-    def __aiter__(self) -> OpenedStream:
-        return self
-
-    async def __anext__(self) -> bytes:
-        """The stream's next chunk; an upstream failure is reported to the breaker, then raised."""
-        try:
-            return await self.stream.__anext__()
-        except UpstreamError as exc:
-            self.failed(exc)
-            raise
-
-    def failed(self, exc: UpstreamError) -> None:
-        """The upstream failed after the first event: its breaker and the metrics hear of it."""
-        self._verdict_due = False
-        self._metrics.upstream_error(self.route.backend.name, exc.reason)
-        if health_verdict(exc) is False:
-            self.route.guard.breaker.failed()
-
-    async def aclose(self) -> None:
-        """Release the upstream and the backend's slot; idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._verdict_due and self.stream.finished:
-            self.route.guard.breaker.succeeded()
-        try:
-            await self.stream.aclose()
-        finally:
-            self.route.guard.limiter.release()
-
-
-class TracedStream(OpenedStream):
-    """An :class:`OpenedStream` of a recorded request: its chunks tell the trace the finish reasons,
-    and its end ends the attempt's span. Only sampled requests pay for it."""
-
-    __slots__ = ("_trace",)
-
-    def __init__(
-        self,
-        trace: RequestTrace,
-        first: bytes,
-        stream: CompletionStream,
-        route: Route,
-        metrics: GatewayMetrics,
-        *,
-        verdict_due: bool,
-    ) -> None:
-        super().__init__(first, stream, route, metrics, verdict_due=verdict_due)
-        self._trace = trace
-        trace.first_chunk()
-        if trace.tracing.capture_content:
-            trace.output = []
-        trace.chunk(first)
-
-    async def __anext__(self) -> bytes:
-        chunk = await super().__anext__()
-        self._trace.chunk(chunk)
-        return chunk
-
-    def failed(self, exc: UpstreamError) -> None:
-        super().failed(exc)
-        self._trace.stream_error = exc
-        if self._trace.last is not None:
-            self._trace.last.end(exc)
-
-    async def aclose(self) -> None:
-        try:
-            await super().aclose()
-        finally:
-            if self._trace.last is not None:
-                self._trace.last.end()
 
 
 def _call_complete(ops: EndpointOps, route: Route, call: Call[Any]) -> Awaitable[CompletionResult]:
@@ -171,123 +76,6 @@ async def _call_stream(ops: EndpointOps, route: Route, call: Call[Any]) -> tuple
         await stream.aclose()
         raise
     return first, stream
-
-
-class _Setbacks:
-    """A request's attempts after its first setback (a failure, an open circuit, a full backend).
-
-    Allocated only then, so a request that goes through on its first route pays for none of
-    it. Holds the try order from the second route on (retries are appended to it with the
-    time they may start), the full backends passed over, the open circuits skipped, and the
-    latest retryable failure (the answer when nothing is left).
-    """
-
-    __slots__ = ("account", "busy", "clock", "denied", "due", "i", "last", "left", "retries", "started", "tries")
-
-    def __init__(self, routes: list[Route], clock: Clock, started: float) -> None:
-        self.tries = list(routes)  # copied: it is the caller's list, and retries grow it
-        self.i = 1  # every setback happens on the first route: nothing passed it before
-        self.clock = clock
-        self.started = started
-        self.due: dict[int, tuple[float, str]] = {}  # index in tries -> (start no sooner, reason)
-        self.retries: dict[BackendGuard, RetryState] = {}
-        self.busy: list[Route] = []  # full backends, passed over for now
-        self.denied: list[Route] = []  # open circuits
-        self.last: UpstreamError | None = None  # the latest retryable failure
-        self.left: Route | None = None  # the route that failure came from
-        self.account: list[tuple[str, str]] = []  # (backend, what happened there), in order: the answer's story
-
-    async def next(self) -> tuple[Route, str | None, bool] | None:
-        """The next route: (route, the retry's reason or None, whether to queue for a slot).
-
-        Routes in order, each retry after its backoff; then the full backends again, this
-        time waiting for a slot; None when nothing is left.
-        """
-        if self.i < len(self.tries):
-            i = self.i
-            self.i += 1
-            scheduled = self.due.pop(i, None)
-            if scheduled is None:
-                return self.tries[i], None, False
-            at, reason = scheduled
-            delay = at - self.clock.now()
-            if delay > 0:
-                await self.clock.sleep(delay)
-            return self.tries[i], reason, False
-        if self.busy:
-            return self.busy.pop(0), None, True
-        return None
-
-    def failed(self, route: Route, exc: UpstreamError) -> float | None:
-        """A retryable failure on ``route``: remembered, and a later try of the same backend
-        scheduled when its retry policy allows one. Returns that try's backoff, or None."""
-        self.last, self.left = exc, route
-        self.account.append((route.backend.name, _what(exc)))
-        policy = route.guard.retry
-        if policy.attempts == 1:
-            return None
-        state = self.retries.get(route.guard)
-        if state is None:
-            state = self.retries[route.guard] = policy.start(self.started)
-        wait = state.next_wait(exc)
-        if wait is not None:
-            self.tries.append(route)
-            self.due[len(self.tries) - 1] = (self.clock.now() + wait, exc.reason)
-        return wait
-
-    def deny(self, route: Route) -> None:
-        """``route``'s circuit is open: skipped."""
-        self.denied.append(route)
-        self.account.append(
-            (route.backend.name, f"skipped, circuit open (retry in {route.guard.breaker.retry_in():.1f}s)")
-        )
-
-    def moves_on(self, route: Route) -> bool:
-        """Whether the next try goes to another route than ``route`` (for the log)."""
-        return self.i < len(self.tries) and self.tries[self.i] is not route
-
-    def answer(
-        self, metrics: GatewayMetrics, model: str, skipped: list[tuple[str, str]]
-    ) -> UpstreamError | ServiceUnavailableError:
-        """What the client gets when no route is left: the last failure, or 503 when every circuit was open.
-
-        With more than one route in the story (``account``, plus the routes ``skipped`` before any try
-        because they cannot honour the request), the message says what each did, in order.
-        """
-        error: UpstreamError | ServiceUnavailableError
-        if self.last is not None:
-            error = self.last
-        else:
-            assert self.denied, "every route is tried, skipped as busy then waited for, or denied"
-            metrics.unavailable(model)
-            wait = min(r.guard.breaker.retry_in() for r in self.denied)
-            error = ServiceUnavailableError(
-                "no healthy backend can serve this model right now; retry later",
-                code="no_healthy_upstream",
-                retry_after=max(1.0, wait),
-            )
-        story = _merged(self.account + skipped)
-        if len(story) > 1 or len(self.account) > 1:
-            routes = "; ".join(f"{name}: {', then '.join(what)}" for name, what in story)
-            error.message = f"No route of model '{model}' could answer: {routes}."
-        return error
-
-
-def _what(exc: UpstreamError) -> str:
-    """One failure, short: its message (already redacted and bounded) cut to a line."""
-    text = exc.message if len(exc.message) <= _WHAT_MAX else exc.message[:_WHAT_MAX] + "..."
-    return text.replace("\n", " ")
-
-
-_WHAT_MAX = 200
-
-
-def _merged(account: list[tuple[str, str]]) -> list[tuple[str, list[str]]]:
-    """``account`` by backend, in order of first appearance (a backend retried says each try)."""
-    out: dict[str, list[str]] = {}
-    for name, what in account:
-        out.setdefault(name, []).append(what)
-    return list(out.items())
 
 
 class CompletionService:
@@ -358,13 +146,13 @@ class CompletionService:
         started = self._clock.now()
         trace = record.trace if record is not None else None
         recording = trace is not None and trace.sampled  # an unsampled attempt has nothing to end
-        setbacks: _Setbacks | None = None  # None while nothing failed or was skipped
+        setbacks: Setbacks | None = None  # None while nothing failed or was skipped
         route, retry_reason, queue = routes[0], None, False
         while True:
             guard = route.guard
             permit = guard.breaker.allow()
             if permit is Permit.DENY:  # an open circuit: skip it
-                setbacks = setbacks or _Setbacks(routes, self._clock, started)
+                setbacks = setbacks or Setbacks(routes, self._clock, started)
                 setbacks.deny(route)
             elif guard.limiter.try_acquire() or (queue and await _queue_for(guard, permit, priority)):
                 if setbacks is not None and setbacks.left is not None and setbacks.last is not None:
@@ -403,7 +191,7 @@ class CompletionService:
                             exc.reason,
                         )
                         raise
-                    setbacks = setbacks or _Setbacks(routes, self._clock, started)
+                    setbacks = setbacks or Setbacks(routes, self._clock, started)
                     wait = setbacks.failed(route, exc)
                     log.info(
                         "request %s: backend %s failed (%s)%s%s",
@@ -432,7 +220,7 @@ class CompletionService:
                     return result, route, permit
             else:  # a full bulkhead: passed over for now, waited on when nothing else is left
                 guard.breaker.release(permit)
-                setbacks = setbacks or _Setbacks(routes, self._clock, started)
+                setbacks = setbacks or Setbacks(routes, self._clock, started)
                 setbacks.busy.append(route)
             after = await setbacks.next()
             if after is None:

@@ -31,8 +31,8 @@ from backends.errors import UpstreamError
 from gateway.accounting import RequestRecord
 from gateway.catalog import model_list, model_object
 from gateway.flow.endpoints import OPS, EndpointOps
+from gateway.flow.opened import OpenedStream
 from gateway.flow.responses_turns import StreamEnd
-from gateway.flow.service import OpenedStream
 from gateway.http.hardening import read_body, redact
 from gateway.http.request_id import request_id_of
 from gateway.http.validation import (

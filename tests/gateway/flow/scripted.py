@@ -21,7 +21,7 @@ from backends.base import CompletionResult
 from gateway.app import create_app
 from gateway.configfile import parse_config
 from gateway.flow.endpoints import OPS
-from gateway.flow.service import OpenedStream
+from gateway.flow.opened import OpenedStream
 from gateway.state import STATE, GatewayState
 from schemas.completions import CompletionRequest
 from schemas.endpoints import Endpoint
