@@ -8,7 +8,9 @@ that tie fields together are named ``model_validator``s that raise
 integer is bounded to int64 so that re-serialising a request for an upstream never fails.
 
 ``null`` means "the default" for every optional field: :meth:`ChatCompletionRequest.upstream_fields`
-never forwards one. Messages, tools and formats live in :mod:`schemas.chat_messages`.
+never forwards one. Messages, tools and formats live in :mod:`schemas.chat_messages`; what the
+request path reads of a request beyond its fields (its output limit, prompt estimate, routing text)
+in :mod:`schemas.chat_served`.
 """
 
 from __future__ import annotations
@@ -28,8 +30,6 @@ from schemas.chat_messages import (
     ResponseFormat,
     Tool,
     ToolChoice,
-    ToolMessage,
-    message_text,
     message_upstream_fields,
 )
 from schemas.chat_messages import FunctionCallChoice as FunctionCallChoice
@@ -40,8 +40,8 @@ from schemas.chat_options import (
     Prediction,
     WebSearchOptions,
 )
+from schemas.chat_served import ChatServed
 from schemas.common import (
-    CHARS_PER_TOKEN,
     GUIDED_FIELDS,
     ChoiceCount,
     Count,
@@ -79,7 +79,6 @@ from schemas.vllm_extras import (
 
 __all__ = [
     "MAX_TOP_LOGPROBS",
-    "UNSET_OUTPUT_ESTIMATE",
     "ChatCompletionRequest",
     "ChatStreamOptions",
     "ChatStructuredOutputs",
@@ -88,8 +87,6 @@ __all__ = [
 
 MAX_TOP_LOGPROBS = 20
 MAX_TOOLS = 128  # OpenAI's limit on tools (and deprecated functions) per request
-# What an unset max_tokens/max_completion_tokens counts as for rate limits and the max_tokens cap.
-UNSET_OUTPUT_ESTIMATE = 16
 
 
 class _Strict(BaseModel):
@@ -105,7 +102,7 @@ Metadata = Annotated[
 ]
 
 
-class ChatCompletionRequest(_Strict):
+class ChatCompletionRequest(ChatServed, _Strict):
     """``POST /v1/chat/completions``: OpenAI's fields, then vLLM's chat extras."""
 
     # --- OpenAI (documented order) ---------------------------------------------------------
@@ -349,76 +346,6 @@ class ChatCompletionRequest(_Strict):
             else:
                 out[name] = _FIELDS.serializer(name).to_python(value, **_DUMP)
         return out
-
-    @property
-    def effective_n(self) -> int:
-        return self.n or 1
-
-    @property
-    def max_output_tokens(self) -> int | None:
-        """The client's output limit, whichever of the two names carried it (never both)."""
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-
-    @property
-    def tool_results(self) -> list[ToolMessage]:
-        return [m for m in self.messages if isinstance(m, ToolMessage)]
-
-    # --- the request path's common interface (gateway.served.ServedRequest) ---------------
-    @property
-    def output_limit(self) -> int:
-        """Tokens each choice may generate, as far as the gateway can know: the client's limit, or
-        :data:`UNSET_OUTPUT_ESTIMATE` when unset (the upstream then stops at the context length;
-        rate limits settle from the real usage)."""
-        limit = self.max_output_tokens
-        return UNSET_OUTPUT_ESTIMATE if limit is None else limit
-
-    @property
-    def output_limit_set(self) -> bool:
-        return self.max_output_tokens is not None
-
-    @property
-    def output_bounded(self) -> bool:
-        """Whether the client bounded the output (unset, a chat reply may run to the context length)."""
-        return self.max_output_tokens is not None
-
-    @property
-    def output_limit_param(self) -> str:
-        """The field that carries (or would carry) the output limit."""
-        return "max_tokens" if self.max_tokens is not None else "max_completion_tokens"
-
-    @property
-    def best_of(self) -> None:
-        """Chat has no ``best_of``: every sequence generated is a choice."""
-        return None
-
-    @property
-    def sequences(self) -> int:
-        return self.n or 1
-
-    @property
-    def prompt_count(self) -> int:
-        return 1  # one conversation per request
-
-    @property
-    def prompt_array(self) -> None:
-        return None  # a conversation, never a batch of prompts
-
-    @property
-    def include_usage(self) -> bool:
-        return self.stream_options is not None and bool(self.stream_options.include_usage)
-
-    def prompt_estimate(self) -> int:
-        """~4 characters a token over the messages (text, tool calls), the tools and the response
-        format, plus OpenAI's few tokens of framing per message."""
-        chars = sum(len(message_text(m)) for m in self.messages)
-        for extra in (self.tools, self.response_format, self.functions):
-            if extra is not None:
-                chars += len(str(extra))
-        return chars // CHARS_PER_TOKEN + 3 * len(self.messages) + 3
-
-    def routing_text(self) -> str:
-        """The conversation's leading part (roles and texts in order), for prefix routing."""
-        return "".join(f"<{m.role}>{message_text(m)}" for m in self.messages)
 
 
 # Each rule after the message check, in order, with the fields without which it cannot fail.
