@@ -1,7 +1,9 @@
 """The backend protocol every adapter implements.
 
 A backend turns one validated request, wrapped in a :class:`Call` with what the route
-decided, into either a finished OpenAI body or a stream of ready-to-send SSE events:
+decided, into either a finished OpenAI body or a stream of ready-to-send SSE events
+(:class:`~backends.results.CompletionResult`, :class:`~backends.results.CompletionStream`,
+their contract in :mod:`backends.results`; importable from here too):
 
 - completions (``POST /v1/completions``): :meth:`Backend.complete` / :meth:`Backend.stream`
   with an :data:`UpstreamCall` (a :class:`~schemas.completions.CompletionRequest`);
@@ -36,13 +38,14 @@ event loop; adapters are not thread-safe.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Mapping
+from abc import ABC
+from collections.abc import Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
 from backends.capabilities import Capabilities
+from backends.results import CompletionResult, CompletionStream, TokenUsage, usage_of
 from schemas.chat import ChatCompletionRequest
 from schemas.completions import CompletionRequest
 from schemas.embeddings import EmbeddingRequest
@@ -192,105 +195,6 @@ class DetokenizeCall(Call[DetokenizeRequest]):
     """A ``/detokenize`` attempt."""
 
     __slots__ = ()
-
-
-@dataclass(slots=True)
-class TokenUsage:
-    prompt_tokens: int
-    completion_tokens: int
-    # Of ``prompt_tokens``, those the upstream read from its prompt cache (OpenAI's
-    # ``prompt_tokens_details.cached_tokens``, a Response's ``input_tokens_details``): priced at the
-    # cached-input rate (gateway.spend). 0 when the upstream did not say.
-    cached_tokens: int = 0
-
-    def as_json(self) -> dict[str, int]:
-        """OpenAI's ``usage`` object."""
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-        }
-
-
-_MAX_COUNT = 1 << 32  # a token count past this is an upstream's lie, not usage (native: common.count)
-
-
-def usage_of(
-    obj: Any, prompt_key: str = "prompt_tokens", completion_key: str = "completion_tokens"
-) -> TokenUsage | None:
-    """The token counts of an upstream ``usage`` object, when both are counts: integers in [0, 2^32).
-
-    Anything else (negative, a bool, a float, 2^62 or 2^64+1 from a hostile upstream) is no
-    usage: settling a key's token budget with it would lock the key out for ages. The keys are
-    chat's and completions'; a Response's usage says ``input_tokens`` and ``output_tokens``.
-    Cached prompt tokens come from ``<prompt_key>_details.cached_tokens`` when that is a count no
-    larger than the prompt (else 0: a cached count is never trusted beyond the prompt it is part of).
-    """
-    if type(obj) is dict:
-        prompt = obj.get(prompt_key)
-        completion = obj.get(completion_key)
-        if (
-            type(prompt) is int
-            and type(completion) is int
-            and 0 <= prompt < _MAX_COUNT
-            and 0 <= completion < _MAX_COUNT
-        ):
-            details_key = "input_tokens_details" if prompt_key == "input_tokens" else "prompt_tokens_details"
-            if details_key in obj:  # ``in`` and ``[]``, not ``get``: no call for the usage that has none
-                details = obj[details_key]
-                if type(details) is dict and "cached_tokens" in details:
-                    cached = details["cached_tokens"]
-                    if type(cached) is int and 0 < cached <= prompt:
-                        return TokenUsage(prompt, completion, cached)
-            return TokenUsage(prompt, completion)
-    return None
-
-
-@dataclass(slots=True)
-class CompletionResult:
-    """A finished non-streaming answer: the client's body (JSON unless ``content_type`` says
-    otherwise, e.g. vLLM's binary embeddings, with their ``headers``), and usage for metrics."""
-
-    body: bytes
-    usage: TokenUsage | None
-    content_type: str = "application/json"
-    headers: dict[str, str] | None = None
-    # The answer as an object, where the translator has it anyway (a Response: what the
-    # conversation store keeps); None elsewhere.
-    answer: dict[str, Any] | None = None
-
-
-class CompletionStream(ABC):
-    """Ready-to-send SSE bytes: whole ``data: {...}\\n\\n`` events in OpenAI's chunk shape.
-
-    Contract:
-    - yields non-empty ``bytes``, each one or more complete events; never the final
-      ``data: [DONE]``: the gateway writes that itself;
-    - ends normally only when the upstream finished cleanly; a cut, a stall or an
-      upstream error event raises an ``UpstreamError`` instead, so a truncated
-      stream can never look complete;
-    - ``usage`` holds the totals once the upstream reported them; ``finished`` turns
-      true as soon as the upstream has ended cleanly;
-    - ``aclose()`` releases the upstream (closing its connection if unfinished,
-      which stops its generation); idempotent, and must be called by the consumer.
-    """
-
-    usage: TokenUsage | None = None
-    # True once the upstream finished cleanly: the next ``__anext__`` will stop. Lets the
-    # consumer send the last chunk, ``[DONE]`` and the end of the body in one write.
-    finished: bool = False
-    # Events yielded so far, for a stream that counts them as it cuts them (the OpenAI-shaped
-    # relays); None: the consumer counts the ``data:`` events itself.
-    relayed_events: int | None = None
-
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return self
-
-    @abstractmethod
-    async def __anext__(self) -> bytes: ...
-
-    @abstractmethod
-    async def aclose(self) -> None: ...
 
 
 class ResponsesTable(Protocol):
