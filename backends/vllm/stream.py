@@ -60,9 +60,12 @@ class VLLMStreamRelay(OpenAIStreamRelay):
 
     foreign: ClassVar[re.Pattern[bytes]] = _FOREIGN
     openai_finish: ClassVar[frozenset[str | None]] = _OPENAI_FINISH
+    renames_reasoning: ClassVar[bool] = False  # delta.reasoning -> reasoning_content for a client (chat)
 
     def _process(self, block: bytes) -> bytes:
-        out = super()._process(block)
+        # One method for both endpoints (chat's reasoning rename is a flag, not an override calling
+        # this one): one frame per read less, the reads of a token-at-a-time stream being most of them.
+        out = OpenAIStreamRelay._process(self, block)
         if self._for_client:  # (the Responses bridge reads past them)
             for extra in _NULL_EXTRAS:  # vLLM's own keys that carry nothing: OpenAI's shape
                 if extra in out:
@@ -71,6 +74,9 @@ class VLLMStreamRelay(OpenAIStreamRelay):
             out = self._map_finish(out)
         if self._usage_null and out:
             out = with_usage_null(out)
+        # The Responses bridge reads either name (backends.responses.events): no rename for it.
+        if self.renames_reasoning and self._for_client and _REASONING.search(out) is not None:
+            out = _rename_reasoning(out, self._backend)
         return out
 
     def _map_finish(self, block: bytes) -> bytes:
@@ -128,13 +134,7 @@ class VLLMChatStreamRelay(VLLMStreamRelay):
 
     foreign: ClassVar[re.Pattern[bytes]] = _CHAT_FOREIGN
     openai_finish: ClassVar[frozenset[str | None]] = _CHAT_FINISH
-
-    def _process(self, block: bytes) -> bytes:
-        out = super()._process(block)
-        # The Responses bridge reads either name (backends.responses.events): no rename for it.
-        if self._for_client and _REASONING.search(out) is not None:
-            out = _rename_reasoning(out, self._backend)
-        return out
+    renames_reasoning: ClassVar[bool] = True
 
 
 _REASONING = re.compile(rb'"reasoning"\s*:')
