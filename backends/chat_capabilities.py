@@ -125,6 +125,18 @@ def _is_neutral(field: str, value: Any) -> bool:
     return value is None or any(value == candidate for candidate in CHAT_NEUTRAL_VALUES.get(field, ()))
 
 
+# A request's note of the table that passed it last, in its private slot: (the table, the request's
+# field values). The check is a pure function of the two, and a table is frozen data (another vLLM
+# version or tool parser is another table), so the same table passes the same request again: the
+# send-time check of an adapter whose table can change (vLLM's) or that may be called unrouted (the
+# native translators') costs nothing after the router's while the route's table is still the one
+# routing checked, and runs in full when it is not (a version read between routing and sending, a
+# failover to another backend's table). A request is frozen and nothing on the path edits its values
+# in place; a copy with changed fields (``model_copy``, which copies the private slot) has a values
+# dict of its own, so the note never vouches for it.
+_PASSED = "chat_capabilities_passed"
+
+
 @dataclass(frozen=True, slots=True)
 class Exclusive:
     """Fields a backend refuses together; the refusal names the last of them the request sets."""
@@ -212,8 +224,14 @@ class ChatCapabilities:
         """The first thing the request asks that this backend cannot honour, if any.
 
         Order: unsupported fields (schema order), then forms, limits, exclusive sets and value rules.
-        Cost: a set intersection plus one walk over the request's forms (a handful).
+        Cost: a set intersection plus one walk over the request's forms (a handful). A request this
+        very table passed before is passed again at once (see ``_PASSED``).
         """
+        state: dict[str, Any] | None = request.__pydantic_private__
+        if state is not None and _PASSED in state:
+            table, values = state[_PASSED]
+            if table is self and values is request.__dict__:
+                return None
         touched = self.fields.unsupported.intersection(request.model_fields_set)
         if touched:  # most requests set none of them: no walk over every chat field then
             for name in CHAT_FIELDS:
@@ -237,6 +255,10 @@ class ChatCapabilities:
         for value_rule in self.rules:
             if value_rule.applies(request):
                 return Refusal(value_rule.field, value_rule.field, value_rule.why)
+        if state is None:  # (a client's request: its private slot is made here, on a frozen model)
+            object.__setattr__(request, "__pydantic_private__", {_PASSED: (self, request.__dict__)})
+        else:
+            state[_PASSED] = (self, request.__dict__)
         return None
 
     @cached_property

@@ -302,3 +302,23 @@ def test_form_notes_are_kept_apart_from_field_notes() -> None:
     assert (table.note("user"), table.note("tools", "strict"), table.note("tools")) == ("audited", "by a grammar", None)
     with pytest.raises(ValueError, match="tool"):
         ChatCapabilities.build(Level.NATIVE, {}, notes={"tool=strict": "typo"})
+
+
+def test_a_passed_request_is_checked_again_by_another_table_or_as_a_changed_copy() -> None:
+    """A table that passed a request passes it again without a walk (the send-time check after the
+    router's), but only that table and only that request: another table (another vLLM version, a
+    failover) checks it in full, and so does a copy with changed fields."""
+    new, old = vllm(0, 33, parser="hermes"), vllm(0, 8, 0)
+    request = req(tools=[FN], tool_choice="required", stream=True, stream_options={"include_usage": True})
+    assert new.first_refusal(request) is None
+    assert new.first_refusal(request) is None  # again: the same answer
+    assert refusal(old, request) == ("tool_choice", "tool_choice=required")  # required from 0.8.3
+    assert new.first_refusal(request) is None
+    assert refusal(old, request) == ("tool_choice", "tool_choice=required")  # never vouched for by new's pass
+    changed = request.model_copy(update={"store": True})  # the private slot is copied with it
+    assert refusal(new, changed) == ("store", "store")
+    assert request.stream_options is not None
+    obfuscated = request.model_copy(
+        update={"stream_options": request.stream_options.model_copy(update={"include_obfuscation": True})}
+    )
+    assert refusal(new, obfuscated) == ("stream_options", "stream_options=include_obfuscation")

@@ -9,15 +9,18 @@ import orjson
 import pytest
 import respx
 
-from backends.base import ChatCall
+from backends.base import ChatCall, ResponsesCall
+from backends.responses.bridge import bridged_responses_stream
 from backends.vllm.adapter import VLLMBackend
 from backends.vllm.routing import VLLMEndpointsBackend
 from backends.vllm.routing.prefix import chat_prefix_keys, chat_prefix_text
 from backends.vllm.versions import parse_version
+from gateway.flow.endpoints import OPS
 from schemas.chat import ChatCompletionRequest
 from schemas.config import PoolRoutingConfig, VLLMBackendConfig, VLLMPoolBackendConfig
 from schemas.endpoints import Endpoint
 from schemas.errors import UnsupportedParameterError
+from schemas.responses import ResponsesRequest
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 NAMED = {"type": "function", "function": {"name": "f"}}
@@ -87,6 +90,38 @@ def test_chat_table_follows_the_detected_version() -> None:
     b._use(parse_version("0.32.0"), "detected")
     assert b.chat_capabilities.first_refusal(request) is None
     assert Endpoint.CHAT in b.endpoints
+
+
+async def test_a_version_read_between_routing_and_sending_is_checked_at_send_time() -> None:
+    """The router's check passed the request against the table of 0.32 (hermes); the server is read
+    as 0.8.0 before the send, whose table refuses ``tool_choice: required``: the send-time check
+    still refuses it by name (a chat request, and the chat request a streamed Responses one becomes)."""
+    b = backend("0.32.0", "hermes")
+    chat = call(tools=TOOLS, tool_choice="required", stream=True)
+    responses = ResponsesCall(
+        ResponsesRequest.model_validate(
+            {
+                "model": "m",
+                "input": "hi",
+                "stream": True,
+                "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+                "tool_choice": "required",
+            }
+        ),
+        "up",
+        "m",
+        "r",
+    )
+    assert OPS[Endpoint.CHAT].refusal(b, chat.request) is None
+    assert OPS[Endpoint.RESPONSES].refusal(b, responses.request) is None
+    b._use(parse_version("0.8.0"), "detected")  # required from 0.8.3
+    with pytest.raises(UnsupportedParameterError) as info:
+        await b.chat_stream(chat)
+    assert info.value.param == "tool_choice"
+    with pytest.raises(UnsupportedParameterError) as info:
+        await bridged_responses_stream(b, responses)
+    assert info.value.param == "tool_choice"
+    await b.close()
 
 
 @pytest.mark.parametrize(
