@@ -256,6 +256,16 @@ class ResponsesRequest(_Strict):
             object.__setattr__(self, "__pydantic_private__", state)
         state["bridged"] = value
 
+    def with_input(self, items: list[Any]) -> ResponsesRequest:
+        """A copy whose ``input`` is ``items`` (``previous_response_id``'s earlier turns, then this
+        one's): what the path set carries over (``omit``), except a chat translation made from the
+        old input (``bridged``), which would send the model a conversation without its history."""
+        copy = self.model_copy(update={"input": items})
+        state = copy.__pydantic_private__  # (model_copy copies the dict: the original keeps its own)
+        if state is not None:
+            state.pop("bridged", None)
+        return copy
+
     @property
     def stored_input(self) -> list[dict[str, Any]] | None:
         """The client's own input items (with ids), kept when ``previous_response_id`` expanded ``input``."""

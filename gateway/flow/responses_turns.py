@@ -135,7 +135,7 @@ class ResponsesTurns:
             ) from None
         own = request.input
         current = [MessageItem(role="user", content=own)] if isinstance(own, str) else list(own or ())
-        expanded = request.model_copy(update={"input": [*earlier, *current]})
+        expanded = request.with_input([*earlier, *current])
         expanded.keep_stored_input(own_items(request))
         return expanded
 

@@ -16,6 +16,7 @@ from backends.responses.plain_chat import PLAIN_FIELDS, SAME_SCALARS, UNREAD_FIE
 from backends.responses.to_chat import ToolNames, Untranslatable, chat_fields, to_chat
 from schemas.chat import ChatCompletionRequest
 from schemas.responses import ResponsesRequest
+from schemas.responses_items import MessageItem
 
 
 def same(got: Any, want: Any, where: str = "request") -> None:
@@ -173,3 +174,22 @@ def test_chat_request_of_is_to_chat_made_once(body: dict[str, Any], omit: bool) 
     assert chat_request_of(request)[0] is got
     assert request.bridged == (got, names)
     assert request.omits_builtin_tools is omit
+
+
+def test_a_request_given_its_history_is_translated_again() -> None:
+    """previous_response_id's expansion (ResponsesRequest.with_input) never reuses a translation
+    made from the request's own input: the copy's chat request carries the earlier turns, the
+    original keeps its own, and the operator's choice carries over."""
+    request = ResponsesRequest.model_validate({"model": "m", "input": "and now?"})
+    request.omit_builtin_tools()
+    first, _ = chat_request_of(request)  # made before the expansion
+    earlier = [
+        MessageItem(role="user", content="the first question"),
+        MessageItem(role="assistant", content=[{"type": "output_text", "text": "the first answer"}]),
+    ]
+    expanded = request.with_input([*earlier, MessageItem(role="user", content="and now?")])
+    again, _ = chat_request_of(expanded)
+    assert [m.role for m in again.messages] == ["user", "assistant", "user"]
+    assert "the first question" in str(again.messages[0].content)
+    assert [m.role for m in first.messages] == ["user"] and chat_request_of(request)[0] is first
+    assert expanded.omits_builtin_tools
