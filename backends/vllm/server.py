@@ -77,12 +77,7 @@ class VLLMServer:
         """``GET /version``; falls back to the pin (or keeps what it knew) when it gets no version."""
         self._last_attempt = asyncio.get_running_loop().time()
         try:
-            async with asyncio.timeout(_DETECT_TIMEOUT):
-                resp = await self._wire.get(self._root + "/version")
-                try:
-                    data = await resp.read()
-                finally:
-                    resp.release()
+            status, data = await self._get(self._root + "/version")
         except (UpstreamError, TimeoutError) as exc:
             self._stale = True  # unreachable: try again before a later request
             log.warning(
@@ -96,7 +91,7 @@ class VLLMServer:
         self._stale = False
         await self._read_models()  # reachable: a (re)started server may serve another model or length
         version = None
-        if resp.status == 200:
+        if status == 200:
             self._confirmed_at = self._last_attempt
             try:
                 answer: Any = orjson.loads(data)
@@ -111,7 +106,7 @@ class VLLMServer:
             log.warning(
                 "vLLM backend %s: GET /version gave no version (HTTP %s); using %s version %s",
                 self.name,
-                resp.status,
+                status,
                 self.version_source,
                 self.dialect.features.label,
             )
@@ -124,17 +119,21 @@ class VLLMServer:
             log.info("vLLM backend %s: server version %s", self.name, version)
         return self.version
 
+    async def _get(self, url: str) -> tuple[int, bytes]:
+        """``GET url`` within the detection timeout: its status and body (the connection released)."""
+        async with asyncio.timeout(_DETECT_TIMEOUT):
+            resp = await self._wire.get(url)
+            try:
+                return resp.status, await resp.read()
+            finally:
+                resp.release()
+
     async def _read_models(self) -> None:
         """``GET /v1/models``: each served model's ``max_model_len`` (:meth:`context_length`) and ``root``
         (:meth:`model_info`); what it cannot read stays as it was."""
         try:
-            async with asyncio.timeout(_DETECT_TIMEOUT):
-                resp = await self._wire.get(self.base_url + "/models")
-                try:
-                    data = await resp.read()
-                finally:
-                    resp.release()
-            listing: Any = orjson.loads(data) if resp.status == 200 else None
+            status, data = await self._get(self.base_url + "/models")
+            listing: Any = orjson.loads(data) if status == 200 else None
         except Exception as exc:  # optional: a failed listing never stops start-up (nor a reconnect)
             log.info("vLLM backend %s: GET /v1/models failed (%s); models keep what was known", self.name, exc)
             return
