@@ -210,41 +210,55 @@ class ChatResponseEvents(ResponseWriter):
             if type(obj) is not dict:
                 continue
             events += 1
-            # A piece of text and nothing else (one choice, no finish, no logprobs, no usage) while a
-            # text part is open (every token of a stream but its first): written at once.
-            if fast is not None and obj.get("usage") is None:  # (a usage chunk: no choice to unpack)
+            # ``in`` and ``[]``, not ``get``: no call (every event but a run's and a learned one's comes here).
+            usage: Any = obj["usage"] if "usage" in obj else None
+            choices: Any = obj["choices"] if "choices" in obj else None
+            # A piece of text and nothing else (one choice, no logprobs, no usage; no finish, or a finish
+            # with its last piece) while a text part is open (every token of a stream but its first):
+            # written at once, as _choice would.
+            if fast is not None and usage is None:
                 try:
-                    (choice,) = obj["choices"]  # exactly one
-                    text = choice["delta"]["content"]
+                    (choice,) = choices  # exactly one
+                    delta = choice["delta"]
+                    text = delta["content"]
+                    finish = choice["finish_reason"] if "finish_reason" in choice else None
                     plain = (
                         type(text) is str
-                        and len(choice["delta"]) == 1
-                        and choice.get("index", 0) == 0
-                        and choice.get("finish_reason") is None
-                        and choice.get("logprobs") is None
+                        and len(delta) == 1
+                        and ("index" not in choice or choice["index"] == 0)
+                        and ("logprobs" not in choice or choice["logprobs"] is None)
+                        and (finish is None or type(finish) is str)
                     )
-                except (KeyError, TypeError, ValueError, AttributeError):  # another shape: the general way
+                except (KeyError, TypeError, ValueError):  # another shape: the general way
                     plain = False
                 if plain:
-                    texts.append(text)
-                    out.append(fast[0] + b"%d" % seq + fast[1] + orjson.dumps(text) + NO_LOGPROBS)
-                    seq += 1
-                    shape = self._shape = learn(raw)
+                    if finish is None:
+                        texts.append(text)
+                        out.append(fast[0] + b"%d" % seq + fast[1] + orjson.dumps(text) + NO_LOGPROBS)
+                        seq += 1
+                        shape = self._shape = learn(raw)  # (its bytes: the shape of those to come)
+                        continue
+                    if text:  # (_choice writes no empty piece)
+                        texts.append(text)
+                        out.append(fast[0] + b"%d" % seq + fast[1] + orjson.dumps(text) + NO_LOGPROBS)
+                        seq += 1
+                    self._finish = finish
                     continue
             self._seq = seq
-            if "usage" in obj and type(obj["usage"]) is dict:
-                self._chat_usage = obj["usage"]
-            choices = obj.get("choices")
+            if type(usage) is dict:
+                self._chat_usage = usage
             for choice in choices if type(choices) is list else ():
-                if type(choice) is dict and choice.get("index", 0) == 0:
+                if type(choice) is dict and ("index" not in choice or choice["index"] == 0):
                     self._choice(choice, out)
+            if fast is None and self._fast is not None:  # it opened a text part: the shape of those to come
+                shape = self._shape = _opening_shape(obj, raw)
             fast, seq, texts = self._fast, self._seq, self._texts
         self._seq = seq
         self.relayed_events += events
 
     def _choice(self, choice: dict[str, Any], out: list[bytes]) -> None:
-        # Keys looked for with ``in``: most events carry one or two of the five.
-        delta = choice.get("delta")
+        # Keys looked for with ``in`` (no call): most events carry one or two of the five.
+        delta = choice["delta"] if "delta" in choice else None
         if type(delta) is dict:
             if "reasoning_content" in delta or "reasoning" in delta:
                 thought = delta.get("reasoning_content")
@@ -255,7 +269,8 @@ class ChatResponseEvents(ResponseWriter):
             if "content" in delta:
                 content = delta["content"]
                 if type(content) is str and content:
-                    self._text("output_text", content, choice.get("logprobs"), out)
+                    logprobs = choice["logprobs"] if self._logprobs_wanted and "logprobs" in choice else None
+                    self._text("output_text", content, logprobs, out)
             if "refusal" in delta:
                 refusal = delta["refusal"]
                 if type(refusal) is str and refusal:
@@ -374,3 +389,28 @@ class ChatResponseEvents(ResponseWriter):
         self.usage = counts
         self.finished = True
         self._done = True
+
+
+_ROLE_AND_CONTENT = b'{"role":"assistant","content":'
+_CONTENT_ONLY = b'{"content":'
+
+
+def _opening_shape(obj: dict[str, Any], raw: bytes) -> Shape | None:
+    """The shape of the plain text events to come (:func:`learn`), from ``raw``, the event ``obj`` that opened
+    a text part, where it is one but for the role, which a stream's first event often adds: then from its
+    bytes without it (the role member just before ``"content":``, the one key of that name (learn): the
+    delta's); None where it is not one (a finish, logprobs, usage, another key or choice)."""
+    choices = obj["choices"]  # (a list, with the one that opened the part)
+    if ("usage" in obj and obj["usage"] is not None) or len(choices) != 1:
+        return None
+    choice = choices[0]
+    if ("finish_reason" in choice and choice["finish_reason"] is not None) or (
+        "logprobs" in choice and choice["logprobs"] is not None
+    ):
+        return None
+    delta = choice["delta"]
+    if len(delta) == 2 and "role" in delta and delta["role"] == "assistant":
+        raw = raw.replace(_ROLE_AND_CONTENT, _CONTENT_ONLY, 1)
+    elif len(delta) != 1:
+        return None
+    return learn(raw)

@@ -40,6 +40,7 @@ def others(delta_first: bool) -> list[dict[str, Any]]:
     event = functools.partial(text_event, delta_first=delta_first)
     return [
         event("!", finish_reason="stop"),
+        event("", finish_reason="length"),  # (vLLM's last: no text)
         event("?", logprobs={"content": []}),
         {**event("u"), "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}},
         {**event("x"), "system_fingerprint": "fp"},
@@ -120,15 +121,21 @@ TEXTS = st.lists(PIECES, max_size=5).map("".join)
     cuts=st.lists(st.integers(1, 4), max_size=14),
     ascii_escapes=st.booleans(),
     delta_first=st.booleans(),
+    usual_first=st.booleans(),
 )
 # Another choice whose event differs from a plain one after its text only, in as many bytes.
-@example(plan=["a", "b", 5], cuts=[], ascii_escapes=False, delta_first=True)
-@example(plan=["a", "b", 0, "c"], cuts=[1, 2], ascii_escapes=True, delta_first=False)
+@example(plan=["a", "b", 6], cuts=[], ascii_escapes=False, delta_first=True, usual_first=False)
+@example(plan=["a", "b", 0, "c"], cuts=[1, 2], ascii_escapes=True, delta_first=False, usual_first=True)
 async def test_the_byte_path_gives_the_parsed_paths_events(
-    plan: list[str | int], cuts: list[int], ascii_escapes: bool, delta_first: bool
+    plan: list[str | int], cuts: list[int], ascii_escapes: bool, delta_first: bool, usual_first: bool
 ) -> None:
     other = others(delta_first)
-    first = {**HEAD, "choices": [{"index": 0, "delta": {"role": "assistant", "content": "A"}, "finish_reason": None}]}
+    if usual_first:  # a plain text event with the role too: the shape is learned from it without the role
+        first = text_event("A", delta_first=delta_first)
+        first["choices"][0]["delta"] = {"role": "assistant", "content": "A"}
+    else:
+        choice = {"index": 0, "delta": {"role": "assistant", "content": "A"}, "finish_reason": None}
+        first = {**HEAD, "choices": [choice]}
     chunks = [serialised(first, ascii_escapes)]
     chunks += [
         serialised(text_event(p, delta_first=delta_first) if isinstance(p, str) else other[p], ascii_escapes)
@@ -148,8 +155,8 @@ async def test_the_byte_path_gives_the_parsed_paths_events(
 
 
 async def test_most_text_events_take_the_byte_path() -> None:
-    """A stream of plain text events is parsed twice (the first, which opens the part, and the one
-    that shows its shape), then written from bytes, its strings as the upstream escaped them."""
+    """A stream of plain text events is parsed once (the first, which opens the part and shows their
+    shape, with or without the role), then written from bytes, its strings as the upstream escaped them."""
     chunks = [serialised(text_event(t), True) for t in ["A", "b", "é", 'say "hi"', "d"]]
     calls = 0
     real = orjson.loads
@@ -159,10 +166,17 @@ async def test_most_text_events_take_the_byte_path() -> None:
         calls += len(data) > 40  # an event's whole JSON, not a string from it
         return real(data)
 
+    role = text_event("A")
+    role["choices"][0]["delta"] = {"role": "assistant", "content": "A"}
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(events_module.orjson, "loads", counting)
-        out = await written([b"".join(chunks)], frame())
-    assert calls == 2
+        shared = frame()
+        out = await written([b"".join(chunks)], shared)
+        assert calls == 1
+        calls = 0
+        with_role = await written([serialised(role, True) + b"".join(chunks[1:])], shared)
+        assert calls == 1
+    assert parse(with_role) == parse(out)
     events = parse(out)
     assert b'"delta":"\\u00e9"' in out  # relayed as the upstream wrote it
     deltas = [e["delta"] for e in events if e["type"] == "response.output_text.delta"]
