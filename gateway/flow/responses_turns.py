@@ -27,7 +27,6 @@ from pydantic import TypeAdapter, ValidationError
 from backends.base import Backend, CompletionStream, ResponsesTable
 from backends.responses.answer import new_id
 from backends.responses.bridge import responses_table
-from backends.responses.event_stream import ResponseEventStream
 from gateway.conversations.records import item_id
 from gateway.conversations.window import fit
 from gateway.responses_state import NO_AUTH_TENANT, FinishedTurn, ResponsesState
@@ -168,9 +167,10 @@ class ResponsesTurns:
 class StreamEnd:
     """A streamed turn's save, done once: by the handler just before it writes the stream's last
     event (so a client that continues the moment it has ``response.completed`` finds the turn, on
-    any worker), or, for a stream cut short (the client left), when the handler ends."""
+    any worker), or, for a stream cut short (the client left), when the handler ends (``done``: it
+    was saved already, and the handler skips the call)."""
 
-    __slots__ = ("_args", "_done", "_turns")
+    __slots__ = ("_args", "_turns", "done")
 
     def __init__(
         self, turns: ResponsesTurns, served: ServedRequest, stream: CompletionStream, store: ResponsesState,
@@ -178,14 +178,19 @@ class StreamEnd:
     ) -> None:  # fmt: skip
         self._turns = turns
         self._args = (served, stream, store, key)
-        self._done = False
+        self.done = False
 
     async def __call__(self) -> None:
         """The stream's turn: its final Response, or where it stood when the client left (``cancelled``)."""
-        if self._done:
+        if self.done:
             return
-        self._done = True
+        self.done = True
         served, stream, store, key = self._args
         request: ResponsesRequest = served  # type: ignore[assignment]  # (not cast(): a call per use)
-        if request.store is not False and isinstance(stream, ResponseEventStream):
-            await self._turns.end(request, stream.snapshot("cancelled"), store, key)
+        if request.store is False:
+            return
+        # A ResponseEventStream's snapshot (every Responses stream has one), found without
+        # isinstance: ResponseEventStream is an ABC, whose test is three calls on every stored stream.
+        snapshot = getattr(stream, "snapshot", None)
+        if snapshot is not None:
+            await self._turns.end(request, snapshot("cancelled"), store, key)

@@ -186,7 +186,7 @@ async def serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
                     try:
                         response = await _stream(request, state, ops, entry.name, opened, record, headers, end)
                     finally:
-                        if end is not None:
+                        if end is not None and not end.done:
                             await end()  # a stream cut short: kept as it stood (cancelled)
                 else:
                     record.backend = route.backend.name

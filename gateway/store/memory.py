@@ -66,14 +66,15 @@ class MemoryStore(TenantStore):
         """:meth:`put` without awaiting (callers already in the loop with nothing to wait for)."""
         now = self._clock()
         entries = self._entries
-        for oldest in entries.values():  # (the sweep's own first test, inline; a loop: no next(iter()) calls)
-            if oldest[1] <= now:
+        # The sweep's own first test, inline: the oldest key by iterating, its entry by subscript
+        # (neither is a call, unlike next(iter()) or values(); this runs on every stored turn).
+        for oldest in entries:
+            if entries[oldest][1] <= now:
                 self._sweep(now)
             break
         slot = (tenant, key)
-        old = entries.pop(slot, None)
-        if old is not None:
-            self._bytes -= old[2]
+        if slot in entries:  # a rewrite (rare: a stored turn's id is new), counted anew at the end
+            self._bytes -= entries.pop(slot)[2]
         size = len(value) + len(tenant) + len(key) + ENTRY_OVERHEAD
         if size > self.max_bytes:
             self._evicted("too_large", 1)
