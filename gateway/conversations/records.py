@@ -104,16 +104,29 @@ class Record:
         return Turn(response_id, self._input(), self.output)
 
 
-def encode(response: Mapping[str, Any], items: Sequence[Mapping[str, Any]], chain: Sequence[str]) -> bytes:
-    """A record's bytes (module docstring). Raises ``TypeError`` for what JSON cannot hold."""
+def encode(response: dict[str, Any], items: Sequence[Mapping[str, Any]], chain: Sequence[str]) -> bytes:
+    """A record's bytes (module docstring). Raises ``TypeError`` for what JSON cannot hold.
+    ``response`` is the same dict after (its ``output`` is null only while the last line is written)."""
     # Written on every stored turn: no call but the dumps and the join (the lookup by ``in`` and
     # subscript, the list's test by ``type``: as quick, without a call each), and a first turn's
     # empty chain (the usual one) without its dumps.
-    output = response["output"] if "output" in response else None
-    rest = {**response, "output": None}  # the key keeps its place: the Response reads back in its order
+    had = "output" in response
+    output = response["output"] if had else None
+    # The last line is the Response itself with "output": null, not a copy of it with that key
+    # changed (copying its thirty-odd keys cost more than its dumps). Nothing runs in between, the
+    # key keeps its place (the Response reads back in its order), and it is put back even when
+    # the dumps raises.
+    response["output"] = None
+    try:
+        rest = orjson.dumps(response)
+    finally:
+        if had:
+            response["output"] = output
+        else:
+            del response["output"]
     return b"\n".join(
         (orjson.dumps(chain) if chain else b"[]", orjson.dumps(items),
-         orjson.dumps(output) if type(output) is list else b"[]", orjson.dumps(rest))
+         orjson.dumps(output) if type(output) is list else b"[]", rest)
     )  # fmt: skip
 
 

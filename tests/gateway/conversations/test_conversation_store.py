@@ -156,6 +156,27 @@ def test_a_record_is_one_dumps_per_line_whatever_the_chain(chain: Sequence[str])
     assert decode(encode(response, items, chain)).chain == list(chain)
 
 
+@pytest.mark.parametrize("output", ["kept", "absent", "not a list"])
+def test_encoding_leaves_the_response_as_it_was_even_when_it_cannot_be_held(output: str) -> None:
+    """encode writes the Response's other fields from the dict itself (its output null meanwhile):
+    the caller's dict comes back with the same keys, values and order, a dumps that raised or not."""
+    response: dict[str, Any] = {**_response("resp_x", "hi"), "usage": {"total_tokens": 3}}
+    if output == "absent":
+        del response["output"]
+    elif output == "not a list":
+        response["output"] = None
+    before = orjson.dumps(response)
+    lines = encode(response, [], ()).split(b"\n")
+    assert orjson.dumps(response) == before
+    assert orjson.loads(lines[2]) == (response["output"] if output == "kept" else [])
+    assert orjson.loads(lines[3]) == {**response, "output": None}
+    response["created_at"] = 2**70  # JSON (orjson) cannot hold it: the dumps raises
+    held = repr(response)  # (not a dumps: it could not write this one either)
+    with pytest.raises(TypeError):
+        encode(response, [], ())
+    assert repr(response) == held
+
+
 async def test_a_response_json_cannot_hold_is_not_stored_without_raising(caplog: pytest.LogCaptureFixture) -> None:
     store = _store()
     await store.save("a", FinishedTurn({**_response("resp_big", "x"), "created_at": 2**70}, [], None))
