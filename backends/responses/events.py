@@ -40,7 +40,14 @@ from backends.responses.answer import (
     responses_usage,
 )
 from backends.responses.event_stream import failure_of
-from backends.responses.lifecycle_bytes import INCOMPLETE, NO_LOGPROBS, OPEN_TEXT, TEXT_HEAD, delta_template
+from backends.responses.lifecycle_bytes import (
+    INCOMPLETE,
+    NO_LOGPROBS,
+    OPEN_TEXT,
+    OPEN_TEXT_DELTA,
+    TEXT_HEAD,
+    delta_template,
+)
 from backends.responses.response_writer import ResponseWriter
 from backends.responses.text_run import RUN, Shape, learn, write_run
 from schemas.errors import GatewayError
@@ -303,13 +310,16 @@ class ChatResponseEvents(ResponseWriter):
             self._items.append(item)
             self._open, self._part = "message", None
             if part == "output_text" and not self._logprobs_wanted and self.lifecycle_bytes:
-                # The item and its first part (an answer's usual start) from one template: no dicts.
+                # The item, its first part (an answer's usual start) and its first delta from templates: no
+                # dicts, and nothing more to do (what the rest of this method would write).
                 seq, index, at = self._seq, len(self._items) - 1, item_id.encode()
-                self._seq = seq + 2
-                out.append(OPEN_TEXT % (seq, index, at, seq + 1, at, index))
+                self._seq = seq + 3
+                template = OPEN_TEXT_DELTA % (at, index)
+                out.append(OPEN_TEXT % (seq, index, at, seq + 1, at, index) + template % (seq + 2, orjson.dumps(text)))
                 fields = b',"item_id":"%b","output_index":%d,"content_index":0,"delta":' % (at, index)  # (_where's)
-                self._part, self._texts, self._logprobs, self._part_where = part, [], [], fields
-                self._fast = (TEXT_HEAD, fields, delta_template(TEXT_HEAD, fields))
+                self._part, self._texts, self._logprobs, self._part_where = part, [text], [], fields
+                self._fast = (TEXT_HEAD, fields, template)
+                return
             else:
                 self._emit(
                     out, {"type": "response.output_item.added", "output_index": len(self._items) - 1, "item": item}
@@ -385,7 +395,8 @@ class ChatResponseEvents(ResponseWriter):
         else:
             counts = self._inner.usage
             usage = None if counts is None else responses_usage(counts.as_json())
-        self._complete(out, INCOMPLETE.get(self._finish or ""), usage)
+        finish = self._finish
+        self._complete(out, INCOMPLETE[finish] if finish in INCOMPLETE else None, usage)
         self.usage = counts
         self.finished = True
         self._done = True
@@ -400,10 +411,12 @@ def _opening_shape(obj: dict[str, Any], raw: bytes) -> Shape | None:
     a text part, where it is one but for the role, which a stream's first event often adds: then from its
     bytes without it (the role member just before ``"content":``, the one key of that name (learn): the
     delta's); None where it is not one (a finish, logprobs, usage, another key or choice)."""
-    choices = obj["choices"]  # (a list, with the one that opened the part)
-    if ("usage" in obj and obj["usage"] is not None) or len(choices) != 1:
+    if "usage" in obj and obj["usage"] is not None:
         return None
-    choice = choices[0]
+    try:
+        (choice,) = obj["choices"]  # (a list, with the one that opened the part)
+    except ValueError:  # another choice too
+        return None
     if ("finish_reason" in choice and choice["finish_reason"] is not None) or (
         "logprobs" in choice and choice["logprobs"] is not None
     ):

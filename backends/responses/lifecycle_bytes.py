@@ -23,6 +23,7 @@ __all__ = [
     "NO_LOGPROBS",
     "OPEN_REASONING",
     "OPEN_TEXT",
+    "OPEN_TEXT_DELTA",
     "REASONING_DONE",
     "REASONING_ITEM",
     "START",
@@ -66,6 +67,10 @@ OPEN_TEXT = (
     b'"output_index":%d,"item":{"id":"%b","type":"message","role":"assistant","status":"in_progress","content":[]}}'
     b'\n\nevent: response.content_part.added\ndata: {"type":"response.content_part.added","sequence_number":%d,'
     b'"item_id":"%b","output_index":%d,"content_index":0,"part":{"type":"output_text","text":"","annotations":[]}}\n\n'
+)
+# The text deltas' template (delta_template's) of the part OPEN_TEXT opened (the item's id, output index).
+OPEN_TEXT_DELTA = (
+    _ESCAPED_TEXT_HEAD + b'%%d,"item_id":"%b","output_index":%d,"content_index":0,"delta":%%b' + NO_LOGPROBS
 )
 # An output_text part's closing events (sequence number, its deltas' fixed fields less "delta":, its
 # text's JSON; the same for content_part.done).

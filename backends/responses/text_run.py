@@ -13,13 +13,18 @@ from io import BytesIO
 
 import orjson
 
+from backends.responses.lifecycle_bytes import NO_LOGPROBS
+
 __all__ = ["RUN", "Shape", "learn", "write_run"]
 
+# Where a text delta's template (lifecycle_bytes.delta_template) has its string's ``%b``: before NO_LOGPROBS.
+_STRING = -2 - len(NO_LOGPROBS)
 RUN = 3  # plain text events a read must still hold after one for a run of them to be written at once
 
 # A JSON string (and the blanks before it), as a text event's content is written.
 _JSON_STRING = re.compile(rb'\s*"(?:[^"\\]|\\.)*"')
 _CONTENT_KEY = b'"content":'
+_CONTENT_KEY_LEN = len(_CONTENT_KEY)
 
 # A plain text event's shape (learn): the bytes before and after its string, their lengths, and
 # what lies between two such events: after, separator, before (write_run); after and the separator.
@@ -32,20 +37,21 @@ def learn(raw: bytes) -> Shape | None:
     A key is JSON structure, never generated text (quotes inside strings are escaped)."""
     if raw.count(_CONTENT_KEY) != 1 or b"\n" in raw:
         return None
-    start = raw.index(_CONTENT_KEY) + len(_CONTENT_KEY)
+    start = raw.index(_CONTENT_KEY) + _CONTENT_KEY_LEN
     match = _JSON_STRING.match(raw, start)
     if match is None:
         return None
     before, after = raw[:start], raw[match.end() :]
     if not after:
         return None
-    return before, after, len(before), len(after), after + b"\n\n" + before, after + b"\n\n"
+    return before, after, start, len(after), after + b"\n\n" + before, after + b"\n\n"
 
 
 def write_run(
     chunk: bytes, start: int, shape: Shape, template: bytes, seq: int, out: list[bytes]
 ) -> tuple[int, int, str]:
-    """The plain text events of ``chunk`` from ``start`` (where one begins) written at once: how
+    """The plain text events of ``chunk`` from ``start`` (where one begins) written at once with
+    ``template`` (the part's, :func:`~backends.responses.lifecycle_bytes.delta_template`): how
     many, where the next event begins, and their text; ``(0, start, "")`` when the loop is to take
     them one by one.
 
@@ -61,22 +67,22 @@ def write_run(
     bytes around the strings, which gives each its sequence number (their ``%`` doubled): no
     object per event but its line and its string.
     """
-    tail = shape[5]
-    stop = chunk.rfind(tail, start) + len(tail)  # after the last event that ends in ``after``
     cut, back = shape[2], -shape[3] - 1
+    stop = chunk.rfind(shape[5], start) + shape[3] + 2  # after the last event that ends in ``after`` and "\n\n"
     strings = [line[cut:back] for line in BytesIO(chunk[start:stop]).readlines()[::2]]
-    if len(strings) < 2:  # (no other event in the read ends in ``after``)
+    taken = len(strings)
+    if taken < 2:  # (no other event in the read ends in ``after``)
         return 0, start, ""
-    if chunk[start + cut : stop - len(tail)] != shape[4].join(strings):
+    if chunk[start + cut : stop - shape[3] - 2] != shape[4].join(strings):
         return _write_pieces(chunk, start, shape, template, seq, out)
-    return _written(strings, start, stop, template, seq, out)
+    return _written(strings, taken, start, stop, template, seq, out)
 
 
 def _written(
-    strings: list[bytes], start: int, stop: int, template: bytes, seq: int, out: list[bytes]
+    strings: list[bytes], taken: int, start: int, stop: int, template: bytes, seq: int, out: list[bytes]
 ) -> tuple[int, int, str]:
-    """The events of a run whose strings lie each between the shape's ends (:func:`write_run`'s (1)),
-    once they are JSON strings without a line feed (its (2)): how many, ``stop``, their text; or
+    """The events of a run whose ``taken`` strings lie each between the shape's ends (:func:`write_run`'s
+    (1)), once they are JSON strings without a line feed (its (2)): how many, ``stop``, their text; or
     ``(0, start, "")``."""
     array = b"[" + b",".join(strings) + b"]"
     if b"\n" in array:
@@ -86,10 +92,9 @@ def _written(
         text = "".join(texts)  # (a TypeError for anything but strings)
     except (orjson.JSONDecodeError, TypeError):
         return 0, start, ""
-    taken = len(strings)
     if len(texts) != taken:
         return 0, start, ""
-    head, _, end = template.rpartition(b"%b")  # the template: head (with %d), the string, end
+    head, end = template[:_STRING], template[_STRING + 2 :]  # delta_template's: head (with %d), the string, end
     if b"%" in array:  # (the template's own are doubled already)
         strings = [string.replace(b"%", b"%%") for string in strings]
     out.append((head + (end + head).join(strings) + end) % tuple(range(seq, seq + taken)))
@@ -125,4 +130,4 @@ def _write_pieces(
         stop = start + len(b"".join(pieces[:taken])) + taken * len(shape[5])
     if chunk.count(shape[4], start, stop) != taken - 1:
         return 0, start, ""
-    return _written(strings, start, stop, template, seq, out)
+    return _written(strings, taken, start, stop, template, seq, out)
