@@ -96,11 +96,13 @@ def request_forms(request: ChatCompletionRequest) -> Iterator[tuple[str, str]]:
         yield "modalities", "audio"
     if request.response_format is not None:
         yield "response_format", request.response_format.type
-    if request.stream_options is not None:
-        for option in ("include_usage", "continuous_usage_stats"):
-            if getattr(request.stream_options, option) is not None:
-                yield "stream_options", option
-        if request.stream_options.include_obfuscation:  # false means "do not obfuscate": nothing to do
+    options = request.stream_options  # every bridged Responses stream sets it (usage for its last event)
+    if options is not None:
+        if options.include_usage is not None:  # (attributes, not a getattr loop: no call per option)
+            yield "stream_options", "include_usage"
+        if options.continuous_usage_stats is not None:
+            yield "stream_options", "continuous_usage_stats"
+        if options.include_obfuscation:  # false means "do not obfuscate": nothing to do
             yield "stream_options", "include_obfuscation"
     tools = request.tools
     if tools:
@@ -232,12 +234,13 @@ class ChatCapabilities:
             table, values = state[_PASSED]
             if table is self and values is request.__dict__:
                 return None
-        touched = self.fields.unsupported.intersection(request.model_fields_set)
+        fields_set = request.__pydantic_fields_set__  # (model_fields_set is a property: a call per read)
+        touched = self.fields.unsupported.intersection(fields_set)
         if touched:  # most requests set none of them: no walk over every chat field then
             for name in CHAT_FIELDS:
                 if name in touched and not _is_neutral(name, getattr(request, name)):
                     return Refusal(name, name, self.reasons.get(name))
-        if not self._refused_form_fields.isdisjoint(request.model_fields_set):  # else no form can be refused
+        if not self._refused_form_fields.isdisjoint(fields_set):  # else no form can be refused
             for name, form in request_forms(request):
                 key = f"{name}={form}"
                 if self.forms.get(key) is U:

@@ -15,7 +15,7 @@ accepted here and refused by name on backends that cannot honour them; ``store``
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
@@ -245,16 +245,10 @@ class ResponsesRequest(_Strict):
 
     @property
     def bridged(self) -> Any:
-        """The chat translation, once made (``backends.responses``); None before."""
+        """The chat translation, once made (``backends.responses.capabilities.chat_request_of``, which
+        keeps it in the private slot itself); None before."""
         state = self.__pydantic_private__
         return state["bridged"] if state and "bridged" in state else None
-
-    def keep_bridged(self, value: Any) -> None:
-        state: dict[str, Any] | None = self.__pydantic_private__
-        if state is None:  # _state() inline: on every bridged request's path
-            state = {}
-            object.__setattr__(self, "__pydantic_private__", state)
-        state["bridged"] = value
 
     def with_input(self, items: list[Any]) -> ResponsesRequest:
         """A copy whose ``input`` is ``items`` (``previous_response_id``'s earlier turns, then this
@@ -305,25 +299,15 @@ class ResponsesRequest(_Strict):
         return self.store is not False
 
     # --- the request path's common interface (gateway.served.ServedRequest) ---------------
-    @property
-    def n(self) -> None:
-        return None  # one answer per request
-
-    @property
-    def best_of(self) -> None:
-        return None
-
-    @property
-    def sequences(self) -> int:
-        return 1
-
-    @property
-    def prompt_count(self) -> int:
-        return 1
-
-    @property
-    def prompt_array(self) -> None:
-        return None
+    # What never varies is a class attribute, not a property: the caps read these on every
+    # request, and each property read is a Python call (issue 21: the bridge's cost per request).
+    n: ClassVar[None] = None  # one answer per request
+    best_of: ClassVar[None] = None
+    sequences: ClassVar[int] = 1
+    prompt_count: ClassVar[int] = 1
+    prompt_array: ClassVar[None] = None
+    output_limit_param: ClassVar[str] = "max_output_tokens"
+    include_usage: ClassVar[bool] = True  # a Response carries its usage, streamed or not
 
     @property
     def output_limit(self) -> int:
@@ -337,14 +321,6 @@ class ResponsesRequest(_Strict):
     @property
     def output_bounded(self) -> bool:
         return self.max_output_tokens is not None
-
-    @property
-    def output_limit_param(self) -> str:
-        return "max_output_tokens"
-
-    @property
-    def include_usage(self) -> bool:
-        return True  # a Response carries its usage, streamed or not
 
     def prompt_estimate(self) -> int:
         """~4 characters a token over the instructions, the items' text and the tools, plus a few

@@ -159,7 +159,7 @@ def request_forms(request: ResponsesRequest) -> Iterator[tuple[str, str]]:
 
 def chat_request_of(request: ResponsesRequest) -> tuple[ChatCompletionRequest, ToolNames]:
     """The request's chat translation, made once per request (the check and the call share it)."""
-    # ResponsesRequest.bridged and keep_bridged, read inline: twice on every bridged request's path.
+    # ResponsesRequest.bridged, read and kept inline: twice on every bridged request's path.
     state: dict[str, Any] | None = request.__pydantic_private__
     if state is not None and "bridged" in state:
         cached: tuple[ChatCompletionRequest, ToolNames] = state["bridged"]
@@ -173,8 +173,8 @@ def chat_request_of(request: ResponsesRequest) -> tuple[ChatCompletionRequest, T
         plain = plain_chat_request(request, stream=stream)
         chat = plain if plain is not None else to_chat(request, names, stream=stream)
     cached = (chat, names)
-    if state is None:
-        request.keep_bridged(cached)
+    if state is None:  # (a client's request: its private slot is made here, on a frozen model)
+        object.__setattr__(request, "__pydantic_private__", {"bridged": cached})
     else:
         state["bridged"] = cached
     return cached

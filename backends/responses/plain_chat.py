@@ -73,10 +73,11 @@ PLAIN_FIELDS: frozenset[str] = frozenset(
 
 _REQUEST: _Trusted[ChatCompletionRequest] = _Trusted(ChatCompletionRequest)
 _TEXT: _Trusted[TextPart] = _Trusted(TextPart)
+_USER: _Trusted[UserMessage] = _Trusted(UserMessage)
 _MESSAGES: dict[str, _Trusted[Any]] = {
     "system": _Trusted(SystemMessage),
     "developer": _Trusted(DeveloperMessage),
-    "user": _Trusted(UserMessage),
+    "user": _USER,
     "assistant": _Trusted(AssistantMessage),
 }
 _USAGE = ChatStreamOptions.model_validate({"include_usage": True})  # frozen: one instance serves every stream
@@ -88,7 +89,7 @@ def _messages(request: ResponsesRequest) -> list[Any] | None:
         messages.append(_MESSAGES["system"]({"role": "system", "content": request.instructions}))
     items = request.input
     if type(items) is str:
-        messages.append(_MESSAGES["user"]({"role": "user", "content": items}))
+        messages.append(_USER({"role": "user", "content": items}))
         return messages
     listed: list[Any] = items or []  # type: ignore[assignment]  # not a str (just above): a list, or None
     for item in listed:
@@ -117,10 +118,14 @@ def plain_chat_request(request: ResponsesRequest, *, stream: bool) -> ChatComple
     fields_set = request.__pydantic_fields_set__
     if not fields_set <= PLAIN_FIELDS:
         return None
-    messages = _messages(request)
-    if messages is None:
-        return None
     values = request.__dict__
+    text = values["input"]
+    if type(text) is str and values["instructions"] is None:  # the commonest request: one user message
+        messages: list[Any] | None = [_USER({"role": "user", "content": text})]  # (no walk: no _messages call)
+    else:
+        messages = _messages(request)
+        if messages is None:
+            return None
     fields: dict[str, Any] = {"model": values["model"], "messages": messages}
     for name in _SAME_SCALARS & fields_set:  # usually one or two (their order is the defaults')
         value = values[name]

@@ -54,12 +54,15 @@ _RESPONSES_SHAPES: dict[str, str] = {**_SHAPES, "input": "a string or an array o
 
 
 # Each parse is written out for its model rather than shared through a generic helper: the
-# helper was one more Python call on every request.
+# helper was one more Python call on every request. For the same reason each asks the model's
+# validator itself: ``model_validate_json`` is only a Python wrapper around it (the same call,
+# with the same defaults).
 def parse_completion_request(body: bytes) -> CompletionRequest:
     if not body:
         raise _empty_body()
     try:
-        return CompletionRequest.model_validate_json(body)
+        request: CompletionRequest = CompletionRequest.__pydantic_validator__.validate_json(body)
+        return request
     except ValidationError as exc:
         raise _to_client_error(exc, body, _completions_param) from None
 
@@ -68,7 +71,8 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
     if not body:
         raise _empty_body()
     try:
-        return ChatCompletionRequest.model_validate_json(body)
+        request: ChatCompletionRequest = ChatCompletionRequest.__pydantic_validator__.validate_json(body)
+        return request
     except ValidationError as exc:
         raise _to_client_error(exc, body, _chat_param) from None
 
@@ -77,7 +81,8 @@ def parse_embedding_request(body: bytes) -> EmbeddingRequest:
     if not body:
         raise _empty_body()
     try:
-        return EmbeddingRequest.model_validate_json(body)
+        request: EmbeddingRequest = EmbeddingRequest.__pydantic_validator__.validate_json(body)
+        return request
     except ValidationError as exc:
         raise _to_client_error(exc, body, _embedding_param) from None
 
@@ -86,7 +91,8 @@ def parse_rerank_request(body: bytes) -> RerankRequest:
     if not body:
         raise _empty_body()
     try:
-        return RerankRequest.model_validate_json(body)
+        request: RerankRequest = RerankRequest.__pydantic_validator__.validate_json(body)
+        return request
     except ValidationError as exc:
         raise _to_client_error(exc, body, _chat_param) from None
 
@@ -95,7 +101,8 @@ def parse_responses_request(body: bytes) -> ResponsesRequest:
     if not body:
         raise _empty_body()
     try:
-        return ResponsesRequest.model_validate_json(body)
+        request: ResponsesRequest = ResponsesRequest.__pydantic_validator__.validate_json(body)
+        return request
     except ValidationError as exc:
         raise _to_client_error(exc, body, _responses_param) from None
 
@@ -104,7 +111,8 @@ def parse_tokenize_request(body: bytes) -> TokenizeRequest:
     if not body:
         raise _empty_body()
     try:
-        return TokenizeRequest.model_validate_json(body)
+        request: TokenizeRequest = TokenizeRequest.__pydantic_validator__.validate_json(body)
+        return request
     except ValidationError as exc:
         raise _to_client_error(exc, body, _chat_param) from None
 
@@ -113,7 +121,8 @@ def parse_detokenize_request(body: bytes) -> DetokenizeRequest:
     if not body:
         raise _empty_body()
     try:
-        return DetokenizeRequest.model_validate_json(body)
+        request: DetokenizeRequest = DetokenizeRequest.__pydantic_validator__.validate_json(body)
+        return request
     except ValidationError as exc:
         raise _to_client_error(exc, body, _chat_param) from None
 
