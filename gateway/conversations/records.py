@@ -28,7 +28,7 @@ import orjson
 
 from backends.responses.answer import new_id  # ``{prefix}_`` and 48 random hex digits (192 bits)
 
-__all__ = ["Record", "Turn", "decode", "encode", "input_items", "item_id", "listed", "named", "new_id"]
+__all__ = ["Record", "Turn", "decode", "encode", "input_items", "item_id", "listed", "named", "new_id", "turn_of"]
 
 # Id prefixes of the items the gateway names when a client sent them without an id.
 _PREFIXES = {
@@ -102,6 +102,13 @@ class Record:
         """This response as a turn of a conversation: its input items as the request sent them
         (each with its id), which is how they go upstream again."""
         return Turn(response_id, self._input(), self.output)
+
+
+def turn_of(response_id: str, blob: bytes) -> Turn:
+    """``decode(blob).turn(response_id)`` without the :class:`Record`: how a continuation reads
+    each earlier turn of its conversation (its input and output lines alone, four calls a turn)."""
+    _, items, output, _ = blob.split(b"\n", 3)
+    return Turn(response_id, orjson.loads(items), orjson.loads(output))
 
 
 def encode(response: dict[str, Any], items: Sequence[Mapping[str, Any]], chain: Sequence[str]) -> bytes:

@@ -17,7 +17,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.conversations.records import Record, Turn, decode, encode, named
+from gateway.conversations.records import Record, Turn, decode, encode, named, turn_of
 from gateway.metrics import GatewayMetrics
 from gateway.responses_state import FinishedTurn, unknown_response
 from gateway.store import MemoryStore, RedisStore, StoreUnavailableError, TenantStore
@@ -137,7 +137,7 @@ class ConversationStore:
         for earlier, blob in zip(chain, blobs, strict=True):
             if blob is None:
                 raise _previous_not_found(previous_response_id, earlier)
-            turns.append(decode(blob).turn(earlier))
+            turns.append(turn_of(earlier, blob))
         turns.append(record.turn(previous_response_id))
         self._remember(tenant, previous_response_id, [*chain, previous_response_id])
         return Conversation(turns)
@@ -152,7 +152,8 @@ class ConversationStore:
         return (await self.conversation(tenant, response_id)).items()
 
     async def turns(self, tenant: str, response_id: str) -> list[list[dict[str, Any]]]:
-        return [turn.items for turn in (await self.conversation(tenant, response_id)).turns]
+        # (Turn.items, inline: a call per turn of every continuation)
+        return [turn.input + turn.output for turn in (await self.conversation(tenant, response_id)).turns]
 
     async def save(self, tenant: str, turn: FinishedTurn) -> None:
         """Keep a turn after the one it continues; never raises (a store that failed or a turn over

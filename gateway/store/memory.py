@@ -92,21 +92,23 @@ class MemoryStore(TenantStore):
         """:meth:`get` without awaiting."""
         now = self._clock()
         entries = self._entries
-        out: list[bytes | None] = []
-        for key in keys:
+        # No call per key (a continuation reads its whole conversation here, a key per turn): the
+        # entry found by 'in' and subscript, a touched one moved to the end by deleting and adding
+        # it again (what move_to_end does), the answer's slots filled in place (not appended).
+        out: list[bytes | None] = [None] * len(keys)
+        for at, key in enumerate(keys):
             slot = (tenant, key)
-            entry = entries.get(slot)
-            if entry is not None and entry[1] <= now:
+            if slot not in entries:
+                continue
+            entry = entries[slot]
+            if entry[1] <= now:
                 self._drop(slot, entry)
                 self._evicted("expired", 1)
-                entry = None
-            if entry is None:
-                out.append(None)
                 continue
             if touch:
-                entries[slot] = entry = (entry[0], now + self.ttl, entry[2])
-                entries.move_to_end(slot)
-            out.append(entry[0])
+                del entries[slot]
+                entries[slot] = (entry[0], now + self.ttl, entry[2])
+            out[at] = entry[0]
         return out
 
     async def delete(self, tenant: str, key: str) -> bool:

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from gateway.conversations import Conversation, ConversationStore, input_items, new_id
-from gateway.conversations.records import decode, encode
+from gateway.conversations.records import decode, encode, turn_of
 from gateway.metrics import GatewayMetrics
 from gateway.responses_state import FinishedTurn
 from gateway.store import MemoryStore
@@ -140,10 +140,12 @@ async def test_a_store_that_fails_leaves_the_turn_unstored_without_raising(caplo
 def test_a_record_reads_back_the_response_as_answered_part_by_part() -> None:
     response = {**_response("resp_x", "line one\nline two"), "metadata": {"k": "v\n"}}
     items = input_items("a question\nover two lines")
-    record = decode(encode(response, items, ["resp_a", "resp_b"]))
+    blob = encode(response, items, ["resp_a", "resp_b"])
+    record = decode(blob)
     assert orjson.dumps(record.response) == orjson.dumps(response)  # the same keys in the same order
     assert record.chain == ["resp_a", "resp_b"] and record.input == items and record.model == "m"
     assert record.turn("resp_x").items == [*items, *response["output"]]
+    assert turn_of("resp_x", blob) == record.turn("resp_x")  # a continuation's read of an earlier turn
 
 
 @pytest.mark.parametrize("chain", [[], (), ["resp_a"], ("resp_a", "resp_b")], ids=str)
