@@ -25,7 +25,10 @@ __all__ = ["bridged_responses", "bridged_responses_stream", "chat_call_of", "res
 
 def chat_call_of(call: ResponsesCall) -> tuple[BridgeChatCall, ResponseFrame]:
     """The chat attempt a Responses attempt becomes, and the frame its answer is built in."""
-    chat_request, names = chat_request_of(call.request)
+    # The routing check made the translation already: chat_request_of's cache, read inline (a call
+    # less on every attempt); a request that comes here unchecked has it made now.
+    state = call.request.__pydantic_private__
+    chat_request, names = state["bridged"] if state and "bridged" in state else chat_request_of(call.request)
     frame = ResponseFrame(call.request, call.public_model, names)
     # The same attempt, so the same trace: its traceparent goes upstream with the chat request.
     return BridgeChatCall(chat_request, call.upstream_model, call.public_model, call.request_id, call.trace), frame

@@ -140,7 +140,8 @@ class ResponsesTurns:
 
     def headers(self, served: ServedRequest, backend: Backend) -> dict[str, str]:
         request: ResponsesRequest = served  # type: ignore[assignment]  # (not cast(): a call per use)
-        if not request.omits_builtin_tools:  # the common case: nothing to say
+        state = request.__pydantic_private__  # ResponsesRequest.omits_builtin_tools, read inline: on every request
+        if not (state and "omit" in state):  # the common case: nothing to say
             return {}
         omitted = omitted_tools(request, responses_table(backend))
         if not omitted:
