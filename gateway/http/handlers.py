@@ -195,7 +195,9 @@ async def serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
                     if result.headers:  # vLLM's binary embeddings carry their metadata in a header
                         headers.update(result.headers)
                     if turns is not None:
-                        headers.update(turns.headers(req, route.backend))
+                        extra = turns.headers(req, route.backend)
+                        if extra:  # most turns add none: no update call
+                            headers.update(extra)
                         await turns.end(req, result.answer, state.responses_state, record.key)
                     response = web.Response(body=result.body, content_type=result.content_type, headers=headers)
             finally:
