@@ -29,6 +29,7 @@ the ``backends.transport`` clients; nothing above the adapters sees them.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Container
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
@@ -41,6 +42,7 @@ from schemas.completions import CompletionRequest
 from schemas.embeddings import EmbeddingRequest
 from schemas.errors import GatewayError
 from schemas.rerank import RerankRequest
+from schemas.responses import ResponsesRequest
 
 log = logging.getLogger("backends")
 E = TypeVar("E", bound=BaseException)
@@ -355,8 +357,22 @@ def error_fields(body: bytes | dict[str, Any]) -> ErrorFields:
 
 # Every endpoint's fields: an upstream's param is kept when it names one of them.
 _REQUEST_FIELDS = frozenset(CompletionRequest.model_fields).union(
-    ChatCompletionRequest.model_fields, EmbeddingRequest.model_fields, RerankRequest.model_fields
+    ChatCompletionRequest.model_fields,
+    EmbeddingRequest.model_fields,
+    RerankRequest.model_fields,
+    ResponsesRequest.model_fields,
 )
+# A path inside a field as OpenAI writes it (``input[2].content[0].type``, ``tools[0].name``):
+# indexes and key names only (``messages.0.content``, a validator's location, is no client path).
+_PATH = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?:\[\d+\]|\.[A-Za-z_][A-Za-z0-9_]*)+")
+
+
+def _ours(param: str, fields: Container[str]) -> bool:
+    """Whether an upstream's ``param`` names one of our ``fields``, or a path inside one."""
+    if param in fields:
+        return True
+    path = _PATH.fullmatch(param)
+    return path is not None and path.group(1) in fields
 
 
 def parse_retry_after(value: str | None) -> float | None:
@@ -381,7 +397,8 @@ def error_from_upstream_body(
     """Our error for an upstream's non-2xx answer (the one place that turns a status and body into it).
 
     On a client error (``invalid_request_error``) the upstream's ``param`` is kept when it
-    names one of our request ``fields`` (after ``rename``, the family's own spelling; by default
+    names one of our request ``fields`` or a path inside one, as OpenAI writes them
+    (``input[2].content[0].type``) (after ``rename``, the family's own spelling; by default
     any endpoint's, a caller that knows the request's endpoint passes that one's), and its
     ``code`` when it is a string (``context_length_exceeded``); otherwise both are null,
     never a server-sounding code.
@@ -392,7 +409,7 @@ def error_from_upstream_body(
         param = parsed.param
         if param is not None and rename is not None:
             param = rename(param)
-        error.param = param if param is not None and param in fields else None
+        error.param = param if param is not None and _ours(param, fields) else None
         if parsed.code is not None:
             error.code = parsed.code
         elif error.code == UpstreamStatusError.code:

@@ -306,6 +306,8 @@ class GatewayMetrics(MetricFamilies):
             totals[labels] = amount
 
     def unsupported_parameter(self, backend: str, param: str, *, endpoint: Endpoint = Endpoint.COMPLETIONS) -> None:
+        if param not in self._fields:  # a path inside a field (``input[2].content[0]``) counts for the field
+            param = param.split("[", 1)[0].split(".", 1)[0]
         label = param if param in self._fields else UNKNOWN
         self.unsupported.labels(self.backend_label(backend), label, endpoint.value).inc()
 

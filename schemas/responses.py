@@ -174,13 +174,14 @@ class ResponsesRequest(_Strict):
         if not self.input and self.previous_response_id is None and self.prompt is None:
             raise FieldRuleError("input", "input is an empty array: give at least one item (or previous_response_id)")
         for i, item in enumerate(self.input):
-            if isinstance(item, MessageItem) and item.role != "assistant" and not isinstance(item.content, str):
+            if isinstance(item, MessageItem) and not isinstance(item.content, str):
+                assistant = item.role == "assistant"
                 for j, part in enumerate(item.content):
-                    if isinstance(part, OutputText | RefusalPart):
+                    if isinstance(part, OutputText | RefusalPart) is not assistant:  # OpenAI's rule both ways
+                        takes = "output_text and refusal" if assistant else "input_text, input_image and input_file"
                         raise FieldRuleError(
                             f"input[{i}].content[{j}].type",
-                            f"input[{i}].content[{j}]: {part.type} is the assistant's; a {item.role} message takes "
-                            "input_text, input_image and input_file",
+                            f"input[{i}].content[{j}]: a {item.role} message takes {takes}, not {part.type}",
                         )
 
     def _check_tools(self) -> None:

@@ -101,7 +101,7 @@ def _messages(request: ResponsesRequest) -> list[Any] | None:
         content = item.content
         if type(content) is not str:
             if not content:
-                return None  # chat refuses an empty list of parts: validation names it
+                return None  # an empty message: to_chat sends chat an empty string
             parts = []
             for part in content:
                 if type(part) is not InputText and type(part) is not OutputText:

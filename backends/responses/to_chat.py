@@ -120,10 +120,15 @@ class ToolNames:
 NO_TOOL_NAMES = ToolNames(None)  # a request without tools has nothing to map: one read-only instance for all
 
 
-def _text(content: str | list[Any]) -> str | list[dict[str, Any]]:
-    if isinstance(content, str):
-        return content
-    return [{"type": "text", "text": part.text} for part in content]
+def _text(output: list[Any], item: Any, items: Any) -> str | list[dict[str, Any]]:
+    """A tool output's parts as chat's tool content: text only (an empty list is an empty output)."""
+    for j, part in enumerate(output):
+        if type(part) is not InputText:
+            i = next(i for i, other in enumerate(items) if other is item)
+            raise Untranslatable(
+                f"input[{i}].output[{j}]", f"a tool output carries only text over chat ({part.type} given)"
+            )
+    return [{"type": "text", "text": part.text} for part in output] or ""
 
 
 def _part(part: Any) -> dict[str, Any]:
@@ -153,7 +158,10 @@ def _messages(request: ResponsesRequest, names: ToolNames) -> list[dict[str, Any
     for item in items or ():
         if isinstance(item, MessageItem):
             content = item.content
-            parts: str | list[dict[str, Any]] = content if isinstance(content, str) else [_part(p) for p in content]
+            # An empty list of parts is an empty message (OpenAI takes it; chat's is then a string).
+            parts: str | list[dict[str, Any]] = (
+                content if isinstance(content, str) else [_part(p) for p in content] or ""
+            )
             if item.role == "assistant":
                 assistant = {"role": "assistant", "content": parts}  # its calls, if any, follow it
                 messages.append(assistant)
@@ -180,7 +188,7 @@ def _messages(request: ResponsesRequest, names: ToolNames) -> list[dict[str, Any
                 {
                     "role": "tool",
                     "tool_call_id": item.call_id,
-                    "content": output if isinstance(output, str) else _text(output),
+                    "content": output if isinstance(output, str) else _text(output, item, items),
                 }
             )
         # reasoning items: not sent (module docstring); other types were refused before translation
@@ -273,13 +281,55 @@ def to_chat(request: ResponsesRequest, names: ToolNames, *, stream: bool) -> Cha
     try:
         return ChatCompletionRequest.model_validate(chat_fields(request, names, stream=stream))
     except ValidationError as exc:
-        error = exc.errors(include_url=False)[0]
-        loc = error["loc"]
-        where = ".".join(str(part) for part in loc if not (isinstance(part, str) and "[" in part))
-        head = str(loc[0]) if loc else "messages"
-        raise Untranslatable(
-            CHAT_TO_RESPONSES.get(head, head), f"chat cannot carry it ({where}: {error['msg']})"
-        ) from None
+        raise _untranslatable(request, exc) from None
+
+
+def _untranslatable(request: ResponsesRequest, exc: ValidationError) -> Untranslatable:
+    """What chat refused of the translation, named by the client's own path (``input[2].content[0]``),
+    never by the chat request's (the error path only: the translation itself keeps no such map)."""
+    error = exc.errors(include_url=False)[0]
+    loc = error["loc"]
+    head = str(loc[0]) if loc else "messages"
+    if head != "messages":
+        return Untranslatable(CHAT_TO_RESPONSES.get(head, head), f"chat cannot carry it ({error['msg']})")
+    if len(loc) < 2 or not isinstance(loc[1], int):
+        return Untranslatable("input", "nothing in it is sent over chat (reasoning items are not)")
+    i = _item_of_message(request, loc[1])
+    if i is None:
+        return Untranslatable("input" if request.instructions is None else "instructions", "chat cannot carry it")
+    item = request.input[i]  # type: ignore[index]  # _item_of_message found it in a list
+    if isinstance(item, MessageItem) and not isinstance(item.content, str):
+        for j, part in enumerate(item.content):
+            if not isinstance(part, InputText | OutputText | RefusalPart):
+                return Untranslatable(
+                    f"input[{i}].content[{j}]", f"chat's {item.role} messages carry only text ({part.type} given)"
+                )
+    return Untranslatable(f"input[{i}]", f"chat cannot carry it ({error['msg']})")
+
+
+def _item_of_message(request: ResponsesRequest, index: int) -> int | None:
+    """The input item the chat message at ``index`` was made from, as :func:`_messages` groups them
+    (a call joins the assistant message before it); None for ``instructions`` or a string input."""
+    k = 0 if request.instructions is None else 1
+    items = request.input
+    if index < k or isinstance(items, str):
+        return None
+    open_assistant = False
+    for i, item in enumerate(items or ()):
+        if isinstance(item, MessageItem):
+            open_assistant = item.role == "assistant"
+        elif isinstance(item, FunctionCallItem | CustomToolCallItem):
+            if open_assistant:
+                continue  # one of the open assistant message's calls
+            open_assistant = True
+        elif isinstance(item, FunctionCallOutputItem | CustomToolCallOutputItem):
+            open_assistant = False
+        else:
+            continue  # not sent
+        if k == index:
+            return i
+        k += 1
+    return None
 
 
 def chat_fields(request: ResponsesRequest, names: ToolNames, *, stream: bool) -> dict[str, Any]:

@@ -181,6 +181,8 @@ def _chat_param(loc: tuple[int | str, ...], body: bytes) -> str | None:
 # Union tags of the Responses schema that no node carries as a value: an untyped item is a
 # message or a reference, and the built-in tool choices share one tag.
 _UNTYPED_TAGS = frozenset({"message", "item_reference", "builtin"})
+# A union member's own errors that say more than the union's shapes.
+_SAYS_MORE = frozenset({"value_error", "too_long"})
 # Errors of a discriminated union whose tag matched no member: the client's ``type`` is wrong.
 _TAG_ERRORS = frozenset({"union_tag_invalid", "item_type", "tool_type", "tool_choice_type"})
 
@@ -202,8 +204,12 @@ def _responses_param(loc: tuple[int | str, ...], body: bytes) -> str | None:
             continue
         if _is_union_tag(part):
             continue
-        if isinstance(node, dict) and part not in node and (part == node.get("type") or part in _UNTYPED_TAGS):
-            continue
+        if (
+            isinstance(node, dict)
+            and part not in node
+            and (part == node.get("type") or part in _UNTYPED_TAGS or part[:1].isupper())
+        ):
+            continue  # a tag, or a model member of a plain union (``ConversationRef``): no field is capitalised
         path = f"{path}.{part}" if path else part
         node = node.get(part) if isinstance(node, dict) else None
     return path or None
@@ -244,15 +250,21 @@ def _to_client_error(exc: ValidationError, body: bytes, param_of: _Params) -> In
             )
         if first["type"] == "missing":
             return InvalidRequestError(f"Missing required parameter: '{param}'.", param=param)
-    if first["type"] in _TAG_ERRORS:  # an unknown type: name the type key itself
-        param = f"{param}.type" if param else "type"
+    if first["type"] in _TAG_ERRORS:
+        if not isinstance(first.get("input"), dict):  # a string or null where an item or a tool goes
+            return InvalidRequestError(f"Invalid value for '{param}': expected an object.", param=param)
+        param = f"{param}.type" if param else "type"  # an unknown type: name the type key itself
         return InvalidRequestError(f"Invalid value for '{param}': {first['msg']}.", param=param)
+    if first["type"] == "union_tag_not_found":  # a content part or a format without its type
+        param = f"{param}.type" if param else "type"
+        return InvalidRequestError(f"Missing required parameter: '{param}'.", param=param)
     leaf = (param or "").rsplit(".", 1)[-1].split("[", 1)[0]
     shapes = _RESPONSES_SHAPES if param_of is _responses_param else _SHAPES
     if leaf in shapes and params.count(param) > 1:
-        # A member whose own check failed (a schema with an integer past 2^64) says more than the shapes.
+        # A member whose own check failed (a schema with an integer past 2^64, an array past its bound)
+        # says more than the shapes.
         said = next(
-            (e["msg"] for e, p in zip(errors, params, strict=True) if p == param and e["type"] == "value_error"), None
+            (e["msg"] for e, p in zip(errors, params, strict=True) if p == param and e["type"] in _SAYS_MORE), None
         )
         if said is not None:
             said = said.removeprefix("Value error, ")

@@ -153,3 +153,14 @@ def test_store_evictions_add_up_through_the_cached_adders() -> None:
     assert _value(m, "gateway_state_store_evictions_total", store="responses", reason="bytes") == 4
     assert _value(m, "gateway_state_store_evictions_total", store="responses", reason=UNKNOWN) == 3
     assert _value(m, "gateway_state_store_evictions_total", store="keys", reason="items") == 5
+
+
+def test_a_refusal_named_by_a_path_counts_for_its_field() -> None:
+    m = GatewayMetrics(["m"], ["b"])
+    for param in ("input[2].output[0]", "input[0].content[1]", "text.format", "top_k", "nonsense[0]"):
+        m.unsupported_parameter("b", param, endpoint=Endpoint.RESPONSES)
+    name = "gateway_unsupported_parameter_rejections_total"
+    assert _value(m, name, backend="b", param="input", endpoint="responses") == 2
+    assert _value(m, name, backend="b", param="text.format", endpoint="responses") == 1
+    assert _value(m, name, backend="b", param="top_k", endpoint="responses") == 1
+    assert _value(m, name, backend="b", param=UNKNOWN, endpoint="responses") == 1

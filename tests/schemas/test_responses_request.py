@@ -132,6 +132,45 @@ def test_cross_field_rules_name_the_field(body: dict[str, Any], param: str) -> N
     assert refused({"model": "m", **body}).param == param
 
 
+@pytest.mark.parametrize(
+    ("body", "param", "says"),
+    [
+        # An assistant message takes output_text and refusal (OpenAI's rule, docs/api.md), as a
+        # user message takes input parts: accepted, input_text was sent as text, an image refused
+        # by a chat path.
+        ({"input": [{"role": "user", "content": "a"}, {"role": "assistant", "content": [
+            {"type": "output_text", "text": "x"}, {"type": "input_text", "text": "y"}]}]},
+         "input[1].content[1].type", "input_text"),
+        ({"input": [{"role": "assistant", "content": [{"type": "input_image", "image_url": "https://x"}]}]},
+         "input[0].content[0].type", "input_image"),
+        # A model member of a plain union is no part of the path.
+        ({"input": "x", "conversation": {"id": 5}}, "conversation.id", "string"),
+        ({"input": "x", "conversation": {}}, "conversation.id", "Missing"),
+        # Something that is not an object where an item or a tool goes: the item, not its type.
+        ({"input": ["hi"]}, "input[0]", "an object"),
+        ({"input": [{"role": "user", "content": "a"}, None]}, "input[1]", "an object"),
+        ({"input": "x", "tools": [None]}, "tools[0]", "an object"),
+        # A part without its type: the missing key, not pydantic's discriminator words.
+        ({"input": [{"role": "user", "content": [{"text": "x"}]}]}, "input[0].content[0].type", "Missing"),
+        ({"input": "x", "text": {"format": {"name": "x"}}}, "text.format.type", "Missing"),
+        # Past its bound: the bound, not the shapes.
+        ({"input": [{"role": "user", "content": "a"}] * 10_001}, "input", "at most 10000"),
+    ],
+)  # fmt: skip
+def test_the_param_is_the_clients_path_and_the_message_says_what_is_wrong(
+    body: dict[str, Any], param: str, says: str
+) -> None:
+    error = refused({"model": "m", **body})
+    assert (error.param, error.status) == (param, 400), error.message
+    assert says in error.message and "Ref" not in error.message and "discriminator" not in error.message
+
+
+def test_an_empty_content_array_is_a_message() -> None:
+    """OpenAI's schema sets no minimum on a message's parts: accepted (the bridge sends an empty message)."""
+    items = [{"role": role, "content": []} for role in ("system", "developer", "user", "assistant")]
+    assert len(parse({"model": "m", "input": items}).input or ()) == 4
+
+
 def test_a_namespace_function_may_be_chosen_by_its_own_name() -> None:
     ns = {"type": "namespace", "name": "agents", "description": "d", "tools": [{"type": "function", "name": "spawn"}]}
     request = parse({"model": "m", "input": "x", "tools": [ns], "tool_choice": {"type": "function", "name": "spawn"}})

@@ -148,6 +148,26 @@ def test_a_param_that_is_not_ours_is_dropped() -> None:
     assert error_from_upstream_body(400, body, None, "b").param is None
 
 
+@pytest.mark.parametrize(
+    ("param", "kept"),
+    [
+        # OpenAI's Responses errors name its fields and paths inside them: relayed, they keep them.
+        ("context_management", True),
+        ("previous_response_id", True),
+        ("input[2].content[0].type", True),
+        ("tools[0].name", True),
+        ("messages[1].content", True),
+        # A validator's location, or a path inside a field that is not ours: dropped.
+        ("messages.0.content", False),
+        ("sampling_params.extra_args", False),
+        ("input[0]]", False),
+    ],
+)
+def test_a_path_inside_one_of_our_fields_is_kept(param: str, kept: bool) -> None:
+    body = orjson.dumps({"error": {"message": "m", "type": "invalid_request_error", "param": param, "code": None}})
+    assert error_from_upstream_body(400, body, None, "b").param == (param if kept else None)
+
+
 @pytest.mark.parametrize("param", ["messages", "thinking_token_budget", "mm_processor_kwargs"])
 def test_a_chat_field_named_by_the_upstream_is_kept(param: str) -> None:
     # vLLM 0.32 names the field it refuses (e.g. per-request mm_processor_kwargs without

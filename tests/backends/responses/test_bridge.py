@@ -110,7 +110,7 @@ def test_auto_without_tools_is_chats_default() -> None:
         (
             MOCK_RESPONSES,
             {"input": [{"role": "system", "content": [{"type": "input_image", "image_url": "data:x"}]}]},
-            "input",
+            "input[0].content[0]",
             "chat",
         ),
         (OPENAI_RESPONSES, {"top_k": 5}, "top_k", "vLLM extra"),
@@ -119,6 +119,57 @@ def test_auto_without_tools_is_chats_default() -> None:
 def test_refusals_name_the_responses_field(table: Any, fields: dict[str, Any], param: str, says: str) -> None:
     error = table.refusal(req(input=fields.pop("input", "x"), **fields), "b", "kind")
     assert error is not None and error.param == param and says in error.message
+
+
+EMPTY = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": []}]
+
+
+@pytest.mark.parametrize(
+    ("items", "message"),
+    [
+        ([{"role": "user", "content": []}], {"role": "user", "content": ""}),
+        ([{"type": "message", "role": "system", "content": []}, *EMPTY[:1]], {"role": "system", "content": ""}),
+        ([{"role": "developer", "content": []}, *EMPTY[:1]], {"role": "developer", "content": ""}),
+        ([*EMPTY, {"role": "user", "content": "and?"}], {"role": "assistant", "content": ""}),
+        (
+            [*EMPTY[:1], {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+             {"type": "function_call_output", "call_id": "c", "output": []}],
+            {"role": "tool", "tool_call_id": "c", "content": ""},
+        ),
+    ],
+)  # fmt: skip
+def test_an_empty_content_array_is_an_empty_message(items: list[Any], message: dict[str, Any]) -> None:
+    """OpenAI's schema sets no minimum on a message's parts or a tool output's: an empty array is an
+    empty message, sent as chat's empty string (chat wants at least one part in an array)."""
+    assert message in chat_of(req(input=items, tools=[{"type": "function", "name": "f"}]))["messages"]
+
+
+U = {"role": "user", "content": "hi"}
+CALL = {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}
+IMAGE = {"type": "input_image", "image_url": "https://x/y.png"}
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "says"),
+    [
+        ({"input": [U, CALL, {"type": "function_call_output", "call_id": "c", "output": [IMAGE]}]},
+         "input[2].output[0]", "input_image"),
+        ({"input": [U, {"type": "custom_tool_call", "call_id": "c", "name": "f", "input": "x"},
+                    {"type": "custom_tool_call_output", "call_id": "c",
+                     "output": [{"type": "input_text", "text": "a"}, {"type": "input_file", "file_id": "f"}]}]},
+         "input[2].output[1]", "input_file"),
+        ({"instructions": "be brief", "input": [U, {"type": "reasoning", "summary": []}, CALL,
+                                                 {"role": "developer", "content": [IMAGE]}]},
+         "input[3].content[0]", "developer"),
+        ({"input": [{"type": "reasoning", "summary": []}]}, "input", "reasoning"),
+    ],
+)  # fmt: skip
+def test_what_chat_cannot_carry_is_named_by_the_clients_path(fields: dict[str, Any], param: str, says: str) -> None:
+    """Never a 500 (a tool output's image had no text to read) nor the chat request's path
+    (``messages.0.system.content.str``): the item and part the client wrote."""
+    error = MOCK_RESPONSES.refusal(req(**fields), "b", "mock")
+    assert error is not None and error.param == param and says in error.message, error
+    assert "messages." not in error.message
 
 
 def test_omit_is_not_a_refusal_but_forcing_an_omitted_tool_is() -> None:

@@ -68,12 +68,17 @@ def test_a_sdk_call_is_plain_and_built_as_validation_builds_it(stream: bool) -> 
 
 
 def test_others_are_validated_and_refused_by_name() -> None:
-    # A list of parts that is empty: chat's schema refuses it, so it is never built without validation.
+    # A list of parts that is empty: not built without validation; an empty message chat takes as "".
     request = ResponsesRequest.model_validate({"model": "m", "input": [{"role": "user", "content": []}]})
+    assert plain_chat_request(request, stream=False) is None
+    assert to_chat(request, ToolNames(request), stream=False).upstream_fields()["messages"][0]["content"] == ""
+    # An image in a system message: chat's schema refuses it, named by the client's path.
+    image = {"type": "input_image", "image_url": "https://x"}
+    request = ResponsesRequest.model_validate({"model": "m", "input": [{"role": "system", "content": [image]}]})
     assert plain_chat_request(request, stream=False) is None
     with pytest.raises(Untranslatable) as caught:
         to_chat(request, ToolNames(request), stream=False)
-    assert caught.value.param == "input"
+    assert caught.value.param == "input[0].content[0]"
     # A field outside the plain set (a longer safety_identifier than chat takes): validated, refused by name.
     request = ResponsesRequest.model_validate({"model": "m", "input": "x", "safety_identifier": "s" * 100})
     assert plain_chat_request(request, stream=False) is None
