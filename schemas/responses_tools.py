@@ -168,16 +168,32 @@ class BuiltinChoice(_Strict):
 
 
 class ToolRef(OpenAIOwned):
-    """A tool named in ``allowed_tools`` (``{"type": "function", "name": ...}``, a built-in's type, ...)."""
+    """A built-in tool named in ``allowed_tools`` (``{"type": "mcp", "server_label": ...}``): options OpenAI's."""
 
     type: NonEmpty
     name: NonEmpty | None = None
 
 
+class FunctionRef(_Strict):
+    """A function or custom tool named in ``allowed_tools``: the gateway translates it, so it is checked."""
+
+    type: Literal["function", "custom"]
+    name: NonEmpty
+
+
+def _ref_tag(value: Any) -> str:
+    return "named" if _type_tag(value) in ("function", "custom") else "builtin"
+
+
+AllowedRef = Annotated[
+    Annotated[FunctionRef, Tag("named")] | Annotated[ToolRef, Tag("builtin")], Discriminator(_ref_tag)
+]
+
+
 class AllowedToolsChoice(_Strict):
     type: Literal["allowed_tools"]
     mode: Literal["auto", "required"]
-    tools: Annotated[list[ToolRef], Field(min_length=1)]
+    tools: Annotated[list[AllowedRef], Field(min_length=1)]
 
 
 ToolChoice = (

@@ -256,6 +256,8 @@ def _tool_choice(request: ResponsesRequest, names: ToolNames, has_tools: bool) -
             refs.append({"type": "function", "function": {"name": names.resolve(ref.name)}})
         elif ref.type == "custom" and ref.name is not None:
             refs.append({"type": "custom", "custom": {"name": ref.name}})
+    if not refs:  # only built-in tools, which never reach chat (refused, or omitted by the operator)
+        raise Untranslatable("tool_choice", "allowed_tools names no function or custom tool, and chat runs no other")
     return {"type": "allowed_tools", "allowed_tools": {"mode": choice.mode, "tools": refs}}
 
 

@@ -153,6 +153,14 @@ def test_cross_field_rules_name_the_field(body: dict[str, Any], param: str) -> N
         # A part without its type: the missing key, not pydantic's discriminator words.
         ({"input": [{"role": "user", "content": [{"text": "x"}]}]}, "input[0].content[0].type", "Missing"),
         ({"input": "x", "text": {"format": {"name": "x"}}}, "text.format.type", "Missing"),
+        # A function or custom tool named in allowed_tools is the gateway's to translate: checked.
+        ({"input": "x", "tools": [{"type": "function", "name": "f"}],
+          "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function"}]}},
+         "tool_choice.tools[0].name", "Missing"),
+        ({"input": "x", "tools": [{"type": "function", "name": "f"}],
+          "tool_choice": {"type": "allowed_tools", "mode": "auto",
+                          "tools": [{"type": "function", "name": "f", "s": 1}]}},
+         "tool_choice.tools[0].s", "Unrecognized"),
         # Past its bound: the bound, not the shapes.
         ({"input": [{"role": "user", "content": "a"}] * 10_001}, "input", "at most 10000"),
     ],

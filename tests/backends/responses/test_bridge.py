@@ -162,6 +162,9 @@ IMAGE = {"type": "input_image", "image_url": "https://x/y.png"}
                                                  {"role": "developer", "content": [IMAGE]}]},
          "input[3].content[0]", "developer"),
         ({"input": [{"type": "reasoning", "summary": []}]}, "input", "reasoning"),
+        ({"input": "x", "tools": [FN],
+          "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "mcp", "server_label": "s"}]}},
+         "tool_choice", "no function or custom tool"),
     ],
 )  # fmt: skip
 def test_what_chat_cannot_carry_is_named_by_the_clients_path(fields: dict[str, Any], param: str, says: str) -> None:
