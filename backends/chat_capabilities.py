@@ -87,7 +87,7 @@ def request_forms(request: ChatCompletionRequest) -> Iterator[tuple[str, str]]:
     """``(field, form)`` for every value-level form the request uses (schema order, repeats possible)."""
     for message in request.messages:
         content = message.content  # every role has one (a getattr default would cost a raised AttributeError)
-        if isinstance(content, list):
+        if type(content) is list:  # (validated: a list is a list; isinstance is a call per message)
             for part in content:
                 yield "messages", part.type
                 if part.type == "image_url" and not part.image_url.url.startswith("data:"):
@@ -109,10 +109,8 @@ def request_forms(request: ChatCompletionRequest) -> Iterator[tuple[str, str]]:
         for tool in tools:
             yield "tools", tool.type
     choice = request.tool_choice
-    if isinstance(choice, str):
-        yield "tool_choice", choice
-    elif choice is not None:
-        yield "tool_choice", choice.type
+    if choice is not None:  # (most requests have none: no isinstance call then)
+        yield "tool_choice", choice if isinstance(choice, str) else choice.type
     if request.parallel_tool_calls is not None:
         yield "parallel_tool_calls", "true" if request.parallel_tool_calls else "false"
     # Last, so a table that refuses a tool_choice form names tool_choice first (as before strict had a form).
