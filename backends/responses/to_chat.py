@@ -120,14 +120,13 @@ class ToolNames:
 NO_TOOL_NAMES = ToolNames(None)  # a request without tools has nothing to map: one read-only instance for all
 
 
-def _text(output: list[Any], item: Any, items: Any) -> str | list[dict[str, Any]]:
+def _text(output: list[Any], item: Any, request: ResponsesRequest) -> str | list[dict[str, Any]]:
     """A tool output's parts as chat's tool content: text only (an empty list is an empty output)."""
     for j, part in enumerate(output):
         if type(part) is not InputText:
-            i = next(i for i, other in enumerate(items) if other is item)
-            raise Untranslatable(
-                f"input[{i}].output[{j}]", f"a tool output carries only text over chat ({part.type} given)"
-            )
+            i = next(i for i, other in enumerate(request.input or ()) if other is item)
+            param, whose = _client_path(request, i, f".output[{j}]")
+            raise Untranslatable(param, f"{whose}tool output carries only text over chat ({part.type} given)")
     return [{"type": "text", "text": part.text} for part in output] or ""
 
 
@@ -188,7 +187,7 @@ def _messages(request: ResponsesRequest, names: ToolNames) -> list[dict[str, Any
                 {
                     "role": "tool",
                     "tool_call_id": item.call_id,
-                    "content": output if isinstance(output, str) else _text(output, item, items),
+                    "content": output if isinstance(output, str) else _text(output, item, request),
                 }
             )
         # reasoning items: not sent (module docstring); other types were refused before translation
@@ -303,10 +302,22 @@ def _untranslatable(request: ResponsesRequest, exc: ValidationError) -> Untransl
     if isinstance(item, MessageItem) and not isinstance(item.content, str):
         for j, part in enumerate(item.content):
             if not isinstance(part, InputText | OutputText | RefusalPart):
+                param, whose = _client_path(request, i, f".content[{j}]")
                 return Untranslatable(
-                    f"input[{i}].content[{j}]", f"chat's {item.role} messages carry only text ({part.type} given)"
+                    param, f"{whose}{item.role} message carries only text over chat ({part.type} given)"
                 )
-    return Untranslatable(f"input[{i}]", f"chat cannot carry it ({error['msg']})")
+    param, whose = _client_path(request, i, "")
+    return Untranslatable(param, f"chat cannot carry {whose}item ({error['msg']})")
+
+
+def _client_path(request: ResponsesRequest, i: int, rest: str) -> tuple[str, str]:
+    """``input[i]<rest>`` as the client wrote it, and whose item it is ("a "/"an earlier turn's "): an
+    item of the history ``previous_response_id`` put ahead of the client's own is named by that field."""
+    own = request.stored_input
+    earlier = len(request.input or ()) - len(own) if own is not None else 0
+    if i < earlier:
+        return "previous_response_id", "an earlier turn's "
+    return f"input[{i - earlier}]{rest}", "a "
 
 
 def _item_of_message(request: ResponsesRequest, index: int) -> int | None:

@@ -175,6 +175,29 @@ def test_what_chat_cannot_carry_is_named_by_the_clients_path(fields: dict[str, A
     assert "messages." not in error.message
 
 
+@pytest.mark.parametrize(
+    ("own", "param", "says"),
+    [
+        ([{"role": "user", "content": "go on"}], "previous_response_id", "an earlier turn's"),
+        ([{"role": "system", "content": [IMAGE]}], "input[0].content[0]", "a system message"),
+    ],
+)
+def test_what_previous_response_id_put_ahead_is_named_by_that_field(
+    own: list[dict[str, Any]], param: str, says: str
+) -> None:
+    """The client never wrote the expanded history's indexes: an earlier turn's item is the
+    previous_response_id's, the client's own items keep their own indexes."""
+    history = [U, CALL, {"type": "function_call_output", "call_id": "c", "output": [IMAGE]}]
+    ok = [U, CALL, {"type": "function_call_output", "call_id": "c", "output": "fine"}]
+    request = req(input=own, tools=[{"type": "function", "name": "f"}])
+    earlier = req(input=history if param == "previous_response_id" else ok).input
+    assert isinstance(earlier, list) and isinstance(request.input, list)
+    expanded = request.with_input([*earlier, *request.input])  # as ResponsesTurns.begin expands it
+    expanded.keep_stored_input([{"id": f"msg_{i}"} for i in range(len(own))])
+    error = MOCK_RESPONSES.refusal(expanded, "b", "mock")
+    assert error is not None and error.param == param and says in error.message, error
+
+
 def test_omit_is_not_a_refusal_but_forcing_an_omitted_tool_is() -> None:
     request = req(input="x", tools=[{"type": "web_search"}])
     request.omit_builtin_tools()
