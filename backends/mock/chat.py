@@ -231,6 +231,12 @@ def _simulate(req: ChatCompletionRequest) -> tuple[list[_Choice], int, int]:
             f"{prompt_tokens + limit} tokens ({prompt_tokens} in the messages, {limit} in the completion).",
             param="max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens",
         )
+    if limit is None and prompt_tokens >= MOCK_CONTEXT_LENGTH:  # as vLLM: the prompt alone fills the window
+        raise InvalidRequestError(
+            f"This model's maximum context length is {MOCK_CONTEXT_LENGTH} tokens. However, your request has "
+            f"{prompt_tokens} input tokens. Please reduce the length of the input messages.",
+            param="messages",
+        )
     budget = MOCK_CONTEXT_LENGTH - prompt_tokens if limit is None else limit
     key = req.model_dump(mode="json", include={"messages", "tools", "tool_choice", "response_format"})
     stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])

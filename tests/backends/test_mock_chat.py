@@ -158,6 +158,11 @@ def test_context_length_refused_naming_the_field() -> None:
     with pytest.raises(InvalidRequestError) as info:
         complete_chat(req(max_completion_tokens=MOCK_CONTEXT_LENGTH), "m")
     assert info.value.param == "max_completion_tokens"
+    # Without a limit, a prompt that fills the window alone is refused as vLLM refuses it, never
+    # answered with an empty 'length' choice the client did not ask to cut.
+    with pytest.raises(InvalidRequestError) as info:
+        complete_chat(req(messages=[{"role": "user", "content": "word " * MOCK_CONTEXT_LENGTH}]), "m")
+    assert info.value.param == "messages" and "input tokens" in info.value.message
 
 
 # --- tool calls -------------------------------------------------------------------------------
