@@ -189,7 +189,7 @@ class ResponsesRequest(_Strict):
         for i, tool in enumerate(self.tools or ()):
             for name in _tool_names(tool):
                 if name in names:
-                    raise FieldRuleError(f"tools[{i}]", f"the names in tools must be unique; {name!r} is given twice")
+                    raise _twice(i, tool, name)
                 names.add(name)
         choice = self.tool_choice
         if isinstance(choice, str) or choice is None:
@@ -379,6 +379,20 @@ def _tool_names(tool: Any) -> list[str]:
     if isinstance(tool, NamespaceTool):
         return [tool.name, *(f"{tool.name}{NAMESPACE_SEPARATOR}{t.name}" for t in tool.tools)]
     return []
+
+
+def _twice(i: int, tool: Any, name: str) -> FieldRuleError:
+    """A name given twice (the error path): a namespace's own member by its path and its own name,
+    never the flattened ``<namespace>__<name>`` the client did not write."""
+    if isinstance(tool, NamespaceTool) and name.startswith(tool.name + NAMESPACE_SEPARATOR):
+        local = name[len(tool.name) + len(NAMESPACE_SEPARATOR) :]
+        k = max(k for k, member in enumerate(tool.tools) if member.name == local)
+        if sum(1 for member in tool.tools if member.name == local) > 1:
+            return FieldRuleError(
+                f"tools[{i}].tools[{k}].name",
+                f"the names in a namespace must be unique; {local!r} is given twice in {tool.name!r}",
+            )
+    return FieldRuleError(f"tools[{i}]", f"the names in tools must be unique; {name!r} is given twice")
 
 
 def _tool_kinds(tool: Any) -> list[tuple[str, str]]:

@@ -161,6 +161,10 @@ def test_cross_field_rules_name_the_field(body: dict[str, Any], param: str) -> N
           "tool_choice": {"type": "allowed_tools", "mode": "auto",
                           "tools": [{"type": "function", "name": "f", "s": 1}]}},
          "tool_choice.tools[0].s", "Unrecognized"),
+        # A namespace member given twice: by its own path and name, not the flattened ns__f.
+        ({"input": "x", "tools": [{"type": "namespace", "name": "ns", "description": "d", "tools": [
+            {"type": "function", "name": "f"}, {"type": "custom", "name": "g"}, {"type": "function", "name": "f"}]}]},
+         "tools[0].tools[2].name", "'f' is given twice in 'ns'"),
         # Past its bound: the bound, not the shapes.
         ({"input": [{"role": "user", "content": "a"}] * 10_001}, "input", "at most 10000"),
     ],
