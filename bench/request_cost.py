@@ -34,7 +34,17 @@ reached), so ``this`` against ``priced`` is what prices and a budget add to the 
 ``previous_response_id``: the store's read, the earlier turns' items sent again, the new turn
 stored; compare with ``resp_ns`` of the same run); ``resp_ns_nostore``, ``resp_st_nostore`` (``resp_ns``,
 ``resp_st`` with ``"store": false``: the turn is not saved; against ``resp_ns``/``resp_st`` of the same run,
-what the conversation store's save costs). A checkout that does not serve an endpoint
+what the conversation store's save costs). ``chat_tools``, ``resp_tools``: an agent's turn, as
+the Codex CLI sends it (``agent_request``: the recorded Codex 0.171 request, ~40 KB, its seven
+function tools and a ``namespace`` of five, developer and user messages, ``parallel_tool_calls``,
+``reasoning: {"summary": "auto"}``, ``include: ["reasoning.encrypted_content"]``,
+``prompt_cache_key``, ``client_metadata``, ``store: false``), its first developer message as
+``instructions``; not streamed (Codex streams: here the request side alone, the answer a 16-token
+message); without its built-in ``web_search`` (a self-hosted backend refuses it unless the
+operator omits it) and its ``tool_choice: "auto"`` (the default with tools; the bench's ``vllm``
+backend has no ``tool_parser:`` and refuses it by name). ``chat_tools`` is the chat request that
+means the same (the bridge's translation: a system message, the tools flattened
+``<namespace>__<name>``, ``max_completion_tokens``). A checkout that does not serve an endpoint
 (404) shows ``n/a`` for it.
 """
 
@@ -69,10 +79,54 @@ SCENARIOS = {  # name: (path, chat (or "responses"), stream, max_tokens)
     # resp_ns and resp_st with ``"store": false``: the same turn, not kept (what the store's save costs)
     "resp_ns_nostore": ("/v1/responses", "responses", False, 16),
     "resp_st_nostore": ("/v1/responses", "responses", True, 64),
+    # an agent's turn (Codex's tools and messages, agent_request below): as chat, and as Responses
+    "chat_tools": ("/v1/chat/completions", True, False, 16),
+    "resp_tools": ("/v1/responses", "responses", False, 16),
 }
 PREVIOUS_TURNS = 20
 PREVIOUS: dict[int, str] = {}  # gateway port -> the last response of its conversation (resp_prev20)
 PROMPT = "Say something about benchmarks please"
+CODEX_TURN = ROOT / "tests" / "fixtures" / "responses" / "codex-0.171-turn1.json"  # a recorded Codex request
+
+
+def agent_request(chat: bool, tokens: int) -> dict[str, Any]:
+    """``resp_tools``/``chat_tools``: the recorded Codex turn (tests/fixtures/responses/codex-0.171-turn1.json)
+    with its first developer message as ``instructions``, not streamed; as Responses, or as the chat
+    request that means the same (what backends/responses/to_chat.py makes of it)."""
+    import json
+
+    body = json.loads(CODEX_TURN.read_text())["body"]
+    first, *items = body["input"]
+    instructions = "".join(part["text"] for part in first["content"])
+    # Left out: web_search (a built-in tool, refused on a self-hosted backend unless the operator omits
+    # it) and tool_choice "auto" (the default with tools; the bench's vllm backend has no tool_parser:
+    # and refuses it by name)
+    tools = [tool for tool in body["tools"] if tool["type"] in ("function", "namespace")]
+    if not chat:
+        keep = ("parallel_tool_calls", "reasoning", "store", "include", "prompt_cache_key")
+        return {
+            "model": "bench", "instructions": instructions, "input": items, "tools": tools,
+            **{key: body[key] for key in keep}, "client_metadata": body["client_metadata"], "max_output_tokens": tokens,
+        }  # fmt: skip
+
+    def function(tool: dict[str, Any], name: str) -> dict[str, Any]:
+        spec = {"name": name, "description": tool["description"], "parameters": tool["parameters"]}
+        return {"type": "function", "function": {**spec, **({"strict": tool["strict"]} if "strict" in tool else {})}}
+
+    chat_tools = []
+    for tool in tools:
+        if tool["type"] == "namespace":  # flattened as the bridge does: <namespace>__<name>
+            chat_tools += [function(inner, f"{tool['name']}__{inner['name']}") for inner in tool["tools"]]
+        else:
+            chat_tools.append(function(tool, tool["name"]))
+    messages = [{"role": "system", "content": instructions}]
+    for item in items:
+        parts = [{"type": "text", "text": part["text"]} for part in item["content"]]
+        messages.append({"role": item["role"], "content": parts})
+    return {
+        "model": "bench", "messages": messages, "tools": chat_tools,
+        "parallel_tool_calls": body["parallel_tool_calls"], "max_completion_tokens": tokens,
+    }  # fmt: skip
 
 
 # --- inside the gateway process ------------------------------------------------------------------
@@ -146,7 +200,9 @@ def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 60.0) -
 def request_bytes(scenario: str, port: int) -> bytes:
     path, chat, stream, tokens = SCENARIOS[scenario]
     body: dict[str, Any] = {"model": "bench", "max_tokens": tokens, "temperature": 0}
-    if chat == "responses":
+    if scenario.endswith("_tools"):
+        body = agent_request(chat is True, tokens)
+    elif chat == "responses":
         body = {"model": "bench", "input": PROMPT, "max_output_tokens": tokens, "temperature": 0}
         if scenario == "resp_prev20":
             body["previous_response_id"] = PREVIOUS[port]
