@@ -3,22 +3,31 @@
 :func:`~backends.responses.to_chat.to_chat` validates the chat request it builds, so that a part
 chat cannot carry is refused by name (:class:`~backends.responses.to_chat.Untranslatable`). For a
 *plain* request that validation cannot refuse anything, and costs a pydantic validation plus the
-chat rules per request (issue 21's Performance: the bridge's non-stream path). Plain means:
+chat rules per request (issue 21: the bridge's request side; an agent's turn, whose tools' JSON
+Schemas chat's validation walked again, cost twice the calls of the same chat request). Plain means:
 
 - every field it sets is ``model``, ``input``, ``instructions``, ``max_output_tokens``, ``stream``,
-  ``stream_options``, a gateway field that never reaches chat (``store``, ``metadata``, ...), or a
-  scalar field chat declares with the same type and bounds (``temperature``, ``seed``, ...: each
-  value passed the very check chat's schema would make; :data:`PLAIN_FIELDS`);
-- ``input`` is a string, or items that are messages (string content, or text parts) and reasoning
-  items (never sent); so every message is one chat ``system``/``developer``/``user``/``assistant``
-  message chat's schema takes, and at least one message is sent.
+  ``stream_options``, ``tools``, ``tool_choice`` (a string form), ``parallel_tool_calls``,
+  ``reasoning``, ``include`` (without logprobs), a gateway field that never reaches chat
+  (``store``, ``metadata``, ``prompt_cache_key``, ...), or a scalar field chat declares with the
+  same type and bounds (``temperature``, ``seed``, ...: each value passed the very check chat's
+  schema would make; :data:`PLAIN_FIELDS`);
+- ``input`` is a string, or items that are messages (string content, or text parts), reasoning
+  items (never sent), function and custom tool calls (the assistant message's ``tool_calls``) and
+  their outputs (a string, or text parts: a ``tool`` message);
+- its function, namespace and custom tools become at most 128 chat tools whose names are unique
+  and at most 64 characters (``<namespace>__<name>`` can be longer than either part).
 
-No chat rule can fail on such a request: the only rule fields it sets are
-``max_completion_tokens`` (never beside ``max_tokens``) and ``stream_options`` (always with
-``stream``). :func:`plain_chat_request` builds it as validation would: the same values, the same
-fields set (``model_construct`` would do it too, but walks all ~90 declared fields: slower than
-validating). Anything else gets None, and is validated. ``tests/backends/responses/test_plain_chat.py``
-holds the result to validation's, field by field, for generated requests.
+No chat rule can fail on such a request: the rule fields it sets are ``max_completion_tokens``
+(never beside ``max_tokens``), ``stream_options`` (always with ``stream``), ``tools`` (unique
+names, checked here), ``tool_choice`` (``none``, or a string form with tools) and
+``parallel_tool_calls`` (only with tools); an assistant message without content has its calls.
+The tools' declarations are chat's (``Name``, ``JsonObject``, ``StrictBool``: the Responses check
+was chat's own; a JSON Schema's dict is copied at the top, as validation copies it).
+:func:`plain_chat_request` builds it as validation would: the same values, the same fields set
+(``model_construct`` would do it too, but walks all ~90 declared fields: slower than validating).
+Anything else gets None, and is validated. ``tests/backends/responses/test_plain_chat.py`` holds
+the result to validation's, field by field, for generated requests and recorded Codex turns.
 """
 
 from __future__ import annotations
@@ -27,10 +36,20 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from schemas.chat import ChatCompletionRequest, ChatStreamOptions
-from schemas.chat_messages import AssistantMessage, DeveloperMessage, SystemMessage, TextPart, UserMessage
-from schemas.responses import ResponsesRequest
-from schemas.responses_items import InputText, MessageItem, OutputText, ReasoningItem
+from schemas import chat_messages as chat
+from schemas.chat import MAX_TOOLS, ChatCompletionRequest, ChatStreamOptions
+from schemas.responses import NAMESPACE_SEPARATOR, ResponsesRequest
+from schemas.responses_items import (
+    CustomToolCallItem,
+    CustomToolCallOutputItem,
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    InputText,
+    MessageItem,
+    OutputText,
+    ReasoningItem,
+)
+from schemas.responses_tools import CustomTool, FunctionTool, Grammar, NamespaceTool, PlainText
 
 __all__ = ["PLAIN_FIELDS", "SAME_SCALARS", "UNREAD_FIELDS", "plain_chat_request"]
 
@@ -68,19 +87,41 @@ UNREAD_FIELDS: frozenset[str] = frozenset(
 )
 _SAME_SCALARS = frozenset(SAME_SCALARS)
 PLAIN_FIELDS: frozenset[str] = frozenset(
-    {"model", "input", "instructions", "max_output_tokens", "stream", "stream_options", *SAME_SCALARS} | UNREAD_FIELDS
+    {"model", "input", "instructions", "max_output_tokens", "stream", "stream_options", *SAME_SCALARS}
+    | {"tools", "tool_choice", "parallel_tool_calls", "reasoning", "include"}
+    | UNREAD_FIELDS
 )
+CHAT_NAME_LENGTH = 64  # chat's Name: ^[a-zA-Z0-9_-]{1,64}$ (a flattened namespace function's may be longer)
+LOGPROBS = "message.output_text.logprobs"  # the one include value the translation reads
 
 _REQUEST: _Trusted[ChatCompletionRequest] = _Trusted(ChatCompletionRequest)
-_TEXT: _Trusted[TextPart] = _Trusted(TextPart)
-_USER: _Trusted[UserMessage] = _Trusted(UserMessage)
+_TEXT: _Trusted[chat.TextPart] = _Trusted(chat.TextPart)
+_USER: _Trusted[chat.UserMessage] = _Trusted(chat.UserMessage)
+_ASSISTANT: _Trusted[chat.AssistantMessage] = _Trusted(chat.AssistantMessage)
 _MESSAGES: dict[str, _Trusted[Any]] = {
-    "system": _Trusted(SystemMessage),
-    "developer": _Trusted(DeveloperMessage),
+    "system": _Trusted(chat.SystemMessage),
+    "developer": _Trusted(chat.DeveloperMessage),
     "user": _USER,
-    "assistant": _Trusted(AssistantMessage),
+    "assistant": _ASSISTANT,
 }
+_TOOL_MESSAGE = _Trusted(chat.ToolMessage)
+_FUNCTION_CALL, _CALLED = _Trusted(chat.FunctionToolCall), _Trusted(chat.FunctionCall)
+_CUSTOM_CALL, _CUSTOM_CALLED = _Trusted(chat.CustomToolCall), _Trusted(chat.CustomCall)
+_FUNCTION_TOOL, _FUNCTION = _Trusted(chat.FunctionTool), _Trusted(chat.FunctionDefinition)
+_CUSTOM_TOOL, _CUSTOM = _Trusted(chat.CustomTool), _Trusted(chat.CustomDefinition)
+_GRAMMAR_FORMAT, _GRAMMAR = _Trusted(chat.GrammarFormat), _Trusted(chat.Grammar)
+_TEXT_FORMAT = _Trusted(chat.TextFormat)({"type": "text"})  # frozen, no fields but its type: one serves all
 _USAGE = ChatStreamOptions.model_validate({"include_usage": True})  # frozen: one instance serves every stream
+
+
+def _texts(content: list[Any]) -> list[Any] | None:
+    """Text parts as chat's (None: another part, which validation names)."""
+    parts = []
+    for part in content:
+        if type(part) is not InputText and type(part) is not OutputText:
+            return None
+        parts.append(_TEXT({"type": "text", "text": part.text}))
+    return parts
 
 
 def _messages(request: ResponsesRequest) -> list[Any] | None:
@@ -92,24 +133,105 @@ def _messages(request: ResponsesRequest) -> list[Any] | None:
         messages.append(_USER({"role": "user", "content": items}))
         return messages
     listed: list[Any] = items or []  # type: ignore[assignment]  # not a str (just above): a list, or None
+    assistant: dict[str, Any] | None = None  # the open assistant message's values: the calls after it join it
     for item in listed:
         kind = type(item)
         if kind is ReasoningItem:
             continue  # never sent (backends.responses.to_chat)
+        if kind is FunctionCallItem or kind is CustomToolCallItem:
+            if assistant is None:
+                assistant = {"role": "assistant", "content": None}
+                messages.append(assistant)  # a dict until the walk ends: its calls are still coming
+            call: chat.FunctionToolCall | chat.CustomToolCall
+            if kind is FunctionCallItem:
+                namespace = item.namespace
+                name = f"{namespace}{NAMESPACE_SEPARATOR}{item.name}" if namespace else item.name
+                called = _CALLED({"name": name, "arguments": item.arguments})
+                call = _FUNCTION_CALL({"id": item.call_id, "type": "function", "function": called})
+            else:
+                custom = _CUSTOM_CALLED({"name": item.name, "input": item.input})
+                call = _CUSTOM_CALL({"id": item.call_id, "type": "custom", "custom": custom})
+            if "tool_calls" in assistant:
+                assistant["tool_calls"].append(call)
+            else:
+                assistant["tool_calls"] = [call]
+            continue
+        assistant = None
+        if kind is FunctionCallOutputItem or kind is CustomToolCallOutputItem:
+            output = item.output
+            if type(output) is not str:
+                output = _texts(output)
+                if output is None:
+                    return None  # an image or file: to_chat names it
+                output = output or ""  # no parts: an empty output
+            messages.append(_TOOL_MESSAGE({"role": "tool", "tool_call_id": item.call_id, "content": output}))
+            continue
         if kind is not MessageItem:
             return None
         content = item.content
         if type(content) is not str:
             if not content:
                 return None  # an empty message: to_chat sends chat an empty string
-            parts = []
-            for part in content:
-                if type(part) is not InputText and type(part) is not OutputText:
+            content = _texts(content)
+            if content is None:
+                return None
+        if item.role == "assistant":
+            assistant = {"role": "assistant", "content": content}
+            messages.append(assistant)
+        else:
+            messages.append(_MESSAGES[item.role]({"role": item.role, "content": content}))
+    if not messages:
+        return None
+    return [_ASSISTANT(m) if type(m) is dict else m for m in messages]
+
+
+def _function(tool: FunctionTool, name: str) -> Any:
+    values: dict[str, Any] = {"name": name}
+    if tool.description is not None:
+        values["description"] = tool.description
+    if tool.parameters is not None:
+        values["parameters"] = dict(tool.parameters)  # validation's copy (the schema's inside is shared)
+    if tool.strict is not None:
+        values["strict"] = tool.strict
+    return _FUNCTION_TOOL({"type": "function", "function": _FUNCTION(values)})
+
+
+def _custom(tool: CustomTool, name: str) -> Any:
+    values: dict[str, Any] = {"name": name}
+    if tool.description is not None:
+        values["description"] = tool.description
+    form = tool.format
+    if form is not None:
+        if type(form) is PlainText:
+            values["format"] = _TEXT_FORMAT
+        else:
+            assert type(form) is Grammar  # (the union's other member)
+            grammar = _GRAMMAR({"syntax": form.syntax, "definition": form.definition})
+            values["format"] = _GRAMMAR_FORMAT({"type": "grammar", "grammar": grammar})
+    return _CUSTOM_TOOL({"type": "custom", "custom": _CUSTOM(values)})
+
+
+def _tools(tools: list[Any]) -> list[Any] | None:
+    """The function, namespace and custom tools as chat's (built-in ones are never sent); None where
+    chat's schema could refuse them: a flattened name over 64 characters, a name twice, over 128."""
+    out: list[Any] = []
+    names: set[str] = set()
+    for tool in tools:
+        kind = type(tool)
+        if kind is FunctionTool:
+            out.append(_function(tool, tool.name))
+            names.add(tool.name)
+        elif kind is NamespaceTool:
+            for inner in tool.tools:
+                flat = f"{tool.name}{NAMESPACE_SEPARATOR}{inner.name}"
+                if len(flat) > CHAT_NAME_LENGTH:
                     return None
-                parts.append(_TEXT({"type": "text", "text": part.text}))
-            content = parts
-        messages.append(_MESSAGES[item.role]({"role": item.role, "content": content}))
-    return messages or None
+                out.append(_function(inner, flat) if type(inner) is FunctionTool else _custom(inner, flat))
+                names.add(flat)
+        elif kind is CustomTool:
+            out.append(_custom(tool, tool.name))
+            names.add(tool.name)
+    return out if len(names) == len(out) <= MAX_TOOLS else None
 
 
 def plain_chat_request(request: ResponsesRequest, *, stream: bool) -> ChatCompletionRequest | None:
@@ -134,6 +256,27 @@ def plain_chat_request(request: ResponsesRequest, *, stream: bool) -> ChatComple
     limit = values["max_output_tokens"]
     if limit is not None:
         fields["max_completion_tokens"] = limit
+    include = values["include"]
+    if include is not None and LOGPROBS in include:
+        return None
+    tools = values["tools"]
+    chat_tools = _tools(tools) if tools else None
+    if chat_tools:
+        fields["tools"] = chat_tools
+        parallel = values["parallel_tool_calls"]
+        if parallel is not None:
+            fields["parallel_tool_calls"] = parallel
+    elif tools and chat_tools is None:
+        return None
+    choice = values["tool_choice"]
+    if choice is not None:
+        if type(choice) is not str:
+            return None  # a named tool: resolved and checked by to_chat and validation
+        if choice == "none" or chat_tools:
+            fields["tool_choice"] = choice  # (another without tools: chat's default, as to_chat leaves it)
+    reasoning = values["reasoning"]
+    if reasoning is not None and reasoning.effort is not None:
+        fields["reasoning_effort"] = reasoning.effort
     if stream:
         fields["stream"] = True
         fields["stream_options"] = _USAGE

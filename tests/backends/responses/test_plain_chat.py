@@ -4,6 +4,8 @@ never built for a request validation would refuse."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,8 +17,10 @@ from backends.responses.capabilities import GATEWAY_FIELDS, RESPONSES_FIELDS, ch
 from backends.responses.plain_chat import PLAIN_FIELDS, SAME_SCALARS, UNREAD_FIELDS, plain_chat_request
 from backends.responses.to_chat import ToolNames, Untranslatable, chat_fields, to_chat
 from schemas.chat import ChatCompletionRequest
+from schemas.chat_messages import FunctionTool as ChatFunctionTool
 from schemas.responses import ResponsesRequest
 from schemas.responses_items import MessageItem
+from schemas.responses_tools import FunctionTool, NamespaceTool
 
 
 def same(got: Any, want: Any, where: str = "request") -> None:
@@ -98,11 +102,48 @@ _MESSAGE = st.fixed_dictionaries(
     },
     optional={"id": st.just("msg_1"), "type": st.just("message"), "status": st.just("completed")},
 )
+_OUTPUT = _TEXT | st.lists(
+    st.just({"type": "input_text", "text": "ok"}) | st.just({"type": "input_image", "image_url": "https://x/y.png"}),
+    max_size=2,
+)
+_CALL = st.fixed_dictionaries(
+    {"type": st.just("function_call"), "call_id": st.sampled_from(["c1", "c2"]),
+     "name": st.sampled_from(["f", "spawn"]), "arguments": st.just("{}")},
+    optional={"namespace": st.sampled_from(["agents", "n" * 62]), "id": st.just("fc_1")},
+)  # fmt: skip
+_CALL_OUTPUT = st.fixed_dictionaries(
+    {"type": st.sampled_from(["function_call_output", "custom_tool_call_output"]), "call_id": st.just("c1"),
+     "output": _OUTPUT},
+)  # fmt: skip
 _ITEM = st.one_of(
     _MESSAGE,
     st.just({"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "t"}]}),
-    st.just({"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}),
+    _CALL,
+    st.just({"type": "custom_tool_call", "call_id": "c3", "name": "apply_patch", "input": "*** Begin"}),
+    _CALL_OUTPUT,
     st.just({"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}),
+    st.just({"type": "item_reference", "id": "msg_0"}),
+)
+_SCHEMA = st.just({"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]})
+_FUNCTION = st.fixed_dictionaries(
+    {"type": st.just("function"), "name": st.sampled_from(["f", "exec_command", "agents__spawn", "g" * 64])},
+    optional={"description": _TEXT, "parameters": _SCHEMA | st.none(), "strict": st.booleans() | st.none()},
+)
+_CUSTOM = st.fixed_dictionaries(
+    {"type": st.just("custom"), "name": st.sampled_from(["apply_patch", "f"])},
+    optional={
+        "description": _TEXT,
+        "format": st.just({"type": "text"}) | st.just({"type": "grammar", "syntax": "lark", "definition": "start: x"}),
+    },
+)
+_NAMESPACE = st.fixed_dictionaries(
+    {"type": st.just("namespace"), "name": st.sampled_from(["agents", "n" * 62]), "description": _TEXT,
+     "tools": st.lists(_FUNCTION | _CUSTOM, min_size=1, max_size=3, unique_by=lambda tool: tool["name"])},
+)  # fmt: skip
+_TOOLS = st.lists(
+    _FUNCTION | _CUSTOM | _NAMESPACE | st.just({"type": "web_search"}),
+    max_size=4,
+    unique_by=lambda tool: tool.get("name"),
 )
 _OPTIONAL: dict[str, st.SearchStrategy[Any]] = {
     "instructions": _TEXT,
@@ -119,11 +160,84 @@ _OPTIONAL: dict[str, st.SearchStrategy[Any]] = {
     "truncation": st.sampled_from(["auto", "disabled"]),
     "stop": st.just(["\n"]),  # not plain: validated
     "service_tier": st.sampled_from(["auto", "fast"]),  # not plain ("fast": chat has no such tier)
-    "include": st.just(["message.output_text.logprobs"]),  # not plain: read
+    "include": st.sampled_from(
+        [["message.output_text.logprobs"], ["reasoning.encrypted_content"], []]
+    ),  # logprobs: not plain (read)
+    "tools": _TOOLS,
+    "tool_choice": st.sampled_from(["auto", "none", "required", {"type": "function", "name": "f"}]),
+    "parallel_tool_calls": st.booleans(),
+    "reasoning": st.fixed_dictionaries(
+        {}, optional={"summary": st.just("auto"), "effort": st.sampled_from(["low", "high", "none"])}
+    ),
+    "prompt_cache_key": _TEXT,
 }
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def _built_as_validation_builds(body: dict[str, Any], stream: bool, omit: bool) -> str:
+    """Asserts that what plain_chat_request builds for ``body`` is what validation builds; says which path."""
+    try:
+        request = ResponsesRequest.model_validate(body)
+    except ValidationError:
+        return "refused"  # the Responses schema refuses it: never translated
+    if omit:
+        request.omit_builtin_tools()  # web_search is left out, as the operator's omit does
+    plain = plain_chat_request(request, stream=stream)
+    try:
+        want = validated(request, stream)
+    except (ValidationError, Untranslatable):
+        assert plain is None  # what validation or the translation refuses (by name) is never built without it
+        return "chat refuses"
+    if plain is None:
+        return "validated"
+    same(plain, want)
+    assert plain.upstream_fields() == want.upstream_fields()
+    # A tool's JSON Schema is copied at the top, as validation copies it (the Responses tool's own is never shared).
+    given = [tool.parameters for tool in _function_tools(request.tools or ())]
+    for got, made in zip(plain.tools or (), want.tools or (), strict=True):
+        if isinstance(made, ChatFunctionTool) and made.function.parameters is not None:
+            assert all(got.function.parameters is not schema for schema in given)
+            assert [id(v) for v in got.function.parameters.values()] == [
+                id(v) for v in made.function.parameters.values()
+            ]
+    return "plain"
+
+
+def _function_tools(tools: Any) -> list[Any]:
+    every = [inner for tool in tools for inner in (tool.tools if isinstance(tool, NamespaceTool) else [tool])]
+    return [tool for tool in every if isinstance(tool, FunctionTool)]
+
+
+_WEB = {"type": "web_search"}
+_SPAWN = {"type": "function", "name": "spawn", "parameters": {"type": "object", "properties": {}}}
+_PATCH = {"type": "custom", "name": "patch", "format": {"type": "grammar", "syntax": "lark", "definition": "s: x"}}
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"tools": [], "tool_choice": "auto"},  # no tools: auto is chat's default, left out
+        {"tools": [_WEB], "tool_choice": "auto", "parallel_tool_calls": True},  # only a built-in (omitted)
+        {"tools": [_WEB], "tool_choice": "none"},  # none is sent without tools
+        {"tools": [_SPAWN], "tool_choice": "required", "parallel_tool_calls": False, "reasoning": {"effort": "low"}},
+        {"tools": [{"type": "namespace", "name": "n" * 30, "description": "d", "tools": [{**_SPAWN, "name": "s" * 32},
+                                                                                        _PATCH]}]},  # 64: chat's most
+        {"tools": [_SPAWN, _PATCH], "input": [
+            {"role": "assistant", "content": [{"type": "output_text", "text": "on it"}]},
+            {"type": "function_call", "call_id": "c1", "name": "spawn", "arguments": "{}"},
+            {"type": "custom_tool_call", "call_id": "c2", "name": "patch", "input": "x"},
+            {"type": "function_call_output", "call_id": "c1", "output": []},
+            {"type": "custom_tool_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "ok"}]},
+            {"type": "function_call", "call_id": "c3", "name": "spawn", "namespace": "agents", "arguments": "{}"},
+        ]},
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_edge_of_the_plain_set_is_built_as_validation_builds_it(fields: dict[str, Any], stream: bool) -> None:
+    body = {"model": "m", "input": "x", **fields}
+    assert _built_as_validation_builds(body, stream, omit=True) == "plain"
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.fixed_dictionaries(
         {"model": st.text(min_size=1, max_size=3), "input": _TEXT | st.lists(_ITEM, max_size=4)}, optional=_OPTIONAL
@@ -131,19 +245,75 @@ _OPTIONAL: dict[str, st.SearchStrategy[Any]] = {
     st.booleans(),
 )
 def test_any_plain_request_is_built_as_validation_builds_it(body: dict[str, Any], stream: bool) -> None:
-    try:
-        request = ResponsesRequest.model_validate(body)
-    except ValidationError:
-        return  # the Responses schema refuses it: never translated
+    _built_as_validation_builds(body, stream, omit=False)
+
+
+_AGENT: dict[str, st.SearchStrategy[Any]] = {
+    key: _OPTIONAL[key]
+    for key in ("instructions", "max_output_tokens", "temperature", "store", "include", "tool_choice", "reasoning")
+}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.fixed_dictionaries(
+        {"model": st.just("m"), "input": st.lists(_ITEM, min_size=1, max_size=6), "tools": _TOOLS},
+        optional={**_AGENT, "parallel_tool_calls": st.booleans(), "prompt_cache_key": _TEXT},
+    ),
+    st.booleans(),
+    st.booleans(),
+)
+def test_any_agent_request_is_built_as_validation_builds_it(body: dict[str, Any], stream: bool, omit: bool) -> None:
+    """An agent's turn (tools of every kind, calls and their outputs): most take the path without
+    validation (tests/backends/responses: hypothesis's own coverage of it is checked below)."""
+    _built_as_validation_builds(body, stream, omit)
+
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "responses"
+
+
+@pytest.mark.parametrize("name", ["codex-0.171-turn1.json", "codex-0.171-tool-result.json"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_agents_turn_is_plain_and_built_as_validation_builds_it(name: str, stream: bool) -> None:
+    """A recorded Codex turn (its tools, a namespace among them, and, later, its calls and their
+    outputs) takes the path without validation, and gets what validation builds."""
+    body = {**json.loads((FIXTURES / name).read_text())["body"], "stream": stream}
+    request = ResponsesRequest.model_validate(body)
+    request.omit_builtin_tools()  # Codex's web_search: what the operator's builtin_tools: omit does
     plain = plain_chat_request(request, stream=stream)
+    assert plain is not None
+    want = validated(request, stream)
+    same(plain, want)
+    assert plain.upstream_fields() == want.upstream_fields()
+    assert chat_request_of(request)[0] is plain or chat_request_of(request)[0] == plain
+    assert {"tools", "parallel_tool_calls", "tool_choice"} <= plain.__pydantic_fields_set__
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"tools": [{"type": "namespace", "name": "n" * 40, "description": "d",
+                    "tools": [{"type": "function", "name": "f" * 40}]}]},  # a flattened name of 82
+        {"tools": [{"type": "function", "name": "a__b"},
+                   {"type": "namespace", "name": "a", "description": "d",
+                    "tools": [{"type": "function", "name": "c"}]}], "tool_choice": {"type": "function", "name": "c"}},
+        {"input": [{"type": "function_call_output", "call_id": "c1",
+                    "output": [{"type": "input_image", "image_url": "https://x/y.png"}]}]},
+        {"include": ["message.output_text.logprobs"], "top_logprobs": 2},
+        {"tools": [{"type": "namespace", "name": f"n{k}", "description": "d",  # 129 chat tools: one over chat's most
+                    "tools": [{"type": "function", "name": f"f{i}"} for i in range(size)]}
+                   for k, size in enumerate((100, 29))]},
+    ],
+)  # fmt: skip
+def test_what_validation_refuses_or_resolves_is_not_built_without_it(fields: dict[str, Any]) -> None:
+    request = ResponsesRequest.model_validate({"model": "m", "input": "x", **fields})
+    assert plain_chat_request(request, stream=False) is None
     try:
-        want = validated(request, stream)
-    except ValidationError:
-        assert plain is None  # what validation refuses (by name) is never built without it
-        return
-    if plain is not None:
-        same(plain, want)
-        assert plain.upstream_fields() == want.upstream_fields()
+        want = to_chat(request, ToolNames(request), stream=False)
+    except Untranslatable as exc:
+        assert exc.param in ("tools", "input[0].output[0]")  # chat's limits on tools; an image in a tool output
+    else:
+        assert want.tool_choice is not None or want.logprobs
 
 
 _TOOL = {"type": "function", "name": "f", "parameters": {"type": "object"}}
