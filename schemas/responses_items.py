@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictBool, Tag, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StrictBool, Tag, model_validator
 
 from schemas.common import JsonObject, NonEmpty, _json_safe
 from schemas.errors import FieldRuleError
@@ -241,11 +241,28 @@ class HostedItem(OpenAIOwned):
     id: str | None = None
 
 
+def _null_is_default(default: str) -> Any:
+    return BeforeValidator(lambda value: default if value is None else value)
+
+
+class _NullTypedMessage(MessageItem):
+    """A message sent with ``"type": null``: null is the default, as for every optional field (an
+    openai SDK model dumped whole sends it). Its own member, so no other message pays the check."""
+
+    type: Annotated[Literal["message"], _null_is_default("message")] = "message"
+
+
+class _NullTypedReference(ItemReference):
+    type: Annotated[Literal["item_reference"], _null_is_default("item_reference")] = "item_reference"
+
+
 def _item_tag(value: Any) -> str | None:
-    """The item's union tag: its ``type``; untyped, a message when it has a ``role``, else a reference."""
+    """The item's union tag: its ``type``; untyped (or null), a message when it has a ``role``, else a reference."""
     if isinstance(value, dict):
         kind = value.get("type")
         if kind is None:
+            if "type" in value:
+                return "message-null" if "role" in value else "item_reference-null"
             return "message" if "role" in value else "item_reference"
         return kind if isinstance(kind, str) else None
     return getattr(value, "type", None)
@@ -265,6 +282,8 @@ ITEM_TAGS: frozenset[str] = frozenset((*_TRANSLATED, *HOSTED_ITEM_TYPES))
 # The union is built from the type lists (one member per tag), so a new hosted type is one entry above.
 _MEMBERS: tuple[Any, ...] = (
     *(Annotated[model, Tag(tag)] for tag, model in _TRANSLATED.items()),
+    Annotated[_NullTypedMessage, Tag("message-null")],
+    Annotated[_NullTypedReference, Tag("item_reference-null")],
     *(Annotated[HostedItem, Tag(tag)] for tag in HOSTED_ITEM_TYPES),
 )
 if TYPE_CHECKING:

@@ -179,8 +179,9 @@ def _chat_param(loc: tuple[int | str, ...], body: bytes) -> str | None:
 
 
 # Union tags of the Responses schema that no node carries as a value: an untyped item is a
-# message or a reference, the built-in tool choices share one tag, as do allowed_tools' named refs.
-_UNTYPED_TAGS = frozenset({"message", "item_reference", "builtin", "named"})
+# message or a reference (also when its type is null), the built-in tool choices share one tag, as
+# do allowed_tools' named refs.
+_UNTYPED_TAGS = frozenset({"message", "item_reference", "message-null", "item_reference-null", "builtin", "named"})
 # A union member's own errors that say more than the union's shapes.
 _SAYS_MORE = frozenset({"value_error", "too_long"})
 # Errors of a discriminated union whose tag matched no member: the client's ``type`` is wrong.

@@ -13,7 +13,14 @@ import pytest
 from gateway.http.validation import parse_responses_request
 from schemas.errors import InvalidRequestError
 from schemas.responses import ResponsesRequest
-from schemas.responses_items import HOSTED_ITEM_TYPES, ITEM_TAGS, FunctionCallItem, HostedItem, ItemReference
+from schemas.responses_items import (
+    HOSTED_ITEM_TYPES,
+    ITEM_TAGS,
+    FunctionCallItem,
+    HostedItem,
+    ItemReference,
+    MessageItem,
+)
 from schemas.responses_tools import TOOL_TAGS, BuiltinTool, NamespaceTool
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "responses"
@@ -175,6 +182,19 @@ def test_the_param_is_the_clients_path_and_the_message_says_what_is_wrong(
     error = refused({"model": "m", **body})
     assert (error.param, error.status) == (param, 400), error.message
     assert says in error.message and "Ref" not in error.message and "discriminator" not in error.message
+
+
+def test_a_null_type_is_the_default_as_for_every_optional_field() -> None:
+    """An openai SDK model dumped whole (``EasyInputMessage(...).model_dump()``) sends ``"type": null``;
+    the item is what it would be without the key, named by its path when wrong."""
+    items = [{"type": None, "role": "user", "content": "hi", "id": None}, {"type": None, "id": "msg_1"}]
+    request = parse({"model": "m", "input": items})
+    first, second = request.input or ()  # type: ignore[misc]
+    assert isinstance(first, MessageItem) and isinstance(second, ItemReference)
+    assert (first.type, second.type) == ("message", "item_reference")
+    assert first.model_dump(exclude_none=True) == {"type": "message", "role": "user", "content": "hi"}
+    bad = refused({"model": "m", "input": [{"type": None, "role": "user", "content": "x", "y": 1}]})
+    assert (bad.param, bad.code) == ("input[0].y", "unknown_parameter")
 
 
 def test_an_empty_content_array_is_a_message() -> None:
