@@ -179,9 +179,10 @@ class ResponsesRequest(_Strict):
                 for j, part in enumerate(item.content):
                     if isinstance(part, OutputText | RefusalPart) is not assistant:  # OpenAI's rule both ways
                         takes = "output_text and refusal" if assistant else "input_text, input_image and input_file"
+                        a = "an" if assistant else "a"
                         raise FieldRuleError(
                             f"input[{i}].content[{j}].type",
-                            f"input[{i}].content[{j}]: a {item.role} message takes {takes}, not {part.type}",
+                            f"input[{i}].content[{j}]: {a} {item.role} message takes {takes}, not {part.type}",
                         )
 
     def _check_tools(self) -> None:
