@@ -184,7 +184,7 @@ class ChatResponseEvents(ResponseWriter):
                 and chunk.endswith(shape[1], pos, cut)
             ):
                 if run and end - cut > RUN * (shape[2] + shape[3]):  # more may follow: the run at once
-                    taken, stop, run_text = write_run(chunk, pos, shape, fast[2], seq, out)
+                    taken, stop, run_text = write_run(chunk, pos, shape, fast[0], fast[1], seq, out)
                     if taken:
                         texts.append(run_text)
                         seq += taken

@@ -3,13 +3,14 @@
 A stream's plain text events (one choice, a piece of text, nothing else) differ only in their
 content string: :func:`learn` keeps the bytes around it, so later ones are known by their ends
 (and their string relayed as the upstream escaped it); :func:`write_run` writes a run of them in
-one read with one ``%`` format. Used by :class:`~backends.responses.events.ChatResponseEvents`.
+one read with one join. Used by :class:`~backends.responses.events.ChatResponseEvents`.
 """
 
 from __future__ import annotations
 
 import re
 from io import BytesIO
+from operator import itemgetter
 
 import orjson
 
@@ -17,8 +18,9 @@ from backends.responses.lifecycle_bytes import NO_LOGPROBS
 
 __all__ = ["RUN", "Shape", "learn", "write_run"]
 
-# Where a text delta's template (lifecycle_bytes.delta_template) has its string's ``%b``: before NO_LOGPROBS.
-_STRING = -2 - len(NO_LOGPROBS)
+# The sequence numbers' bytes, made once: a run's events take theirs by one slice.
+_NUMBERED = 4096
+_NUMBERS = [b"%d" % number for number in range(_NUMBERED)]
 RUN = 3  # plain text events a read must still hold after one for a run of them to be written at once
 
 # A JSON string (and the blanks before it), as a text event's content is written.
@@ -48,12 +50,12 @@ def learn(raw: bytes) -> Shape | None:
 
 
 def write_run(
-    chunk: bytes, start: int, shape: Shape, template: bytes, seq: int, out: list[bytes]
+    chunk: bytes, start: int, shape: Shape, head: bytes, where: bytes, seq: int, out: list[bytes]
 ) -> tuple[int, int, str]:
-    """The plain text events of ``chunk`` from ``start`` (where one begins) written at once with
-    ``template`` (the part's, :func:`~backends.responses.lifecycle_bytes.delta_template`): how
-    many, where the next event begins, and their text; ``(0, start, "")`` when the loop is to take
-    them one by one.
+    """The plain text events of ``chunk`` from ``start`` (where one begins) written at once as the
+    part's text deltas (``head``: a delta's bytes before its sequence number, ``where``: between it
+    and its string, as ResponseWriter._fast holds them): how many, where the next event begins, and
+    their text; ``(0, start, "")`` when the loop is to take them one by one.
 
     The usual read (a fast upstream's: plain text events, then at most a finish and the usage
     chunk) is taken to its last event that ends in ``after``: its lines (cut by ``readlines``, a
@@ -63,23 +65,29 @@ def write_run(
     string is one JSON string: read together as one JSON array, they give as many strings as
     lines (an empty piece, or one with two values, gives no array of that length), and the array
     holds no line feed (each lies within one event). A read with another event among its plain
-    ones fails (1) and is cut by :func:`_write_pieces`. The events are one ``%`` of the template's
-    bytes around the strings, which gives each its sequence number (their ``%`` doubled): no
-    object per event but its line and its string.
+    ones fails (1) and is cut by :func:`_write_pieces`. (A split at the middles would cost more: a
+    search for a needle that long prepares it again at each cut.)
     """
     cut, back = shape[2], -shape[3] - 1
     stop = chunk.rfind(shape[5], start) + shape[3] + 2  # after the last event that ends in ``after`` and "\n\n"
-    strings = [line[cut:back] for line in BytesIO(chunk[start:stop]).readlines()[::2]]
+    # The read's lines from ``start`` up to the last one's "\n" before ``stop``: readlines' size hint ends
+    # them there. BytesIO shares the read's buffer and the comparison below is made in place: the read
+    # (the whole answer, for a fast upstream) is not copied (each copy costs as much as a dozen calls).
+    # Each event line's string is cut out by map (a slice per line, no bytecode per event).
+    lines = BytesIO(chunk)
+    lines.seek(start)
+    strings = list(map(itemgetter(slice(cut, back)), lines.readlines(stop - start - 1)[::2]))
     taken = len(strings)
     if taken < 2:  # (no other event in the read ends in ``after``)
         return 0, start, ""
-    if chunk[start + cut : stop - shape[3] - 2] != shape[4].join(strings):
-        return _write_pieces(chunk, start, shape, template, seq, out)
-    return _written(strings, taken, start, stop, template, seq, out)
+    middle = shape[4].join(strings)
+    if len(middle) != stop - start - cut - shape[3] - 2 or not chunk.startswith(middle, start + cut):
+        return _write_pieces(chunk, start, shape, head, where, seq, out)
+    return _written(strings, taken, start, stop, head, where, seq, out)
 
 
 def _written(
-    strings: list[bytes], taken: int, start: int, stop: int, template: bytes, seq: int, out: list[bytes]
+    strings: list[bytes], taken: int, start: int, stop: int, head: bytes, where: bytes, seq: int, out: list[bytes]
 ) -> tuple[int, int, str]:
     """The events of a run whose ``taken`` strings lie each between the shape's ends (:func:`write_run`'s
     (1)), once they are JSON strings without a line feed (its (2)): how many, ``stop``, their text; or
@@ -94,15 +102,21 @@ def _written(
         return 0, start, ""
     if len(texts) != taken:
         return 0, start, ""
-    head, end = template[:_STRING], template[_STRING + 2 :]  # delta_template's: head (with %d), the string, end
-    if b"%" in array:  # (the template's own are doubled already)
-        strings = [string.replace(b"%", b"%%") for string in strings]
-    out.append((head + (end + head).join(strings) + end) % tuple(range(seq, seq + taken)))
+    # The events as one join of their pieces (head, sequence number, where, string; NO_LOGPROBS and the
+    # next head between two), laid out by slice assignments: no bytecode, and no format, per event.
+    numbers = (
+        _NUMBERS[seq : seq + taken] if seq + taken <= _NUMBERED else list(map(b"%d".__mod__, range(seq, seq + taken)))
+    )
+    pieces = [where] * (4 * taken + 1)
+    pieces[0::4] = [head, *[NO_LOGPROBS + head] * (taken - 1), NO_LOGPROBS]
+    pieces[1::4] = numbers
+    pieces[3::4] = strings
+    out.append(b"".join(pieces))
     return taken, stop, text
 
 
 def _write_pieces(
-    chunk: bytes, start: int, shape: Shape, template: bytes, seq: int, out: list[bytes]
+    chunk: bytes, start: int, shape: Shape, head: bytes, where: bytes, seq: int, out: list[bytes]
 ) -> tuple[int, int, str]:
     """:func:`write_run` for a read with another event among its plain ones: the run ends before it.
 
@@ -130,4 +144,4 @@ def _write_pieces(
         stop = start + len(b"".join(pieces[:taken])) + taken * len(shape[5])
     if chunk.count(shape[4], start, stop) != taken - 1:
         return 0, start, ""
-    return _written(strings, taken, start, stop, template, seq, out)
+    return _written(strings, taken, start, stop, head, where, seq, out)

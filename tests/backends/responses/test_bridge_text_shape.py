@@ -237,13 +237,21 @@ RUN_TEXTS = st.lists(RUN_PIECES, max_size=4).map("".join)
     ascii_escapes=st.booleans(),
     delta_first=st.booleans(),
     ends=st.integers(0, 2),
+    seq=st.sampled_from([7, 4090, 5000]),  # (the sequence numbers' table ends at 4096)
 )
 def test_a_run_is_the_events_of_its_strings(
-    texts: list[str], other: tuple[int, int] | None, model: str, ascii_escapes: bool, delta_first: bool, ends: int
+    texts: list[str],
+    other: tuple[int, int] | None,
+    model: str,
+    ascii_escapes: bool,
+    delta_first: bool,
+    ends: int,
+    seq: int,
 ) -> None:
     """write_run's usual way (the read's lines, one comparison) takes what the pieces' way takes (a
-    read with another event among the plain ones included), and writes each string once, in the
-    template, with its sequence number: whatever the strings, the model name, ``%`` in either."""
+    read with another event among the plain ones included), and writes each string once, as the
+    template would, with its sequence number: whatever the strings, the model name, ``%`` in either,
+    and the sequence numbers."""
     head = {**HEAD, "model": model}
 
     def event(text: str, **choice: Any) -> bytes:
@@ -258,15 +266,16 @@ def test_a_run_is_the_events_of_its_strings(
     shape = text_run.learn(event("first")[:-2])
     assert shape is not None
     start = len(event("first"))
-    template = delta_template(TEXT_HEAD, b',"item_id":"msg_%%1","output_index":0,"content_index":0,"delta":')
+    where = b',"item_id":"msg_%%1","output_index":0,"content_index":0,"delta":'
+    template = delta_template(TEXT_HEAD, where)
     usual: list[bytes] = []
-    taken, stop, text = text_run.write_run(read, start, shape, template, 7, usual)
+    taken, stop, text = text_run.write_run(read, start, shape, TEXT_HEAD, where, seq, usual)
     pieces: list[bytes] = []
-    assert text_run._write_pieces(read, start, shape, template, 7, pieces) == (taken, stop, text)
+    assert text_run._write_pieces(read, start, shape, TEXT_HEAD, where, seq, pieces) == (taken, stop, text)
     assert usual == pieces
     if taken:
         strings = [read[at + shape[2] : read.index(b"\n\n", at) - shape[3]] for at in _starts(read, start, stop)]
-        assert usual == [b"".join(template % (7 + i, string) for i, string in enumerate(strings))]
+        assert usual == [b"".join(template % (seq + i, string) for i, string in enumerate(strings))]
         assert text == "".join(orjson.loads(b"[" + b",".join(strings) + b"]"))
     if other is None and len(texts) >= 2:
         assert taken == len(texts)  # a read of plain text events is one run
