@@ -291,6 +291,11 @@ def _untranslatable(request: ResponsesRequest, exc: ValidationError) -> Untransl
     error = exc.errors(include_url=False)[0]
     loc = error["loc"]
     head = str(loc[0]) if loc else "messages"
+    if head == "tools":
+        tool = _tool_of_chat_tool(request, loc[1]) if len(loc) > 1 and isinstance(loc[1], int) else None
+        if tool is not None:
+            return Untranslatable(tool[0], f"chat cannot carry it as the tool {tool[1]!r} ({error['msg']})")
+        return Untranslatable("tools", f"chat cannot carry it ({error['msg']}; each namespace function is a tool)")
     if head != "messages":
         return Untranslatable(CHAT_TO_RESPONSES.get(head, head), f"chat cannot carry it ({error['msg']})")
     if len(loc) < 2 or not isinstance(loc[1], int):
@@ -318,6 +323,23 @@ def _client_path(request: ResponsesRequest, i: int, rest: str) -> tuple[str, str
     if i < earlier:
         return "previous_response_id", "an earlier turn's "
     return f"input[{i - earlier}]{rest}", "a "
+
+
+def _tool_of_chat_tool(request: ResponsesRequest, index: int) -> tuple[str, str] | None:
+    """The path of the tool that became chat's tool at ``index`` (as :func:`_tools` flattens
+    namespaces), and its name there (``<namespace>__<name>``)."""
+    k = 0
+    for i, tool in enumerate(request.tools or ()):
+        if isinstance(tool, NamespaceTool):
+            if index < k + len(tool.tools):
+                j = index - k
+                return f"tools[{i}].tools[{j}].name", f"{tool.name}{NAMESPACE_SEPARATOR}{tool.tools[j].name}"
+            k += len(tool.tools)
+        elif isinstance(tool, FunctionTool | CustomTool):
+            if k == index:
+                return f"tools[{i}]", tool.name
+            k += 1
+    return None
 
 
 def _item_of_message(request: ResponsesRequest, index: int) -> int | None:

@@ -165,6 +165,13 @@ IMAGE = {"type": "input_image", "image_url": "https://x/y.png"}
         ({"input": "x", "tools": [FN],
           "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "mcp", "server_label": "s"}]}},
          "tool_choice", "no function or custom tool"),
+        # A namespace function's flattened name past chat's 64 characters: that function, by its path.
+        ({"input": "x", "tools": [FN, {"type": "function", "name": "h"}, {**NS, "name": "n" * 40, "tools": [
+            FN, {"type": "function", "name": "f" * 40}]}]},
+         "tools[2].tools[1].name", "n" * 40 + "__" + "f" * 40),
+        ({"input": "x", "tools": [{**NS, "tools": [{"type": "function", "name": f"g{i}"} for i in range(100)]},
+                                  *({"type": "function", "name": f"f{i}"} for i in range(40))]},
+         "tools", "each namespace function is a tool"),
     ],
 )  # fmt: skip
 def test_what_chat_cannot_carry_is_named_by_the_clients_path(fields: dict[str, Any], param: str, says: str) -> None:
