@@ -79,7 +79,31 @@ def _json_safe(value: Any) -> Any:
 
     Depth needs no check here: pydantic's JSON parser refuses deep nesting (limit 200)
     before orjson's own (254) could be reached.
+
+    Parsed JSON holds only ``dict``, ``list``, ``str``, ``int``, ``float``, ``bool`` and None: each
+    node is read once by its exact type, with no call per node (a tool's JSON Schema has hundreds;
+    issue 21). Anything else (a subclass, another type, a value out of range) is decided by
+    :func:`_json_safe_walk`, the walk by ``isinstance``, so the answer and its error are the same.
     """
+    todo = [value]
+    for item in todo:  # the list grows as it is read: every node once
+        kind = type(item)
+        if kind is str or kind is bool or item is None:
+            continue
+        if kind is dict:
+            todo += item.values()
+        elif kind is list:
+            todo += item
+        elif kind is int:
+            if not _JSON_INT_MIN <= item <= _JSON_INT_MAX:
+                return _json_safe_walk(value)
+        elif kind is not float or item - item != 0.0:  # inf - inf and nan - nan are nan
+            return _json_safe_walk(value)
+    return value
+
+
+def _json_safe_walk(value: Any) -> Any:
+    """:func:`_json_safe` by ``isinstance`` (subclasses too), raising for the first value refused."""
     stack = [value]
     while stack:
         item = stack.pop()
