@@ -62,9 +62,10 @@ def write_run(
     ``memchr`` each) less the shape's ``before`` and ``after`` are the strings, and they are
     plain text events when (1) ``before``, the strings joined by the shape's middle (``after``,
     separator, ``before``), then ``after`` and the separator are those bytes exactly; and (2) each
-    string is one JSON string: read together as one JSON array, they give as many strings as
-    lines (an empty piece, or one with two values, gives no array of that length), and the array
-    holds no line feed (each lies within one event). A read with another event among its plain
+    string is one JSON string: read together as one JSON array, a line feed before each comma, they
+    give as many strings as lines (an empty piece, or one with two values, gives no array of that
+    length; a string one piece opens and the next closes would hold a line feed: no JSON), and no
+    piece holds a line feed of its own (each lies within one event). A read with another event among its plain
     ones fails (1) and is cut by :func:`_write_pieces`. (A split at the middles would cost more: a
     search for a needle that long prepares it again at each cut.)
     """
@@ -92,8 +93,10 @@ def _written(
     """The events of a run whose ``taken`` strings lie each between the shape's ends (:func:`write_run`'s
     (1)), once they are JSON strings without a line feed (its (2)): how many, ``stop``, their text; or
     ``(0, start, "")``."""
-    array = b"[" + b",".join(strings) + b"]"
-    if b"\n" in array:
+    # A line feed before each comma (JSON allows one there, never inside a string): a string left open by
+    # one piece and closed by the next (each then no JSON string) fails the read instead of passing as one.
+    array = b"[" + b"\n,".join(strings) + b"]"
+    if array.count(b"\n") != taken - 1:  # (a piece with one of its own)
         return 0, start, ""
     try:
         texts = orjson.loads(array)

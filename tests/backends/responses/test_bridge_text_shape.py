@@ -16,6 +16,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from backends.base import CompletionStream
+from backends.errors import UpstreamProtocolError
 from backends.responses import events as events_module
 from backends.responses import text_run
 from backends.responses.answer import ResponseFrame
@@ -334,3 +335,17 @@ async def test_a_stream_read_a_token_at_a_time_is_written_per_read() -> None:
         patch.setattr(events_module, "learn", lambda raw: None)
         assert parse(fast) == parse(await written(list(reads), shared))
     assert b'"delta":"\\u00e9"' in fast  # relayed as the upstream wrote it
+
+
+@pytest.mark.parametrize("pieces", [(b'"a","b', b'c"'), (b'"a\\', b'"')])
+async def test_a_run_of_broken_events_is_refused_as_the_parse_refuses_them(pieces: tuple[bytes, bytes]) -> None:
+    """Two events that are no JSON, each between the learned ends, the first leaving a string open that
+    the second closes (read together as one array they would give as many strings as events), among
+    plain ones: the stream fails as the parsed path fails it, no event written with a broken string."""
+    plain = serialised(text_event("Q"), False)
+    before, after = plain.split(b'"Q"')
+    texts = [serialised(text_event(t), False) for t in ["x", "y", "z", "w"]]
+    read = serialised(text_event("A"), False) + texts[0] + before + pieces[0] + after + before + pieces[1] + after
+    read += b"".join(texts[1:])
+    with pytest.raises(UpstreamProtocolError, match="not JSON"):
+        await written([read], frame())
