@@ -134,13 +134,14 @@ def request_forms(request: ResponsesRequest) -> Iterator[tuple[str, str]]:
                 yield "input", "caller"
     for tool in request.tools or ():
         yield "tools", tool.type
-        if isinstance(tool, FunctionTool | CustomTool):
+        # (type, not isinstance: a call per tool; neither model has a subclass)
+        if type(tool) is FunctionTool or type(tool) is CustomTool:
             if tool.defer_loading is not None:
                 yield "tools", "defer_loading"
             if tool.allowed_callers is not None:
                 yield "tools", "allowed_callers"
-        if isinstance(tool, FunctionTool) and tool.output_schema is not None:
-            yield "tools", "output_schema"
+            if type(tool) is FunctionTool and tool.output_schema is not None:
+                yield "tools", "output_schema"
     choice = request.tool_choice
     if isinstance(choice, str):
         yield "tool_choice", choice

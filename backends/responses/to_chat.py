@@ -94,7 +94,7 @@ class ToolNames:
         self._back: dict[str, tuple[str, str]] = {}
         self._local: dict[str, list[str]] = {}
         for tool in (request.tools if request is not None else None) or ():
-            if isinstance(tool, NamespaceTool):
+            if type(tool) is NamespaceTool:  # (no subclass: no isinstance call per tool)
                 for inner in tool.tools:
                     flat = f"{tool.name}{NAMESPACE_SEPARATOR}{inner.name}"
                     self._back[flat] = (inner.name, tool.name)

@@ -114,6 +114,10 @@ def test_auto_without_tools_is_chats_default() -> None:
             "chat",
         ),
         (OPENAI_RESPONSES, {"top_k": 5}, "top_k", "vLLM extra"),
+        # a function or custom tool's options only OpenAI runs (request_forms reads them per tool's type)
+        (MOCK_RESPONSES, {"tools": [FN, {**FN, "name": "g", "defer_loading": True}]}, "tools", "defer_loading"),
+        (MOCK_RESPONSES, {"tools": [{**FN, "allowed_callers": ["direct"]}]}, "tools", "allowed_callers"),
+        (MOCK_RESPONSES, {"tools": [{**FN, "output_schema": {"type": "object"}}]}, "tools", "output_schema"),
     ],
 )
 def test_refusals_name_the_responses_field(table: Any, fields: dict[str, Any], param: str, says: str) -> None:
