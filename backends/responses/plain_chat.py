@@ -54,7 +54,14 @@ from schemas.responses_tools import CustomTool, FunctionTool, Grammar, Namespace
 __all__ = ["PLAIN_FIELDS", "SAME_SCALARS", "UNREAD_FIELDS", "plain_chat_request"]
 
 M = TypeVar("M", bound=BaseModel)
-_set = object.__setattr__
+# BaseModel's own slots, set through their descriptors: object.__setattr__ looks each name up in the
+# type first (a third of a small model's making; model_construct sets the same four).
+_SLOTS = BaseModel.__dict__
+_set_dict = _SLOTS["__dict__"].__set__
+_set_fields_set = _SLOTS["__pydantic_fields_set__"].__set__
+_set_extra = _SLOTS["__pydantic_extra__"].__set__
+_set_private = _SLOTS["__pydantic_private__"].__set__
+_new = object.__new__
 
 
 class _Trusted(Generic[M]):
@@ -68,11 +75,11 @@ class _Trusted(Generic[M]):
         self._defaults = {name: info.get_default(call_default_factory=True) for name, info in cls.model_fields.items()}
 
     def __call__(self, values: dict[str, Any]) -> M:
-        obj = self._cls.__new__(self._cls)
-        _set(obj, "__dict__", {**self._defaults, **values})
-        _set(obj, "__pydantic_fields_set__", set(values))
-        _set(obj, "__pydantic_extra__", None)
-        _set(obj, "__pydantic_private__", None)
+        obj: M = _new(self._cls)
+        _set_dict(obj, {**self._defaults, **values})
+        _set_fields_set(obj, set(values))
+        _set_extra(obj, None)
+        _set_private(obj, None)
         return obj
 
 
