@@ -160,7 +160,8 @@ class BridgeChatCall(ChatCall):
     A family's chat relay gives it the upstream's events as they came, vouched as for a client
     (whole events, every choice finished, an error event raised) but not rewritten for one: no
     model name swapped in, no ``"usage": null`` added, vLLM's null keys and reasoning name left as
-    sent; the usage chunk is kept (the bridge reads its details) and comes last.
+    sent; the usage chunk is not yielded: its object, details included, is the stream's
+    ``usage_fields`` (the bridge reads it at the end).
     """
 
     __slots__ = ()

@@ -99,6 +99,9 @@ class CompletionStream(ABC):
     """
 
     usage: TokenUsage | None = None
+    # The upstream's usage object as read (details included), where the stream read its usage chunk
+    # for a consumer that is not a client (the Responses bridge: BridgeChatCall) instead of yielding it.
+    usage_fields: Any = None
     # True once the upstream finished cleanly: the next ``__anext__`` will stop. Lets the
     # consumer send the last chunk, ``[DONE]`` and the end of the body in one write.
     finished: bool = False

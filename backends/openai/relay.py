@@ -9,7 +9,8 @@ something the gateway must act on (a usage object, an error event, an unexpected
 line that is not ``data:``) are parsed event by event (:meth:`OpenAIStreamRelay._process_slow`).
 This is what keeps a 64-token stream at a small fraction of a Python proxy's budget. A stream the
 gateway reads itself (the Responses bridge: ``backends.base.BridgeChatCall``) is vouched the same
-way but not rewritten for a client: no swap, the usage chunk kept for it.
+way but not rewritten for a client: no swap, and the usage chunk's object handed over as read
+(``usage_fields``) instead of an event to parse again.
 
 What reaches the client is ``data:`` events only (an upstream's ``id:``, ``event:``,
 ``retry:``, comment and bare lines are not relayed), up to the *first* ``[DONE]``; the usage
@@ -219,6 +220,9 @@ class OpenAIStreamRelay(EventFrame, UpstreamEvents[bytes], CompletionStream):
             if usage is not None:
                 self.usage = usage
                 if not choices:
+                    if not self._for_client:  # the bridge: the object as read, no event (no dump, no parse there)
+                        self.usage_fields = obj["usage"]
+                        continue
                     if not self._keep_usage_chunk:
                         continue  # the gateway asked for it, for metrics only
                     hold = True  # the client's last event, whenever the upstream sent it

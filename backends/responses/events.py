@@ -389,9 +389,14 @@ class ChatResponseEvents(ResponseWriter):
         """The chat stream ended cleanly: close the open item, then ``response.completed`` (or incomplete)."""
         if not self._started:  # an upstream that ended without a single chunk
             self._start(out)
-        counts = usage_of(self._chat_usage)
+        chat_usage = self._chat_usage
+        if chat_usage is None:  # (the OpenAI-shaped relays hand it over read: usage_fields)
+            chat_usage = self._chat_usage = self._inner.usage_fields
+            if chat_usage is not None:
+                self.relayed_events += 1  # (its chunk, which this stream did not see)
+        counts = usage_of(chat_usage)
         if counts is not None:  # (read once: responses_usage takes the counts read)
-            usage = responses_usage(self._chat_usage, counts)
+            usage = responses_usage(chat_usage, counts)
         else:
             counts = self._inner.usage
             usage = None if counts is None else responses_usage(counts.as_json())

@@ -48,10 +48,16 @@ def calls(kind: type[ChatCall]) -> tuple[ChatCall, ResponsesCall]:
 
 
 async def relayed(relay_type: type[OpenAIStreamRelay], kind: type[ChatCall], reads: list[bytes]) -> bytes:
+    return (await relayed_with_usage(relay_type, kind, reads))[0]
+
+
+async def relayed_with_usage(
+    relay_type: type[OpenAIStreamRelay], kind: type[ChatCall], reads: list[bytes]
+) -> tuple[bytes, Any]:
     relay = OpenAIWire.relay(WIRE, relay_type, FakeResponse(reads), calls(kind)[0])
     out = b"".join([piece async for piece in relay])
     await relay.aclose()
-    return out
+    return out, relay.usage_fields
 
 
 async def responses_events(
@@ -67,8 +73,12 @@ async def responses_events(
 async def test_the_bridge_gets_the_upstreams_events_as_sent(one_read: bool) -> None:
     events = upstream_events()
     reads = [b"".join(events)] if one_read else events
-    assert await relayed(VLLMChatStreamRelay, BridgeChatCall, reads) == b"".join(events[:-1])  # all but [DONE]
-    client = await relayed(VLLMChatStreamRelay, ChatCall, reads)
+    bridged, usage = await relayed_with_usage(VLLMChatStreamRelay, BridgeChatCall, reads)
+    assert bridged == b"".join(events[:-2])  # all but the usage chunk and [DONE]
+    assert usage == orjson.loads(events[-2][6:])["usage"]  # the usage chunk's object, handed over as read
+    client, client_usage = await relayed_with_usage(VLLMChatStreamRelay, ChatCall, reads)
+    last = client[client.rfind(b"data: ", 0, -2) :]
+    assert client_usage is None and orjson.loads(last[6:])["usage"] == usage  # the client's last event
     assert b'"model":"pub"' in client and b"token_ids" not in client and b'"reasoning_content"' in client
 
 
@@ -86,6 +96,22 @@ async def test_the_responses_events_are_those_built_from_the_clients_stream(
     assert final["status"] == "completed" and final["usage"]["output_tokens"] == 3
     assert [item["type"] for item in final["output"]] == ["reasoning", "message"]
     assert final["output"][1]["content"][0]["text"] == "Sunny" + "Sunny" * 40 + " and warm"
+
+
+@pytest.mark.parametrize("relay_type", [VLLMChatStreamRelay, ChatStreamRelay])
+async def test_the_usage_details_reach_the_bridged_response(relay_type: type[OpenAIStreamRelay]) -> None:
+    """Cached and reasoning tokens: read from the object the relay hands over, as from the client's chunk."""
+    events = upstream_events()
+    chunk = orjson.loads(events[-2][6:])
+    chunk["usage"]["prompt_tokens_details"] = {"cached_tokens": 5}
+    chunk["usage"]["completion_tokens_details"] = {"reasoning_tokens": 2}
+    events[-2] = b"data: " + orjson.dumps(chunk) + b"\n\n"
+    frame = chat_call_of(calls(BridgeChatCall)[1])[1]
+    bridged = await responses_events(relay_type, BridgeChatCall, events, frame)
+    assert parse(bridged) == parse(await responses_events(relay_type, ChatCall, events, frame))  # but the ids
+    usage = parse(bridged)[-1]["response"]["usage"]
+    assert usage["input_tokens_details"] == {"cached_tokens": 5}
+    assert usage["output_tokens_details"] == {"reasoning_tokens": 2}
 
 
 def finishing(reason: str) -> list[bytes]:
