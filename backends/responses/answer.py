@@ -29,6 +29,7 @@ from backends.errors import UpstreamProtocolError
 from backends.exact_json import dumps_exact, loads_keeping_integers
 from backends.responses.to_chat import ToolNames
 from schemas.responses import ResponsesRequest
+from schemas.responses_tools import CustomTool, FunctionTool, Grammar, NamespaceTool, PlainText
 
 __all__ = ["ResponseFrame", "new_id", "output_items", "response_from_chat", "responses_usage"]
 
@@ -109,7 +110,7 @@ class ResponseFrame:
                 "verbosity": (text.verbosity if text is not None else None) or "medium",
             },
             "tool_choice": _dump(request.tool_choice) if request.tool_choice is not None else "auto",
-            "tools": [_dump(tool) for tool in request.tools] if request.tools else [],
+            "tools": [_tool_echo(tool) for tool in request.tools] if request.tools else [],
             "top_logprobs": request.top_logprobs,
             "top_p": request.top_p,
             "truncation": request.truncation or "disabled",
@@ -151,6 +152,31 @@ class ResponseFrame:
 
 def _dump(value: Any) -> Any:
     return value if isinstance(value, str) else value.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+# The tools' models that hold only plain fields (no alias, extra, serializer or computed field:
+# tests/backends/responses/test_response_echo.py checks it): their echo is their fields but None.
+_PLAIN_TOOLS = frozenset((FunctionTool, CustomTool, NamespaceTool, Grammar, PlainText))
+
+
+def _tool_echo(tool: Any) -> Any:
+    """``_dump(tool)`` without pydantic's serialiser for a function, custom or namespace tool (12 of
+    them, as Codex sends, cost ~30 us a request so): its fields but None, in order, a model within
+    (a namespace's tools, a custom tool's format: all plain ones) as itself. A JSON value (a
+    function's ``parameters``) is the request's own object, not a copy: checked JSON-safe by the
+    schema, and never changed. Built-in tools (OpenAI's options) keep the dump."""
+    if type(tool) not in _PLAIN_TOOLS:
+        return _dump(tool)
+    out = {}
+    for name, field in tool.__dict__.items():  # by type and ``in``, no call: once per field of each tool
+        if field is None:
+            continue
+        kind = type(field)
+        if kind is list:
+            out[name] = [_tool_echo(item) if type(item) in _PLAIN_TOOLS else item for item in field]
+        else:
+            out[name] = _tool_echo(field) if kind in _PLAIN_TOOLS else field
+    return out
 
 
 def responses_usage(usage: Any, counts: TokenUsage | None = None) -> dict[str, Any] | None:
