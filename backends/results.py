@@ -81,6 +81,9 @@ class CompletionResult:
     # The answer as an object, where the translator has it anyway (a Response: what the
     # conversation store keeps); None elsewhere.
     answer: dict[str, Any] | None = None
+    # ``body`` is ``orjson.dumps(answer)`` exactly, ``output`` then ``usage`` its last keys (the
+    # bridge's Response): the store's record is cut from it (gateway.conversations.records.encode).
+    dumped: bool = False
 
 
 class CompletionStream(ABC):

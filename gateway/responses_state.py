@@ -56,6 +56,7 @@ class FinishedTurn:
     response: dict[str, Any]  # ``id``, ``status`` (terminal), ``output``, ``usage``, ``instructions``, ...
     input_items: list[dict[str, Any]]  # this request's own input, as items with ids
     previous_response_id: str | None  # the turn it continues, if any
+    dumped: bytes | None = None  # ``orjson.dumps(response)``, where it was made so (records.encode's ``dumped``)
 
 
 class ResponsesState(Protocol):

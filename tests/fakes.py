@@ -625,3 +625,19 @@ class FakeUpstream:
         finally:
             self.open_streams -= 1
         return resp
+
+
+class Reads(CompletionStream):
+    """A stream of the given reads, then a clean end."""
+
+    def __init__(self, reads: list[bytes]) -> None:
+        self._reads = reads
+
+    async def __anext__(self) -> bytes:
+        if self._reads:
+            return self._reads.pop(0)
+        self.finished = True
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        pass

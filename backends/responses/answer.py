@@ -314,5 +314,5 @@ def response_from_chat(
     try:
         body = orjson.dumps(response)
     except orjson.JSONEncodeError:  # (an integer beyond 64 bits, nesting past orjson's levels)
-        body = dumps_exact(response, backend)
-    return CompletionResult(body, usage, answer=response), response
+        return CompletionResult(dumps_exact(response, backend), usage, answer=response), response
+    return CompletionResult(body, usage, answer=response, dumped=True), response

@@ -111,14 +111,32 @@ def turn_of(response_id: str, blob: bytes) -> Turn:
     return Turn(response_id, orjson.loads(items), orjson.loads(output))
 
 
-def encode(response: dict[str, Any], items: Sequence[Mapping[str, Any]], chain: Sequence[str]) -> bytes:
+_OUTPUT_KEY = b',"output":'
+_USAGE_KEY = b',"usage":'
+
+
+def encode(
+    response: dict[str, Any], items: Sequence[Mapping[str, Any]], chain: Sequence[str], dumped: bytes | None = None
+) -> bytes:
     """A record's bytes (module docstring). Raises ``TypeError`` for what JSON cannot hold.
-    ``response`` is the same dict after (its ``output`` is null only while the last line is written)."""
+    ``response`` is the same dict after (its ``output`` is null only while the last line is written).
+    ``dumped``: ``orjson.dumps(response)``, where ``output`` then ``usage`` are its last keys (the
+    bridge's Response, ``CompletionResult.dumped``): the last line is cut from it, not dumped again."""
     # Written on every stored turn: no call but the dumps and the join (the lookup by ``in`` and
     # subscript, the list's test by ``type``: as quick, without a call each), and a first turn's
     # empty chain (the usual one) without its dumps.
     had = "output" in response
     output = response["output"] if had else None
+    head = orjson.dumps(chain) if chain else b"[]"
+    if dumped is not None and type(output) is list:
+        # orjson writes a dict member by member: the Response with "output": null is its bytes with
+        # the output's value (its own dumps, found between its key and usage's, the last) as null.
+        out = orjson.dumps(output)
+        usage_at = dumped.rfind(_USAGE_KEY)
+        at = usage_at - len(out)
+        key_at = at - len(_OUTPUT_KEY)
+        if key_at > 0 and dumped.startswith(out, at) and dumped.startswith(_OUTPUT_KEY, key_at):
+            return b"\n".join((head, orjson.dumps(items), out, b"%snull%s" % (dumped[:at], dumped[usage_at:])))
     # The last line is the Response itself with "output": null, not a copy of it with that key
     # changed (copying its thirty-odd keys cost more than its dumps). Nothing runs in between, the
     # key keeps its place (the Response reads back in its order), and it is put back even when
@@ -132,8 +150,7 @@ def encode(response: dict[str, Any], items: Sequence[Mapping[str, Any]], chain: 
         else:
             del response["output"]
     return b"\n".join(
-        (orjson.dumps(chain) if chain else b"[]", orjson.dumps(items),
-         orjson.dumps(output) if type(output) is list else b"[]", rest)
+        (head, orjson.dumps(items), orjson.dumps(output) if type(output) is list else b"[]", rest)
     )  # fmt: skip
 
 

@@ -168,7 +168,7 @@ class ConversationStore:
             if response_id in chain:  # an upstream that reuses ids: storing it would loop the conversation
                 log.error("response %s was not stored: its conversation already holds that id", response_id)
                 return
-            record = encode(turn.response, named(turn.input_items), chain)
+            record = encode(turn.response, named(turn.input_items), chain, turn.dumped)
             # (the memory store's write without a coroutine: this runs on every stored turn)
             kept = (
                 store.put_now(tenant, response_id, record)

@@ -155,13 +155,19 @@ class ResponsesTurns:
         return {OMITTED_HEADER: ", ".join(omitted)}
 
     async def end(
-        self, served: ServedRequest, answer: dict[str, Any] | None, store: ResponsesState, key: ApiKey | None
+        self,
+        served: ServedRequest,
+        answer: dict[str, Any] | None,
+        store: ResponsesState,
+        key: ApiKey | None,
+        dumped: bytes | None = None,
     ) -> None:
+        """``dumped``: ``orjson.dumps(answer)``, where its producer says so (``CompletionResult.dumped``)."""
         request: ResponsesRequest = served  # type: ignore[assignment]  # (not cast(): a call per use)
         # ResponsesRequest.stores and tenant_of, read inline: on every stored turn
         if request.store is False or answer is None or "id" not in answer:
             return
-        turn = FinishedTurn(answer, request.stored_input or own_items(request), request.previous_response_id)
+        turn = FinishedTurn(answer, request.stored_input or own_items(request), request.previous_response_id, dumped)
         await store.save(NO_AUTH_TENANT if key is None else key.name, turn)
 
 

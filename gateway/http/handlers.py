@@ -198,7 +198,8 @@ async def serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
                         extra = turns.headers(req, route.backend)
                         if extra:  # most turns add none: no update call
                             headers.update(extra)
-                        await turns.end(req, result.answer, state.responses_state, record.key)
+                        dumped = result.body if result.dumped else None  # the store's record is cut from it
+                        await turns.end(req, result.answer, state.responses_state, record.key, dumped)
                     response = web.Response(body=result.body, content_type=result.content_type, headers=headers)
             finally:
                 limiter.release()

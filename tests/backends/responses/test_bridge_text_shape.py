@@ -15,7 +15,6 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from backends.base import CompletionStream
 from backends.errors import UpstreamProtocolError
 from backends.responses import events as events_module
 from backends.responses import text_run
@@ -24,6 +23,7 @@ from backends.responses.capabilities import chat_request_of
 from backends.responses.events import ChatResponseEvents
 from backends.responses.lifecycle_bytes import TEXT_HEAD, delta_template
 from schemas.responses import ResponsesRequest
+from tests.fakes import Reads
 
 HEAD = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 7, "model": "m"}
 
@@ -49,20 +49,6 @@ def others(delta_first: bool) -> list[dict[str, Any]]:
         event("other choice", index=1),
         {**HEAD, "choices": [{"index": 0, "delta": {"content": "z", "refusal": None}, "finish_reason": None}]},
     ]
-
-
-class Reads(CompletionStream):
-    def __init__(self, reads: list[bytes]) -> None:
-        self._reads = reads
-
-    async def __anext__(self) -> bytes:
-        if self._reads:
-            return self._reads.pop(0)
-        self.finished = True
-        raise StopAsyncIteration
-
-    async def aclose(self) -> None:
-        pass
 
 
 def frame() -> ResponseFrame:
