@@ -204,6 +204,19 @@ class ChatResponseEvents(ResponseWriter):
                     events += 1
                     pos = cut + 2
                     continue
+            # The usual last text event: a learned one's bytes but for a finish reason, without a parse.
+            if fast is not None and shape is not None and chunk.startswith(shape[0], pos):
+                finished = _finish_of(chunk, pos, cut, shape)
+                if finished is not None:
+                    text, piece, reason = finished
+                    if text:  # (_choice writes no empty piece)
+                        texts.append(text)
+                        out += (fast[0], b"%d" % seq, fast[1], piece, NO_LOGPROBS)
+                        seq += 1
+                    self._finish = reason
+                    events += 1
+                    pos = cut + 2
+                    continue
             raw = chunk[pos:cut]
             pos = cut + 2
             if raw[:5] != b"data:":
@@ -405,6 +418,32 @@ class ChatResponseEvents(ResponseWriter):
         self.usage = counts
         self.finished = True
         self._done = True
+
+
+_NULL_FINISH = b'"finish_reason":null'
+# The reasons a plain text event usually ends a stream with, and their bytes there.
+_FINISHES = (("stop", b'"finish_reason":"stop"'), ("length", b'"finish_reason":"length"'))
+
+
+def _finish_of(chunk: bytes, pos: int, cut: int, shape: Shape) -> tuple[str, bytes, str] | None:
+    """Where the event at ``chunk[pos:cut]`` (which starts as the shape's do) is a learned plain text
+    event's bytes but for ``"finish_reason":null`` given as ``"stop"`` or ``"length"`` (nothing else
+    differs, so it means what that event means with a finish, as the parse would read it): its text, its
+    string as the upstream escaped it, and the finish reason; else None (the parse's way). A key is JSON
+    structure (quotes in strings are escaped)."""
+    after = shape[1]
+    if after.count(_NULL_FINISH) != 1:
+        return None
+    for reason, given in _FINISHES:
+        ending = after.replace(_NULL_FINISH, given, 1)
+        if chunk.endswith(ending, pos, cut):
+            piece = chunk[pos + shape[2] : cut - len(ending)]
+            try:
+                text = orjson.loads(piece)
+            except orjson.JSONDecodeError:
+                return None
+            return (text, piece, reason) if type(text) is str else None
+    return None
 
 
 _ROLE_AND_CONTENT = b'{"role":"assistant","content":'

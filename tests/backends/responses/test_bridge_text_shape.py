@@ -173,6 +173,32 @@ async def test_most_text_events_take_the_byte_path() -> None:
 
 
 @pytest.mark.parametrize("delta_first", [False, True])
+@pytest.mark.parametrize(("finish", "last"), [("stop", "!"), ("length", ""), ("length", 'é"\\'), ("tool_calls", "x")])
+async def test_the_finishing_text_event_takes_the_byte_path(delta_first: bool, finish: str, last: str) -> None:
+    """The usual last event (a plain text event's bytes but for its ``stop``/``length`` finish) is not
+    parsed, and gives the parsed path's events (an empty piece none); another finish reason is parsed."""
+    first = text_event("A", delta_first=delta_first)
+    first["choices"][0]["delta"] = {"role": "assistant", "content": "A"}
+    chunks = [serialised(first, False), serialised(text_event("b", delta_first=delta_first), False)]
+    chunks.append(serialised(text_event(last, delta_first=delta_first, finish_reason=finish), True))
+    shared = frame()
+    real = orjson.loads
+    for reads in (chunks, [b"".join(chunks)]):
+        parses: list[bytes] = []
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(events_module.orjson, "loads", lambda data, seen=parses: seen.append(data) or real(data))
+            out = await written(reads, shared)
+        assert len([data for data in parses if len(data) > 40]) == (1 if finish != "tool_calls" else 2)  # events'
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(events_module, "learn", lambda raw: None)
+            parsed = parse(await written(reads, shared))
+        assert parse(out) == parsed
+        final = parsed[-1]["response"]
+        assert final["status"] == ("incomplete" if finish == "length" else "completed")
+        assert final["output"][0]["content"][0]["text"] == "Ab" + last
+
+
+@pytest.mark.parametrize("delta_first", [False, True])
 @pytest.mark.parametrize("other", range(len(others(False))))
 async def test_a_run_of_text_events_in_one_read_is_written_at_once(delta_first: bool, other: int) -> None:
     """Many plain text events in one read (a fast upstream's, or a stream read late) are written as
