@@ -49,7 +49,7 @@ from backends.responses.lifecycle_bytes import (
     delta_template,
 )
 from backends.responses.response_writer import ResponseWriter
-from backends.responses.text_run import RUN, Shape, learn, write_run
+from backends.responses.text_run import RUN, Shape, finish_of, learn, opening_shape, write_run
 from schemas.errors import GatewayError
 
 __all__ = ["ChatResponseEvents"]
@@ -206,7 +206,7 @@ class ChatResponseEvents(ResponseWriter):
                     continue
             # The usual last text event: a learned one's bytes but for a finish reason, without a parse.
             if fast is not None and shape is not None and chunk.startswith(shape[0], pos):
-                finished = _finish_of(chunk, pos, cut, shape)
+                finished = finish_of(chunk, pos, cut, shape)
                 if finished is not None:
                     text, piece, reason = finished
                     if text:  # (_choice writes no empty piece)
@@ -271,7 +271,7 @@ class ChatResponseEvents(ResponseWriter):
                 if type(choice) is dict and ("index" not in choice or choice["index"] == 0):
                     self._choice(choice, out)
             if fast is None and self._fast is not None:  # it opened a text part: the shape of those to come
-                shape = self._shape = _opening_shape(obj, raw)
+                shape = self._shape = opening_shape(obj, raw)
             fast, seq, texts = self._fast, self._seq, self._texts
         self._seq = seq
         self.relayed_events += events
@@ -418,56 +418,3 @@ class ChatResponseEvents(ResponseWriter):
         self.usage = counts
         self.finished = True
         self._done = True
-
-
-_NULL_FINISH = b'"finish_reason":null'
-# The reasons a plain text event usually ends a stream with, and their bytes there.
-_FINISHES = (("stop", b'"finish_reason":"stop"'), ("length", b'"finish_reason":"length"'))
-
-
-def _finish_of(chunk: bytes, pos: int, cut: int, shape: Shape) -> tuple[str, bytes, str] | None:
-    """Where the event at ``chunk[pos:cut]`` (which starts as the shape's do) is a learned plain text
-    event's bytes but for ``"finish_reason":null`` given as ``"stop"`` or ``"length"`` (nothing else
-    differs, so it means what that event means with a finish, as the parse would read it): its text, its
-    string as the upstream escaped it, and the finish reason; else None (the parse's way). A key is JSON
-    structure (quotes in strings are escaped)."""
-    after = shape[1]
-    if after.count(_NULL_FINISH) != 1:
-        return None
-    for reason, given in _FINISHES:
-        ending = after.replace(_NULL_FINISH, given, 1)
-        if chunk.endswith(ending, pos, cut):
-            piece = chunk[pos + shape[2] : cut - len(ending)]
-            try:
-                text = orjson.loads(piece)
-            except orjson.JSONDecodeError:
-                return None
-            return (text, piece, reason) if type(text) is str else None
-    return None
-
-
-_ROLE_AND_CONTENT = b'{"role":"assistant","content":'
-_CONTENT_ONLY = b'{"content":'
-
-
-def _opening_shape(obj: dict[str, Any], raw: bytes) -> Shape | None:
-    """The shape of the plain text events to come (:func:`learn`), from ``raw``, the event ``obj`` that opened
-    a text part, where it is one but for the role, which a stream's first event often adds: then from its
-    bytes without it (the role member just before ``"content":``, the one key of that name (learn): the
-    delta's); None where it is not one (a finish, logprobs, usage, another key or choice)."""
-    if "usage" in obj and obj["usage"] is not None:
-        return None
-    try:
-        (choice,) = obj["choices"]  # (a list, with the one that opened the part)
-    except ValueError:  # another choice too
-        return None
-    if ("finish_reason" in choice and choice["finish_reason"] is not None) or (
-        "logprobs" in choice and choice["logprobs"] is not None
-    ):
-        return None
-    delta = choice["delta"]
-    if len(delta) == 2 and "role" in delta and delta["role"] == "assistant":
-        raw = raw.replace(_ROLE_AND_CONTENT, _CONTENT_ONLY, 1)
-    elif len(delta) != 1:
-        return None
-    return learn(raw)

@@ -3,7 +3,9 @@
 A stream's plain text events (one choice, a piece of text, nothing else) differ only in their
 content string: :func:`learn` keeps the bytes around it, so later ones are known by their ends
 (and their string relayed as the upstream escaped it); :func:`write_run` writes a run of them in
-one read with one join. Used by :class:`~backends.responses.events.ChatResponseEvents`.
+one read with one join; :func:`opening_shape` learns it from the event that opens a text part, and
+:func:`finish_of` reads a stream's last text event, the same bytes but for its finish. Used by
+:class:`~backends.responses.events.ChatResponseEvents`.
 """
 
 from __future__ import annotations
@@ -11,12 +13,13 @@ from __future__ import annotations
 import re
 from io import BytesIO
 from operator import itemgetter
+from typing import Any
 
 import orjson
 
 from backends.responses.lifecycle_bytes import NO_LOGPROBS
 
-__all__ = ["RUN", "Shape", "learn", "write_run"]
+__all__ = ["RUN", "Shape", "finish_of", "learn", "opening_shape", "write_run"]
 
 # The sequence numbers' bytes, made once: a run's events take theirs by one slice.
 _NUMBERED = 4096
@@ -148,3 +151,56 @@ def _write_pieces(
     if chunk.count(shape[4], start, stop) != taken - 1:
         return 0, start, ""
     return _written(strings, taken, start, stop, head, where, seq, out)
+
+
+_NULL_FINISH = b'"finish_reason":null'
+# The reasons a plain text event usually ends a stream with, and their bytes there.
+_FINISHES = (("stop", b'"finish_reason":"stop"'), ("length", b'"finish_reason":"length"'))
+
+
+def finish_of(chunk: bytes, pos: int, cut: int, shape: Shape) -> tuple[str, bytes, str] | None:
+    """Where the event at ``chunk[pos:cut]`` (which starts as the shape's do) is a learned plain text
+    event's bytes but for ``"finish_reason":null`` given as ``"stop"`` or ``"length"`` (nothing else
+    differs, so it means what that event means with a finish, as the parse would read it): its text, its
+    string as the upstream escaped it, and the finish reason; else None (the parse's way). A key is JSON
+    structure (quotes in strings are escaped)."""
+    after = shape[1]
+    if after.count(_NULL_FINISH) != 1:
+        return None
+    for reason, given in _FINISHES:
+        ending = after.replace(_NULL_FINISH, given, 1)
+        if chunk.endswith(ending, pos, cut):
+            piece = chunk[pos + shape[2] : cut - len(ending)]
+            try:
+                text = orjson.loads(piece)
+            except orjson.JSONDecodeError:
+                return None
+            return (text, piece, reason) if type(text) is str else None
+    return None
+
+
+_ROLE_AND_CONTENT = b'{"role":"assistant","content":'
+_CONTENT_ONLY = b'{"content":'
+
+
+def opening_shape(obj: dict[str, Any], raw: bytes) -> Shape | None:
+    """The shape of the plain text events to come (:func:`learn`), from ``raw``, the event ``obj`` that opened
+    a text part, where it is one but for the role, which a stream's first event often adds: then from its
+    bytes without it (the role member just before ``"content":``, the one key of that name (learn): the
+    delta's); None where it is not one (a finish, logprobs, usage, another key or choice)."""
+    if "usage" in obj and obj["usage"] is not None:
+        return None
+    try:
+        (choice,) = obj["choices"]  # (a list, with the one that opened the part)
+    except ValueError:  # another choice too
+        return None
+    if ("finish_reason" in choice and choice["finish_reason"] is not None) or (
+        "logprobs" in choice and choice["logprobs"] is not None
+    ):
+        return None
+    delta = choice["delta"]
+    if len(delta) == 2 and "role" in delta and delta["role"] == "assistant":
+        raw = raw.replace(_ROLE_AND_CONTENT, _CONTENT_ONLY, 1)
+    elif len(delta) != 1:
+        return None
+    return learn(raw)
