@@ -7,14 +7,16 @@ streamed answer's bytes) is checked with two counts (every event in it of one de
 data line each, numbered in sequence) and leaves as the upstream sent it. The few events around
 it are known by their type: the ordinary ones (an item or part added, a text done) leave as they
 came, the lifecycle events before the end (``response.created``, ``in_progress``, ``queued``)
-are renamed on their bytes (the client's model name) and kept unparsed, so are finished items
-(for the store, and for ``response.failed`` should the upstream fail later), and
+are renamed on their bytes (the client's model name) and kept unparsed, and
 ``response.completed`` (or ``incomplete``) is parsed: renamed, its usage read, the Response the
 store keeps. An event of another type or layout is searched for markers (a ``"response":``
-object, a finished item, an error) and parsed when it holds one. An upstream ``error`` or
-``response.failed`` event ends the relay with an upstream error: the handler writes the one
-``response.failed`` the client gets, numbered as the upstream's failure was (else after the
-last event relayed).
+object, an error) and parsed when it holds one. An upstream ``error`` or ``response.failed``
+event ends the relay with an upstream error: the handler writes the one ``response.failed`` the
+client gets, numbered as the upstream's failure was (else after the last event relayed).
+
+The reads are kept as they came (a list append each): a stream cut short (a client that left,
+an upstream that failed or ended before its last event) is snapshotted from them, its output as
+far as it was relayed (:class:`~backends.responses.native_output.OutputSoFar`), parsed only then.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from backends.base import ResponsesCall, usage_of
 from backends.errors import UpstreamProtocolError
 from backends.exact_json import loads_keeping_integers
 from backends.responses.event_stream import ResponseEventStream, event_bytes, failure_of
+from backends.responses.native_output import OutputSoFar
 from backends.transport.base import UpstreamResponse
 from backends.transport.sse import sse_data
 from backends.transport.upstream_events import UpstreamEvents
@@ -36,8 +39,10 @@ from schemas.errors import GatewayError
 __all__ = ["NativeResponseEvents"]
 
 _MAX_EVENT = 8 * 1024 * 1024  # limits.max_event_bytes' default
-# Events worth a parse: a whole Response (its model name), a finished item (kept), an error.
-_MARKERS = (b'"response":', b"response.output_item.done", b'"error"')
+# The reads kept for a snapshot are folded (parsed) past this many bytes: a long stream's memory.
+_KEEP = 1024 * 1024
+# Events worth a parse: a whole Response (its model name), an error.
+_MARKERS = (b'"response":', b'"error"')
 _NUMBER = re.compile(rb" ?(\d{1,18})")  # a sequence number, after its key
 _TERMINAL = frozenset({"response.completed", "response.incomplete"})
 # The lifecycle events before the end: each holds the Response so far, renamed on its bytes and kept.
@@ -45,12 +50,12 @@ _OPENING = frozenset({b"response.created", b"response.in_progress", b"response.q
 # The events parsed: the terminal ones (the Response the store keeps, the usage) and the failures.
 _ENDING = frozenset({b"response.completed", b"response.incomplete", b"response.failed", b"error"})
 _OPENING_HEADS = tuple(b'{"type":"' + kind + b'"' for kind in _OPENING)
-# Event types that hold no Response, no finished item and no failure: relayed as they come (as is
-# any ``*.delta``). Any other type is searched for markers.
+# Event types that hold no Response and no failure: relayed as they come (as is any ``*.delta``).
+# Any other type is searched for markers.
 _PLAIN = frozenset(
     b"response." + kind
     for kind in (
-        b"output_item.added", b"content_part.added", b"content_part.done", b"output_text.done",
+        b"output_item.added", b"output_item.done", b"content_part.added", b"content_part.done", b"output_text.done",
         b"output_text.annotation.added", b"refusal.done", b"function_call_arguments.done",
         b"custom_tool_call_input.done", b"reasoning_text.done", b"reasoning_summary_part.added",
         b"reasoning_summary_part.done", b"reasoning_summary_text.done",
@@ -73,10 +78,12 @@ class NativeResponseEvents(UpstreamEvents[bytes], ResponseEventStream):
         self._previous = call.request.previous_response_id
         self._seq = 0  # the number the next event gets (the last relayed one's + 1)
         self._failed_at: int | None = None  # the number of the upstream's failure event, if it had one
-        # The latest lifecycle Response and the finished items: their JSON, read only when a
-        # snapshot is needed (the store, a failure midway), so a stream that ends well parses one event.
+        # The latest lifecycle Response (its JSON) and the reads since the last fold: read only when
+        # a snapshot is needed (the store, a failure midway), so a stream that ends well parses one event.
         self._response: bytes | dict[str, Any] | None = None
-        self._items: list[bytes | dict[str, Any]] = []
+        self._reads: list[bytes] = []
+        self._kept = 0  # their bytes
+        self._output = OutputSoFar(backend)
         self.final: dict[str, Any] | None = None
         self.usage = None
         self.relayed_events = 0
@@ -89,6 +96,10 @@ class NativeResponseEvents(UpstreamEvents[bytes], ResponseEventStream):
         # as it came (_run); the few events before and after it are taken one by one (_edge). A
         # read that does not look like that is searched for markers (_scan). The number the next
         # event gets is read once, from what leaves.
+        self._reads.append(block)
+        self._kept += len(block)
+        if self._kept > _KEEP:
+            self._fold()
         head = self._delta
         first = block.find(head) if head is not None else -1
         if first >= 0 and block.find(b"\n\n") == len(block) - 2:  # one event: a token as it arrives
@@ -133,9 +144,8 @@ class NativeResponseEvents(UpstreamEvents[bytes], ResponseEventStream):
     def _edge(self, part: bytes) -> bytes:
         """The few events around a run, one by one, each known by its type where it has the usual
         layout (``[event: ...]``, ``data: {"type":"...",``, one line each): a lifecycle event renamed
-        on its bytes, a finished item kept, a type that carries nothing to act on (:data:`_PLAIN`) as
-        it came, the end or a failure parsed; any other type, and an event in another layout, as
-        :meth:`_scan` takes it."""
+        on its bytes, a type that carries nothing to act on (:data:`_PLAIN`) as it came, the end or
+        a failure parsed; any other type, and an event in another layout, as :meth:`_scan` takes it."""
         out: list[bytes] = []
         start = kept = 0  # the next event; the first one relayed as it came not yet in out
         size = len(part)
@@ -162,10 +172,6 @@ class NativeResponseEvents(UpstreamEvents[bytes], ResponseEventStream):
                     continue
                 if kind.endswith(b".delta"):
                     self.relayed_events += 1
-                    start = end
-                    continue
-                if kind == b"response.output_item.done":
-                    self._items.append(part[at + 6 : line])
                     start = end
                     continue
                 raw = part[start:end]
@@ -212,16 +218,12 @@ class NativeResponseEvents(UpstreamEvents[bytes], ResponseEventStream):
 
     def _marked(self, raw: bytes) -> bytes:
         """One event holding a marker: a lifecycle event before the end is relayed with the model
-        swapped on its bytes and kept unparsed, so is a finished item; the rest is parsed."""
+        swapped on its bytes and kept unparsed; the rest is parsed."""
         at = raw.find(b"data: ")
         if at < 0 or raw.count(b"\n", at) != 2 or not raw.endswith(b"\n\n"):
             return self._parsed(raw)  # not one event with one data line
         data = raw[at + 6 : -2]
-        head = data[:64]
-        if head.startswith(b'{"type":"response.output_item.done"'):
-            self._items.append(data)
-            return raw
-        renamed = self._renamed(raw, at, data) if head.startswith(_OPENING_HEADS) else None
+        renamed = self._renamed(raw, at, data) if data[:64].startswith(_OPENING_HEADS) else None
         return renamed if renamed is not None else self._parsed(raw)
 
     def _renamed(self, raw: bytes, at: int, data: bytes) -> bytes | None:
@@ -296,10 +298,9 @@ class NativeResponseEvents(UpstreamEvents[bytes], ResponseEventStream):
                 self._response = response
                 if kind in _TERMINAL:
                     self.final = response
+                    self._reads = []  # the snapshot is this Response now
                     self.usage = usage_of(response.get("usage"), "input_tokens", "output_tokens")
                     self.finished = True
-            elif kind == "response.output_item.done":
-                self._items.append(obj)
             out.append(self._written(obj, data, upstream))
             if self.finished:
                 break
@@ -343,10 +344,13 @@ class NativeResponseEvents(UpstreamEvents[bytes], ResponseEventStream):
         response = _object(self._response, self._backend)
         if response is None:
             return None
-        items = [_object(item, self._backend) for item in self._items]
-        ordered = sorted((item for item in items if item is not None), key=_output_index)
-        output = [event.get("item") for event in ordered]
-        return {**response, "model": self._public, "status": status, "output": output}
+        self._fold()
+        return {**response, "model": self._public, "status": status, "output": self._output.output()}
+
+    def _fold(self) -> None:
+        """The reads kept so far folded into the output (and let go)."""
+        self._output.fold(self._reads)
+        self._reads, self._kept = [], 0
 
 
 def _run(block: bytes, head: bytes, start: int, first: int, end: int) -> int:
@@ -387,13 +391,8 @@ def _marker_positions(block: bytes) -> list[int]:
     return found
 
 
-def _output_index(event: dict[str, Any]) -> int:
-    index = event.get("output_index")
-    return index if type(index) is int else 0
-
-
 def _object(data: bytes | dict[str, Any] | None, backend: str) -> dict[str, Any] | None:
-    """A kept event (bytes until now) as an object; a lifecycle event gives its ``response``."""
+    """The kept lifecycle event (bytes until now) as its ``response`` object."""
     if not isinstance(data, bytes):
         return data
     try:

@@ -218,6 +218,38 @@ async def test_bridge_failure_midway_ends_in_response_failed(client: openai.Asyn
     assert text == " t0 t1"  # what was produced before the failure, never more
 
 
+@pytest.mark.parametrize("end", ["error_event", "cut", "no_last_event"])
+async def test_relay_failing_midway_stores_failed_with_the_text_sent(gw: RunningGateway, end: str) -> None:
+    # An upstream error event, a dropped connection, a body that ends without its last event: the
+    # response.failed the client gets and the stored turn hold the text relayed, as the bridge's do.
+    if end == "no_last_event":
+        start = {"id": "resp_x", "object": "response", "status": "in_progress", "model": "m", "output": []}
+        item = {"id": "m", "type": "message", "role": "assistant", "status": "in_progress", "content": []}
+        at = {"output_index": 0, "item_id": "m", "content_index": 0}
+        part = {"type": "output_text", "text": "", "annotations": []}
+        events = [("response.created", {"response": start}),
+                  ("response.output_item.added", {"output_index": 0, "item": item}),
+                  ("response.content_part.added", {**at, "part": part}),
+                  *(("response.output_text.delta", {**at, "delta": f" t{i}"}) for i in range(3))]  # fmt: skip
+        body = b"".join(gw.upstream.response_event(seq, kind, **fields) for seq, (kind, fields) in enumerate(events))
+        gw.upstream.script.append(Behaviour(kind="raw", body=body))
+    else:
+        gw.upstream.script.append(Behaviour(kind=end, events=3))
+    request = {"model": OPENAI_MODEL, "input": "hi", "stream": True, "max_output_tokens": 8}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{gw.url}/v1/responses", json=request) as resp:
+            events = [json.loads(line[6:]) for line in (await resp.read()).splitlines() if line.startswith(b"data: ")]
+        failed = events[-1]["response"]
+        async with http.get(f"{gw.url}/v1/responses/{events[0]['response']['id']}") as got:
+            stored = await got.json()
+    assert events[-1]["type"] == "response.failed" and failed["status"] == stored["status"] == "failed"
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert text == " t0 t1 t2"
+    item = {"id": failed["output"][0]["id"], "type": "message", "role": "assistant", "status": "incomplete",
+            "content": [{"type": "output_text", "text": text, "annotations": []}]}  # fmt: skip
+    assert failed["output"] == stored["output"] == [item] and stored["error"] == failed["error"]
+
+
 @pytest.mark.parametrize("model", [OPENAI_MODEL, VLLM_MODEL])  # its own /v1/responses; the chat bridge
 async def test_client_leaving_cancels_upstream_and_stores_cancelled(gw: RunningGateway, model: str) -> None:
     gw.upstream.script.append(Behaviour(kind="ok", delay=0.05))
@@ -236,6 +268,31 @@ async def test_client_leaving_cancels_upstream_and_stores_cancelled(gw: RunningG
     assert history[0]["role"] == "user"  # the turn was kept, ended, not left in_progress
     async with aiohttp.ClientSession() as http, http.get(f"{gw.url}/v1/responses/{rid}") as got:
         assert (await got.json())["status"] == "cancelled"
+
+
+@pytest.mark.parametrize("model", [OPENAI_MODEL, VLLM_MODEL])
+async def test_client_leaving_midway_stores_the_text_it_was_sent(gw: RunningGateway, model: str) -> None:
+    gw.upstream.script.append(Behaviour(kind="ok", delay=0.05))
+    body = {"model": model, "input": "hi", "stream": True, "max_output_tokens": 200}
+    read, rid = "", None
+    async with aiohttp.ClientSession() as http:
+        resp = await http.post(f"{gw.url}/v1/responses", json=body)
+        while read.count(" t") < 3:
+            line = await resp.content.readline()
+            if line.startswith(b"data: "):
+                event = json.loads(line.removeprefix(b"data: "))
+                rid = rid or event["response"]["id"]
+                read += event["delta"] if event["type"] == "response.output_text.delta" else ""
+        resp.close()
+    await eventually(lambda: gw.upstream.cancelled_streams == 1)
+    async with aiohttp.ClientSession() as http, http.get(f"{gw.url}/v1/responses/{rid}") as got:
+        stored = await got.json()
+    assert stored["status"] == "cancelled" and len(stored["output"]) == 1
+    item = stored["output"][0]  # the bridge's shape, on both: the message so far, incomplete
+    assert item["type"] == "message" and item["status"] == "incomplete"
+    assert [part["type"] for part in item["content"]] == ["output_text"]
+    text = item["content"][0]["text"]
+    assert text.startswith(read) and "".join(f" t{i}" for i in range(200)).startswith(text)
 
 
 async def test_metrics_say_responses(client: openai.AsyncOpenAI, gw: RunningGateway) -> None:
