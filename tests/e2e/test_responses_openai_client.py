@@ -13,6 +13,7 @@ the upstream and the stored turn ends ``cancelled``, metrics labelled ``endpoint
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -293,6 +294,34 @@ async def test_client_leaving_midway_stores_the_text_it_was_sent(gw: RunningGate
     assert [part["type"] for part in item["content"]] == ["output_text"]
     text = item["content"][0]["text"]
     assert text.startswith(read) and "".join(f" t{i}" for i in range(200)).startswith(text)
+
+
+# Integer edges at the front door, on the mock: never a 500. A limit past the context window is
+# vLLM's 400 naming the field the client sent; past int64 (or below a bound) the schema's 400.
+EDGE_VALUES = (2**62, 2**63 - 1, 2**63, 2**64, -1, 0)
+EDGE_FIELDS = {"/v1/responses": ("max_output_tokens", "top_logprobs", "max_tool_calls"),
+               "/v1/chat/completions": ("max_tokens", "max_completion_tokens", "top_logprobs", "seed")}  # fmt: skip
+
+
+async def test_integer_edges_are_answered_or_refused_by_name(gw: RunningGateway) -> None:
+    async with aiohttp.ClientSession() as http:
+        for path, fields in EDGE_FIELDS.items():
+            for field, value, stream in itertools.product(fields, EDGE_VALUES, (False, True)):
+                if path == "/v1/responses":
+                    body: dict[str, Any] = {"model": MOCK_MODEL, "input": "hi"}
+                else:
+                    body = {"model": MOCK_MODEL, "messages": [{"role": "user", "content": "hi"}], "logprobs": True}
+                async with http.post(f"{gw.url}{path}", json={**body, field: value, "stream": stream}) as resp:
+                    status, answer = resp.status, await resp.read()
+                case = (path, field, value, stream)
+                if status == 200:  # within every bound: an answer, not an error
+                    assert field in ("max_tool_calls", "seed") or value == 0, case
+                    assert b'"error":{' not in answer and b"response.failed" not in answer, case
+                    continue
+                error = json.loads(answer)["error"]
+                assert status == 400 and error["param"] == field, case
+                if field.startswith("max_") and field != "max_tool_calls" and 0 < value < 2**63:
+                    assert "maximum context length" in error["message"], case
 
 
 async def test_metrics_say_responses(client: openai.AsyncOpenAI, gw: RunningGateway) -> None:
