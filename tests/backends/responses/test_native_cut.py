@@ -91,9 +91,15 @@ async def test_a_call_cut_mid_arguments_keeps_them_as_far_as_they_came() -> None
     assert output[1] == {**CALL_ITEM, "arguments": '{"city":"Par', "status": "incomplete"}
 
 
-async def test_a_failure_midway_carries_the_output_so_far_and_the_store_keeps_it() -> None:
+@pytest.mark.parametrize("failure", ["error", "response.failed"])
+async def test_a_failure_midway_carries_the_output_so_far_and_the_store_keeps_it(failure: str) -> None:
     reads = events_of(*text_events(0, ["a", "b"], done=False))
-    reads.append(event(len(reads), "error", code="server_error", message="engine died", param=None))
+    if failure == "error":
+        reads.append(event(len(reads), "error", code="server_error", message="engine died", param=None))
+    else:  # the upstream's own Response (its output is its word, not what was relayed)
+        error = {"code": "server_error", "message": "engine died"}
+        gone = {**response("in_progress"), "status": "failed", "error": error, "output": [MSG]}
+        reads.append(event(len(reads), "response.failed", response=gone))
     reads.append(event(len(reads), "response.output_text.delta", item_id="msg_1", output_index=0,
                        content_index=0, delta="never relayed"))  # fmt: skip
     relay = await relay_of([b"".join(reads[:3]), b"".join(reads[3:])])
