@@ -38,11 +38,11 @@ from schemas.common import (
 )
 from schemas.errors import FieldRuleError
 from schemas.responses_items import (
+    MESSAGE_ITEM_TYPES,
     FunctionCallItem,
     FunctionCallOutputItem,
     InputItem,
     InputText,
-    MessageItem,
     OutputText,
     ReasoningItem,
     RefusalPart,
@@ -161,7 +161,13 @@ class ResponsesRequest(_Strict):
     def check_rules(self) -> ResponsesRequest:
         """The cross-field rules, in this order (the first one broken is the error); a rule runs only
         when a field that can break it was set."""
-        _RULES.run(self, self.__pydantic_fields_set__)
+        # The input rule comes first, and breaks only for an input that is not a string: a missing
+        # one (``model`` is always set, so it ran on every request before) or a list of items.
+        if type(self.input) is not str:  # not isinstance: a call on every request
+            self._check_input()
+        fields_set = self.__pydantic_fields_set__
+        if fields_set & _RULE_FIELDS:  # most requests set none of them: no call then
+            _RULES.run(self, fields_set)
         return self
 
     def _check_input(self) -> None:
@@ -169,15 +175,16 @@ class ResponsesRequest(_Strict):
             if self.prompt is None and self.conversation is None:
                 raise FieldRuleError("input", "Missing required parameter: 'input'.")
             return
-        if type(self.input) is str:  # not isinstance: a call on every request
+        if type(self.input) is str:
             return
         if not self.input and self.previous_response_id is None and self.prompt is None:
             raise FieldRuleError("input", "input is an empty array: give at least one item (or previous_response_id)")
-        for i, item in enumerate(self.input):
-            if isinstance(item, MessageItem) and not isinstance(item.content, str):
+        items: list[Any] = self.input  # type: ignore[assignment]  # a list: not a str, not None (above)
+        for i, item in enumerate(items):
+            if type(item) in MESSAGE_ITEM_TYPES and type(item.content) is not str:
                 assistant = item.role == "assistant"
                 for j, part in enumerate(item.content):
-                    if isinstance(part, OutputText | RefusalPart) is not assistant:  # OpenAI's rule both ways
+                    if (type(part) in _ASSISTANT_PARTS) is not assistant:  # OpenAI's rule both ways
                         takes = "output_text and refusal" if assistant else "input_text, input_image and input_file"
                         a = "an" if assistant else "a"
                         raise FieldRuleError(
@@ -188,6 +195,11 @@ class ResponsesRequest(_Strict):
     def _check_tools(self) -> None:
         names: set[str] = set()
         for i, tool in enumerate(self.tools or ()):
+            if type(tool) is FunctionTool or type(tool) is CustomTool:  # (the commonest: no list of names made)
+                if tool.name in names:
+                    raise _twice(i, tool, tool.name)
+                names.add(tool.name)
+                continue
             for name in _tool_names(tool):
                 if name in names:
                     raise _twice(i, tool, name)
@@ -198,7 +210,7 @@ class ResponsesRequest(_Strict):
                 raise FieldRuleError("tool_choice", "tool_choice 'required' needs tools")
             return
         refs: list[tuple[str, str]]
-        if isinstance(choice, FunctionChoice | CustomChoice):
+        if isinstance(choice, _NAMED_CHOICES):
             refs = [(choice.type, choice.name)]
         elif isinstance(choice, AllowedToolsChoice):
             refs = [(ref.type, ref.name) for ref in choice.tools if ref.name is not None]
@@ -352,32 +364,30 @@ class ResponsesRequest(_Strict):
 
 def item_text(item: Any) -> str:
     """An item's text, for estimates and routing: message text, call names and arguments, outputs, reasoning."""
-    if isinstance(item, MessageItem):
-        content = item.content
-        if isinstance(content, str):
+    kind = type(item)
+    if kind in MESSAGE_ITEM_TYPES:
+        content: Any = item.content
+        if type(content) is str:
             return content
         return "".join(
-            part.text
-            if isinstance(part, InputText | OutputText)
-            else part.refusal
-            if isinstance(part, RefusalPart)
-            else ""
+            part.text if type(part) in _TEXT_PARTS else part.refusal if type(part) is RefusalPart else ""
             for part in content
         )
-    if isinstance(item, FunctionCallItem):
-        return item.name + item.arguments
-    if isinstance(item, FunctionCallOutputItem):
+    if kind is FunctionCallItem:
+        call: str = item.name + item.arguments
+        return call
+    if kind is FunctionCallOutputItem:
         output = item.output
-        return output if isinstance(output, str) else "".join(getattr(p, "text", "") for p in output)
-    if isinstance(item, ReasoningItem):
+        return output if type(output) is str else "".join(getattr(p, "text", "") for p in output)
+    if kind is ReasoningItem:
         return "".join(p.text for p in item.content or ()) + "".join(p.text for p in item.summary)
     return ""
 
 
 def _tool_names(tool: Any) -> list[str]:
-    if isinstance(tool, FunctionTool | CustomTool):
+    if type(tool) in _NAMED_TOOLS:
         return [tool.name]
-    if isinstance(tool, NamespaceTool):
+    if type(tool) is NamespaceTool:
         return [tool.name, *(f"{tool.name}{NAMESPACE_SEPARATOR}{t.name}" for t in tool.tools)]
     return []
 
@@ -397,9 +407,9 @@ def _twice(i: int, tool: Any, name: str) -> FieldRuleError:
 
 
 def _tool_kinds(tool: Any) -> list[tuple[str, str]]:
-    if isinstance(tool, FunctionTool | CustomTool):
+    if type(tool) in _NAMED_TOOLS:
         return [(tool.type, tool.name)]
-    if isinstance(tool, NamespaceTool):
+    if type(tool) is NamespaceTool:
         return [(t.type, f"{tool.name}{NAMESPACE_SEPARATOR}{t.name}") for t in tool.tools]
     return []
 
@@ -408,15 +418,25 @@ def _local(name: str) -> str:
     return name.rsplit(NAMESPACE_SEPARATOR, 1)[-1]
 
 
-# Each rule, in order, with the fields without which it cannot fail.
+# Checked by exact type (``type(x) in``), not isinstance: for a model that is not the object's own
+# class isinstance asks ABCMeta (pydantic's metaclass): about a thousand instructions (issue 21: every
+# request's rules). Validation makes exactly these classes (the unions' members; none is subclassed
+# but the null-typed message, which MESSAGE_ITEM_TYPES holds).
+_ASSISTANT_PARTS = frozenset({OutputText, RefusalPart})
+_TEXT_PARTS = frozenset({InputText, OutputText})
+_NAMED_TOOLS = frozenset({FunctionTool, CustomTool})
+_NAMED_CHOICES = (FunctionChoice, CustomChoice)  # (isinstance: the error path only)
+
+# Each rule after the input's (check_rules runs that one first), in order, with the fields without
+# which it cannot fail.
 _RULES: FieldRules[ResponsesRequest] = FieldRules(
-    (frozenset({"input", "prompt", "conversation", "model"}), ResponsesRequest._check_input),
     (frozenset({"tools", "tool_choice"}), ResponsesRequest._check_tools),
     (frozenset({"stream_options"}), ResponsesRequest._check_stream_options),
     (frozenset({"background"}), ResponsesRequest._check_background),
     (frozenset({"conversation"}), ResponsesRequest._check_conversation),
     (frozenset({"logit_bias"}), ResponsesRequest._check_logit_bias_keys),
 )
+_RULE_FIELDS: frozenset[str] = frozenset().union(*(fields for fields, _ in _RULES))
 
 # upstream_fields' fast path (as chat's): declared order and per-field serializers.
 _FIELDS = FieldDumps(ResponsesRequest)

@@ -26,6 +26,7 @@ from schemas.errors import FieldRuleError
 __all__ = [
     "HOSTED_ITEM_TYPES",
     "ITEM_TAGS",
+    "MESSAGE_ITEM_TYPES",
     "CustomToolCallItem",
     "CustomToolCallOutputItem",
     "FunctionCallItem",
@@ -254,6 +255,11 @@ class _NullTypedMessage(MessageItem):
 
 class _NullTypedReference(ItemReference):
     type: Annotated[Literal["item_reference"], _null_is_default("item_reference")] = "item_reference"
+
+
+# A message item's classes (the null-typed one is a subclass): for checks by exact type, which cost
+# no ABCMeta call where isinstance of a model that is not the object's class does.
+MESSAGE_ITEM_TYPES: frozenset[type[MessageItem]] = frozenset({MessageItem, _NullTypedMessage})
 
 
 def _item_tag(value: Any) -> str | None:

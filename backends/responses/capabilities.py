@@ -37,11 +37,11 @@ from schemas.errors import UnsupportedParameterError
 from schemas.responses import ResponsesRequest
 from schemas.responses_items import (
     HOSTED_ITEM_TYPES,
+    MESSAGE_ITEM_TYPES,
     FunctionCallItem,
     InputFile,
     InputImage,
     InputText,
-    MessageItem,
 )
 from schemas.responses_tools import BUILTIN_CHOICE_TYPES, BUILTIN_TOOL_TYPES, CustomTool, FunctionTool
 
@@ -111,30 +111,37 @@ _BRIDGE_REASONS: Mapping[str, str] = MappingProxyType(
 
 def request_forms(request: ResponsesRequest) -> Iterator[tuple[str, str]]:
     """``(field, form)`` for every value-level form the request uses (repeats possible)."""
-    items = request.input
-    if items is not None and not isinstance(items, str):
+    # By exact type, not isinstance: isinstance of a model that is not the object's own class asks
+    # ABCMeta, a thousand instructions per check (validation makes exactly these classes; the
+    # null-typed message, a subclass, is in MESSAGE_ITEM_TYPES).
+    items: Any = request.input  # (Any: the exact-type checks below do not narrow for mypy)
+    if items is not None and type(items) is not str:
         for item in items:
-            kind = item.type
-            yield "input", kind
-            if isinstance(item, MessageItem):
+            kind = type(item)
+            yield "input", item.type
+            if kind in MESSAGE_ITEM_TYPES:
                 if item.phase is not None:
                     yield "input", "phase"
-                if not isinstance(item.content, str):
-                    for part in item.content:
-                        if isinstance(part, InputImage):
+                content = item.content
+                if type(content) is not str:
+                    for part in content:
+                        part_kind = type(part)
+                        if part_kind is InputImage:
                             if part.file_id is not None:
                                 yield "input", "input_image.file_id"
                             if part.detail == "original":
                                 yield "input", "input_image.detail=original"
-                        elif isinstance(part, InputFile) and part.file_url is not None:
-                            yield "input", "input_file.file_url"
-                        if isinstance(part, InputText | InputImage | InputFile) and part.prompt_cache_breakpoint:
+                        elif part_kind is InputFile:
+                            if part.file_url is not None:
+                                yield "input", "input_file.file_url"
+                        elif part_kind is not InputText:
+                            continue  # output_text, refusal: no form of their own
+                        if part.prompt_cache_breakpoint:
                             yield "input", "prompt_cache_breakpoint"
-            elif isinstance(item, FunctionCallItem) and (item.caller is not None or item.async_ is not None):
+            elif kind is FunctionCallItem and (item.caller is not None or item.async_ is not None):
                 yield "input", "caller"
     for tool in request.tools or ():
         yield "tools", tool.type
-        # (type, not isinstance: a call per tool; neither model has a subclass)
         if type(tool) is FunctionTool or type(tool) is CustomTool:
             if tool.defer_loading is not None:
                 yield "tools", "defer_loading"
@@ -142,11 +149,9 @@ def request_forms(request: ResponsesRequest) -> Iterator[tuple[str, str]]:
                 yield "tools", "allowed_callers"
             if type(tool) is FunctionTool and tool.output_schema is not None:
                 yield "tools", "output_schema"
-    choice = request.tool_choice
-    if isinstance(choice, str):
-        yield "tool_choice", choice
-    elif choice is not None:
-        yield "tool_choice", choice.type
+    choice: Any = request.tool_choice
+    if choice is not None:
+        yield "tool_choice", choice if type(choice) is str else choice.type
     for value in request.include or ():
         yield "include", value
     reasoning = request.reasoning
@@ -223,10 +228,13 @@ class ResponsesCapabilities:
         forms_set = self._form_fields & fields_set
         if forms_set and not (forms_set == _INPUT_ONLY and type(request.input) is str):  # a string has none
             omit = request.omits_builtin_tools
-            for name, form in request_forms(request):
-                key = f"{name}={form}"
-                if self.forms.get(key) is U and not (omit and name == "tools" and form in BUILTIN_TOOL_TYPES):
-                    return Refusal(name, key, self.reasons.get(key))
+            refused = self._refused_forms
+            for pair in request_forms(request):
+                if pair in refused:  # (a pair, not the "field=form" key: no string made per form)
+                    name, form = pair
+                    if not (omit and name == "tools" and form in BUILTIN_TOOL_TYPES):
+                        key = f"{name}={form}"
+                        return Refusal(name, key, self.reasons.get(key))
         if self.chat is None:
             return None
         if request.tool_choice is not None and omit_all_builtin_choice(request):
@@ -260,6 +268,11 @@ class ResponsesCapabilities:
     @cached_property
     def _unsupported(self) -> frozenset[str]:
         return frozenset(name for name, level in self.fields.items() if level is U)
+
+    @cached_property
+    def _refused_forms(self) -> frozenset[tuple[str, str]]:
+        """The refused forms as ``(field, form)`` pairs (a field's name holds no ``=``: one pair per key)."""
+        return frozenset(tuple(key.split("=", 1)) for key, level in self.forms.items() if level is U)  # type: ignore[misc]
 
     @cached_property
     def _form_fields(self) -> frozenset[str]:

@@ -133,8 +133,15 @@ def test_bad_input_is_refused_by_its_full_path(body: dict[str, Any], param: str,
         ),
         ({"input": "x", "logit_bias": {"x": 1}}, "logit_bias"),
         ({"input": []}, "input"),
+        # The input rule runs first on any input that is not a string (check_rules' shortcut): a missing
+        # one, ahead of another rule broken; a null-typed message (a subclass) like any other.
+        ({}, "input"),
+        ({"tools": [{"type": "function", "name": "f"}, {"type": "function", "name": "f"}]}, "input"),
+        ({"input": [{"type": None, "role": "user", "content": [{"type": "output_text", "text": "x"}]}]},
+         "input[0].content[0].type"),
+        ({"input": [{"role": "user", "content": "a"}], "tool_choice": "required"}, "tool_choice"),
     ],
-)
+)  # fmt: skip
 def test_cross_field_rules_name_the_field(body: dict[str, Any], param: str) -> None:
     assert refused({"model": "m", **body}).param == param
 
