@@ -23,6 +23,7 @@ from schemas.embeddings import EmbeddingRequest
 from schemas.errors import FieldRuleError, InvalidRequestError
 from schemas.rerank import RerankRequest
 from schemas.responses import ResponsesRequest
+from schemas.responses_tools import TOOL_TYPE_MESSAGE
 from schemas.tokenize import DetokenizeRequest, TokenizeRequest
 
 __all__ = [
@@ -216,8 +217,23 @@ def _responses_param(loc: tuple[int | str, ...], body: bytes) -> str | None:
     return path or None
 
 
+# The errors of the tools' union at a tool itself (``tools[i]``): no object, no type, an unknown type.
+# The union is told apart by pydantic (schemas/responses_tools.py: no Python discriminator, which cost
+# a Python copy of every tool); they read as the one error that discriminator raised.
+_TOOL_UNION_ERRORS = frozenset({"dict_type", "union_tag_not_found", "union_tag_invalid"})
+
+
+def _as_tool_type(error: Any) -> Any:
+    loc = error["loc"]
+    if error["type"] in _TOOL_UNION_ERRORS and len(loc) == 2 and loc[0] == "tools" and isinstance(loc[1], int):
+        return {"type": "tool_type", "loc": loc, "msg": TOOL_TYPE_MESSAGE, "input": error["input"]}
+    return error
+
+
 def _to_client_error(exc: ValidationError, body: bytes, param_of: _Params) -> InvalidRequestError:
     errors = exc.errors(include_url=False)
+    if param_of is _responses_param:
+        errors = [_as_tool_type(error) for error in errors]
     first: dict[str, Any] = dict(errors[0])
     kind = first["type"]
     ctx = first.get("ctx") or {}

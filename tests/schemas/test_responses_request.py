@@ -238,3 +238,33 @@ def test_the_served_request_interface() -> None:
     assert request.routing_text().startswith("<system>be brief<user>")
     assert request.stores  # OpenAI's default
     assert parse({"model": "m", "input": "x", "max_output_tokens": 7}).output_limit == 7
+
+
+UNKNOWN_TYPE = "Invalid value for 'tools[0].type': unknown tool type; expected one of {}."
+
+
+@pytest.mark.parametrize(
+    ("tool", "param", "message"),
+    [
+        ("hi", "tools[0]", "Invalid value for 'tools[0]': expected an object."),
+        (None, "tools[0]", "Invalid value for 'tools[0]': expected an object."),
+        ([], "tools[0]", "Invalid value for 'tools[0]': expected an object."),
+        ({}, "tools[0].type", "Invalid value for 'tools[0].type': unknown tool type; expected one of {}."),
+        ({"name": "f"}, "tools[0].type", "Invalid value for 'tools[0].type': unknown tool type; expected one of {}."),
+        ({"type": None}, "tools[0].type", "Invalid value for 'tools[0].type': unknown tool type; expected one of {}."),
+        ({"type": 5}, "tools[0].type", "Invalid value for 'tools[0].type': unknown tool type; expected one of {}."),
+        (
+            {"type": "Function"},
+            "tools[0].type",
+            "Invalid value for 'tools[0].type': unknown tool type; expected one of {}.",
+        ),
+        ({"type": "function"}, "tools[0].name", "Missing required parameter: 'tools[0].name'."),
+    ],
+)
+def test_a_tool_without_a_known_type_is_worded_as_ever(tool: Any, param: str, message: str) -> None:
+    """The tools' union is told apart by pydantic (no Python discriminator); its union errors at a tool
+    read as the gateway's own, word for word."""
+    error = refused({"model": "m", "input": "x", "tools": [{"type": "function", "name": "f"}, tool]})
+    param = param.replace("[0]", "[1]", 1)
+    assert (error.param, error.message) == (param, message.replace("[0]", "[1]").format(", ".join(sorted(TOOL_TAGS))))
+    assert (error.status, error.code) == (400, None)
