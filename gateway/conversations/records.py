@@ -113,6 +113,8 @@ def turn_of(response_id: str, blob: bytes) -> Turn:
 
 _OUTPUT_KEY = b',"output":'
 _USAGE_KEY = b',"usage":'
+_OUTPUT_KEY_LEN = len(_OUTPUT_KEY)
+_NULL_OUTPUT = b',"output":null'
 
 
 def encode(
@@ -131,12 +133,13 @@ def encode(
     if dumped is not None and type(output) is list:
         # orjson writes a dict member by member: the Response with "output": null is its bytes with
         # the output's value (its own dumps, found between its key and usage's, the last) as null.
+        # (One slice compared, not two startswith: their arguments' parse is most of their cost.)
         out = orjson.dumps(output)
         usage_at = dumped.rfind(_USAGE_KEY)
-        at = usage_at - len(out)
-        key_at = at - len(_OUTPUT_KEY)
-        if key_at > 0 and dumped.startswith(out, at) and dumped.startswith(_OUTPUT_KEY, key_at):
-            return b"\n".join((head, orjson.dumps(items), out, b"%snull%s" % (dumped[:at], dumped[usage_at:])))
+        key_at = usage_at - len(out) - _OUTPUT_KEY_LEN
+        if key_at > 0 and dumped[key_at:usage_at] == _OUTPUT_KEY + out:
+            sent, rest = orjson.dumps(items), dumped[usage_at:]
+            return b"".join((head, b"\n", sent, b"\n", out, b"\n", dumped[:key_at], _NULL_OUTPUT, rest))
     # The last line is the Response itself with "output": null, not a copy of it with that key
     # changed (copying its thirty-odd keys cost more than its dumps). Nothing runs in between, the
     # key keeps its place (the Response reads back in its order), and it is put back even when

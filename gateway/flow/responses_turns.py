@@ -167,7 +167,11 @@ class ResponsesTurns:
         # ResponsesRequest.stores and tenant_of, read inline: on every stored turn
         if request.store is False or answer is None or "id" not in answer:
             return
-        turn = FinishedTurn(answer, request.stored_input or own_items(request), request.previous_response_id, dumped)
+        previous = request.previous_response_id
+        # (stored_input is set by begin only when previous_response_id expanded the input: a first
+        # turn, the usual one, makes its items without reading it)
+        items = own_items(request) if previous is None else request.stored_input or own_items(request)
+        turn = FinishedTurn(answer, items, previous, dumped)
         await store.save(NO_AUTH_TENANT if key is None else key.name, turn)
 
 
