@@ -51,10 +51,15 @@ class MemoryStore(TenantStore):
         self._on_evict = on_evict
         self._entries: OrderedDict[_Key, _Entry] = OrderedDict()  # least recently used first
         self._bytes = 0
+        # The oldest value's expiry when last looked at; 0.0 once it may have changed (a value
+        # dropped, touched or rewritten, new bounds): a write compares its clock with this float
+        # rather than look at the oldest value (an iterator and a lookup on every stored turn).
+        self._oldest_expires = 0.0
 
     def configure(self, *, ttl: float, max_items: int, max_bytes: int) -> None:
         """New bounds (a config reload); values over them are evicted now, oldest first."""
         self.ttl, self.max_items, self.max_bytes = ttl, max_items, max_bytes
+        self._oldest_expires = 0.0
         self._sweep(self._clock())
         self._enforce()
 
@@ -65,16 +70,13 @@ class MemoryStore(TenantStore):
     def put_now(self, tenant: str, key: str, value: bytes) -> bool:
         """:meth:`put` without awaiting (callers already in the loop with nothing to wait for)."""
         now = self._clock()
+        if now >= self._oldest_expires:
+            self._sweep(now)
         entries = self._entries
-        # The sweep's own first test, inline: the oldest key by iterating, its entry by subscript
-        # (neither is a call, unlike next(iter()) or values(); this runs on every stored turn).
-        for oldest in entries:
-            if entries[oldest][1] <= now:
-                self._sweep(now)
-            break
         slot = (tenant, key)
         if slot in entries:  # a rewrite (rare: a stored turn's id is new), counted anew at the end
             self._bytes -= entries.pop(slot)[2]
+            self._oldest_expires = 0.0
         size = len(value) + len(tenant) + len(key) + ENTRY_OVERHEAD
         if size > self.max_bytes:
             self._evicted("too_large", 1)
@@ -108,6 +110,7 @@ class MemoryStore(TenantStore):
             if touch:
                 del entries[slot]
                 entries[slot] = (entry[0], now + self.ttl, entry[2])
+                self._oldest_expires = 0.0
             out[at] = entry[0]
         return out
 
@@ -141,6 +144,7 @@ class MemoryStore(TenantStore):
             grown = len(value) - len(old)
             self._entries[slot] = (value, now + (self.ttl if ttl is None else ttl), entry[2] + grown)
             self._entries.move_to_end(slot)
+            self._oldest_expires = 0.0
             if grown:
                 self._bytes += grown
                 self._enforce()
@@ -161,6 +165,7 @@ class MemoryStore(TenantStore):
     def _drop(self, slot: _Key, entry: _Entry) -> None:
         del self._entries[slot]
         self._bytes -= entry[2]
+        self._oldest_expires = 0.0
 
     def _sweep(self, now: float) -> None:
         """Drop the expired values at the front (values share one ttl, so the front expires first;
@@ -171,6 +176,7 @@ class MemoryStore(TenantStore):
         while entries:
             slot, entry = next(iter(entries.items()))
             if entry[1] > now:
+                self._oldest_expires = entry[1]
                 break
             self._drop(slot, entry)
             dropped += 1
@@ -185,12 +191,17 @@ class MemoryStore(TenantStore):
             dropped += 1
         if dropped and self._on_evict is not None:  # (_evicted, inline: a full store evicts on every write)
             self._on_evict("items", dropped)
-        dropped = 0
+        evicted, dropped = dropped, 0
         while self._bytes > self.max_bytes and entries:
             self._bytes -= entries.popitem(last=False)[1][2]
             dropped += 1
         if dropped:
             self._evicted("bytes", dropped)
+        if evicted or dropped:  # a new oldest value: its expiry, read now (a full store evicts on every write)
+            self._oldest_expires = 0.0
+            for oldest in entries:
+                self._oldest_expires = entries[oldest][1]
+                break
 
     def _evicted(self, reason: str, count: int) -> None:
         if self._on_evict is not None:

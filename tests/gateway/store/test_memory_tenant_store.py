@@ -92,6 +92,31 @@ async def test_a_value_lives_ttl_after_its_last_write_or_touch() -> None:
     assert not await store.delete("a", "kept")
 
 
+@pytest.mark.parametrize("change", ["touch", "rewrite", "delete", "evict", "add"])
+async def test_a_write_sweeps_whatever_value_became_the_oldest(change: str) -> None:
+    """A write drops the expired values at the front, however the front changed since the last
+    write looked at it (a write keeps the oldest value's expiry rather than read it each time)."""
+    clock, evictions = Clock(), []  # type: ignore[var-annotated]
+    store = make(clock, evictions, max_items=3)
+    await store.put("a", "first", b"1")  # expires at 160
+    await store.add_many([("a", "short", 1, 10.0)])  # expires at 110, behind "first"
+    await store.put("a", "seen", b"2")  # looks at the front: "first", 160
+    if change == "touch":
+        await store.get("a", ["first"], touch=True)
+    elif change == "rewrite":
+        await store.put("a", "first", b"3")
+    elif change == "delete":
+        await store.delete("a", "first")
+    elif change == "evict":
+        await store.put("a", "fourth", b"4")  # over max_items: "first" goes
+    else:
+        store.add_now("a", "first", 1)  # b"1" read as a counter: rewritten where it is, moved to the end
+    clock.t += 11  # "short" (now the oldest) expired; "first" has not
+    await store.put("a", "last", b"5")
+    assert ("expired", 1) in evictions
+    assert store.stats().items == (3 if change != "delete" else 2)
+
+
 async def test_rewriting_a_value_replaces_its_bytes() -> None:
     store = make(Clock(), [])
     await store.put("a", "k", b"x" * 500)
