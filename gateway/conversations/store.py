@@ -158,31 +158,58 @@ class ConversationStore:
     async def save(self, tenant: str, turn: FinishedTurn) -> None:
         """Keep a turn after the one it continues; never raises (a store that failed or a turn over
         the byte bound leaves it unstored: logged, and counted in the store's metrics)."""
-        response_id = str(turn.response["id"])
-        previous = turn.previous_response_id
+        response, previous, dumped = turn.response, turn.previous_response_id, turn.dumped
+        items = named(turn.input_items)
+        if self.save_now(tenant, response, items, previous, dumped):
+            return
+        response_id = str(response["id"])
         try:
-            store = self.store
-            if store is None or self.unshared:  # (_backing's test, inline: this runs on every stored turn)
-                store = self._backing("store")
+            store = self._backing("store")
             chain = await self._chain(store, tenant, previous) if previous is not None else []
-            if response_id in chain:  # an upstream that reuses ids: storing it would loop the conversation
-                log.error("response %s was not stored: its conversation already holds that id", response_id)
-                return
-            record = encode(turn.response, named(turn.input_items), chain, turn.dumped)
-            # (the memory store's write without a coroutine: this runs on every stored turn)
-            kept = (
-                store.put_now(tenant, response_id, record)
-                if type(store) is MemoryStore
-                else await store.put(tenant, response_id, record)
-            )
+            record = self._record(response_id, response, items, chain, dumped)
+            if record is not None:
+                await store.put(tenant, response_id, record)  # (Redis: no byte bound of its own)
         except (StoreUnavailableError, InvalidRequestError) as exc:
             log.error("response %s was not stored: %s", response_id, exc.message)
-            return
+
+    def save_now(
+        self, tenant: str, response: dict[str, Any], items: list[dict[str, Any]], previous: str | None,
+        dumped: bytes | None,
+    ) -> bool:  # fmt: skip
+        """:meth:`save` of a :class:`FinishedTurn`'s fields, without awaiting, where nothing is to
+        be awaited (a memory store, and a first turn or a continuation whose chain :meth:`history`
+        just loaded): what the handler's hooks call on every stored turn, without a turn object or a
+        coroutine. ``items``: each with its ``id`` (``own_items``'s). False when there is something to
+        await (then :meth:`save` keeps it)."""
+        store = self.store
+        if type(store) is not MemoryStore or self.unshared:
+            return False
+        if previous is None:
+            chain: list[str] = []
+        else:
+            remembered = self._chains.pop((tenant, previous), None)
+            if remembered is None:
+                return False
+            chain = remembered
+        response_id = str(response["id"])
+        record = self._record(response_id, response, items, chain, dumped)
+        if record is not None and not store.put_now(tenant, response_id, record):
+            log.warning("response %s was not stored: larger than responses.max_bytes", response_id)
+        return True
+
+    @staticmethod
+    def _record(
+        response_id: str, response: dict[str, Any], items: list[dict[str, Any]], chain: list[str], dumped: bytes | None
+    ) -> bytes | None:
+        """The turn's record (:func:`~gateway.conversations.records.encode`); None, logged, when it cannot be kept."""
+        if response_id in chain:  # an upstream that reuses ids: storing it would loop the conversation
+            log.error("response %s was not stored: its conversation already holds that id", response_id)
+            return None
+        try:
+            return encode(response, items, chain, dumped)
         except TypeError as exc:  # orjson: an integer past 64 bits, say (the answer itself was exact)
             log.error("response %s was not stored: %s", response_id, exc)
-            return
-        if not kept:
-            log.warning("response %s was not stored: larger than responses.max_bytes", response_id)
+            return None
 
     async def _chain(self, store: TenantStore, tenant: str, previous: str) -> list[str]:
         """The chain a turn continuing ``previous`` keeps: the one ``history`` just loaded, or read."""

@@ -28,6 +28,7 @@ from backends.base import Backend, CompletionStream, ResponsesTable
 from backends.responses.answer import new_id
 from backends.responses.bridge import responses_table
 from gateway.conversations.records import item_id
+from gateway.conversations.store import ConversationStore
 from gateway.conversations.window import fit
 from gateway.responses_state import NO_AUTH_TENANT, FinishedTurn, ResponsesState
 from gateway.served import ServedRequest
@@ -171,8 +172,11 @@ class ResponsesTurns:
         # (stored_input is set by begin only when previous_response_id expanded the input: a first
         # turn, the usual one, makes its items without reading it)
         items = own_items(request) if previous is None else request.stored_input or own_items(request)
-        turn = FinishedTurn(answer, items, previous, dumped)
-        await store.save(NO_AUTH_TENANT if key is None else key.name, turn)
+        tenant = NO_AUTH_TENANT if key is None else key.name
+        # The gateway's store keeps the turn from its fields, without a FinishedTurn or a coroutine, where it can
+        if type(store) is ConversationStore and store.save_now(tenant, answer, items, previous, dumped):
+            return
+        await store.save(tenant, FinishedTurn(answer, items, previous, dumped))
 
 
 class StreamEnd:

@@ -207,3 +207,29 @@ async def test_an_id_its_conversation_already_holds_is_not_stored(caplog: pytest
     await store.save("a", FinishedTurn(_response(first, "again"), input_items("q"), first))  # an upstream's reused id
     assert "already holds that id" in caplog.text
     assert _texts(await store.conversation("a", first)) == ["q0", "a0"]  # the first turn as it was
+
+
+async def test_save_now_keeps_what_save_keeps_and_declines_what_it_would_wait_for() -> None:
+    """The handler's hook saves a turn from its fields without awaiting (``save_now``): the same
+    record as ``save``'s, or False, storing nothing, where there is something to await."""
+    hook, seam = _store(), _store()
+    hook_store, seam_store = hook.store, seam.store
+    assert isinstance(hook_store, MemoryStore) and isinstance(seam_store, MemoryStore)
+    first, second = _response("resp_1", "a0"), _response("resp_2", "a1")
+    items = input_items("q0")
+    assert hook.save_now("a", first, items, None, None)
+    await seam.save("a", FinishedTurn(first, items, None))
+    assert not hook.save_now("a", second, items, "resp_1", None)  # the chain is not known here: a read
+    assert hook_store.stats().items == 1
+    await hook.conversation("a", "resp_1")  # history() loads (and remembers) the chain
+    assert hook.save_now("a", second, items, "resp_1", orjson.dumps(second))
+    await seam.save("a", FinishedTurn(second, items, "resp_1"))
+    assert hook_store.get_now("a", ["resp_1", "resp_2"]) == seam_store.get_now("a", ["resp_1", "resp_2"])
+    assert (await hook.conversation("a", "resp_2")).chain == ["resp_1", "resp_2"]
+
+    class Awaited(MemoryStore):  # a store whose writes are awaited (Redis's, say)
+        pass
+
+    awaited = ConversationStore(Awaited("responses", ttl=60, max_items=100, max_bytes=1 << 20))
+    assert not awaited.save_now("a", first, items, None, None)
+    assert not ConversationStore(None, unshared=2).save_now("a", first, items, None, None)
