@@ -27,9 +27,9 @@ import orjson
 from backends.base import CompletionResult, TokenUsage, usage_of
 from backends.errors import UpstreamProtocolError
 from backends.exact_json import dumps_exact, loads_keeping_integers
+from backends.responses.echo import FIXED, echo_of
 from backends.responses.to_chat import ToolNames
 from schemas.responses import ResponsesRequest
-from schemas.responses_tools import CustomTool, FunctionTool, Grammar, NamespaceTool, PlainText
 
 __all__ = ["ResponseFrame", "new_id", "output_items", "response_from_chat", "responses_usage"]
 
@@ -65,70 +65,49 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{_pool[at : at + _ID_CHARS]}"
 
 
-class ResponseFrame:
-    """What every Response object of one request carries; ``envelope`` makes one with a status."""
+# The Response's bytes up to its status's value (its id, its time), and the echo's members cut from the
+# bytes of ``[template]`` (the frame's ``_template``: id, time, status, output and usage null).
+_HEAD = b'{"id":"%b","object":"response","created_at":%d,"status":"'
+_TEMPLATE_HEAD = len(b'[{"id":null,"object":"response","created_at":null,"status":null,')
+_TEMPLATE_TAIL = -len(b',"output":null,"usage":null}]')
+# The non-stream Response as orjson.dumps writes its dict: id, time, status, incomplete_details, the
+# echo's members after it, then the bytes of {"output": ..., "usage": ...} less their opening brace.
+_BODY = _HEAD + b'%b",' + FIXED + b"%b,%b,%b"
+_DETAILS: dict[str | None, bytes] = {reason: orjson.dumps({"reason": reason}) for reason in _INCOMPLETE.values()}
+_DETAILS[None] = b"null"
 
-    __slots__ = ("_echo", "created_at", "id", "logprobs", "names", "request", "summarises")
+
+class ResponseFrame:
+    """What every Response object of one request carries; ``envelope`` makes one with a status.
+
+    Its dicts share the echo's values with other requests' (``backends.responses.echo``): a
+    Response is read, never changed but for its own keys."""
+
+    __slots__ = ("_data", "_template", "created_at", "id", "logprobs", "names", "request", "summarises")
 
     def __init__(self, request: ResponsesRequest, public_model: str, names: ToolNames) -> None:
         self.request = request
         self.names = names
         self.id = new_id("resp")
         self.created_at = int(time.time())
-        reasoning = request.reasoning
-        summary = None if reasoning is None else reasoning.summary or reasoning.generate_summary
-        self.summarises = summary is not None  # the reasoning text is given as summary too
-        include = request.include
-        # each output_text part carries its tokens' logprobs (ResponsesRequest.wants_logprobs, read inline)
-        self.logprobs = include is not None and "message.output_text.logprobs" in include
-        text = request.text
-        self._echo: dict[str, Any] = {
-            "background": False,
-            "error": None,
-            "incomplete_details": None,
-            "instructions": request.instructions,
-            "max_output_tokens": request.max_output_tokens,
-            "max_tool_calls": request.max_tool_calls,
-            "model": public_model,
-            "parallel_tool_calls": request.parallel_tool_calls is not False,
-            "previous_response_id": request.previous_response_id,
-            "prompt_cache_key": request.prompt_cache_key,
-            "reasoning": {
-                "effort": reasoning.effort if reasoning is not None else None,
-                "summary": summary,
-            },
-            "safety_identifier": request.safety_identifier,
-            "service_tier": request.service_tier or "default",
-            "store": request.store is not False,  # ResponsesRequest.stores, read inline: true by default
-            "temperature": request.temperature,
-            "text": {
-                "format": (
-                    text.format.model_dump(by_alias=True, exclude_none=True)
-                    if text is not None and text.format is not None
-                    else {"type": "text"}
-                ),
-                "verbosity": (text.verbosity if text is not None else None) or "medium",
-            },
-            "tool_choice": _dump(request.tool_choice) if request.tool_choice is not None else "auto",
-            "tools": [_tool_echo(tool) for tool in request.tools] if request.tools else [],
-            "top_logprobs": request.top_logprobs,
-            "top_p": request.top_p,
-            "truncation": request.truncation or "disabled",
-            "user": request.user,
-            "metadata": request.metadata or {},
-        }
+        # logprobs: each output_text part carries its tokens' (ResponsesRequest.wants_logprobs);
+        # summarises: the reasoning text is given as summary too
+        self._template, self._data, self.logprobs, self.summarises = echo_of(request, public_model)
 
     def around_status(self) -> tuple[bytes, bytes] | None:
         """The Response's bytes around its status, as ``orjson.dumps`` writes its envelope in an event:
         up to the status's value (its id, ``object``, ``created_at``), and the echoed request's members
         that follow it (``output`` and ``usage`` come last: ``envelope``); None where orjson refuses the
         echo (an integer beyond 64 bits, nesting past its levels): that Response takes the dicts' way."""
-        try:
-            echo = orjson.dumps([self._echo])  # one level down, as in its event: refused where that would be
-        except orjson.JSONEncodeError:
-            return None
-        head = b'{"id":"%b","object":"response","created_at":%d,"status":"' % (self.id.encode(), self.created_at)
-        return head, echo[2:-2]
+        rest = self._data
+        if rest is not None:
+            echo = FIXED + b"null," + rest
+        else:
+            try:  # one level down, as in its event: refused where that would be
+                echo = orjson.dumps([self._template])[_TEMPLATE_HEAD:_TEMPLATE_TAIL]
+            except orjson.JSONEncodeError:
+                return None
+        return _HEAD % (self.id.encode(), self.created_at), echo
 
     def envelope(
         self,
@@ -140,7 +119,10 @@ class ResponseFrame:
         error: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """The Response object now: ``status``, its ``output`` items and ``usage`` (None until known)."""
-        out = {"id": self.id, "object": "response", "created_at": self.created_at, "status": status, **self._echo}
+        out = self._template.copy()  # (a copy of the keys' table: no key inserted one by one)
+        out["id"] = self.id
+        out["created_at"] = self.created_at
+        out["status"] = status
         out["output"] = output
         out["usage"] = usage
         if incomplete is not None:
@@ -149,34 +131,16 @@ class ResponseFrame:
             out["error"] = error
         return out
 
-
-def _dump(value: Any) -> Any:
-    return value if isinstance(value, str) else value.model_dump(mode="json", by_alias=True, exclude_none=True)
-
-
-# The tools' models that hold only plain fields (no alias, extra, serializer or computed field:
-# tests/backends/responses/test_response_echo.py checks it): their echo is their fields but None.
-_PLAIN_TOOLS = frozenset((FunctionTool, CustomTool, NamespaceTool, Grammar, PlainText))
-
-
-def _tool_echo(tool: Any) -> Any:
-    """``_dump(tool)`` without pydantic's serialiser for a function, custom or namespace tool (12 of
-    them, as Codex sends, cost ~30 us a request so): its fields but None, in order, a model within
-    (a namespace's tools, a custom tool's format: all plain ones) as itself. A JSON value (a
-    function's ``parameters``) is the request's own object, not a copy: checked JSON-safe by the
-    schema, and never changed. Built-in tools (OpenAI's options) keep the dump."""
-    if type(tool) not in _PLAIN_TOOLS:
-        return _dump(tool)
-    out = {}
-    for name, field in tool.__dict__.items():  # by type and ``in``, no call: once per field of each tool
-        if field is None:
-            continue
-        kind = type(field)
-        if kind is list:
-            out[name] = [_tool_echo(item) if type(item) in _PLAIN_TOOLS else item for item in field]
-        else:
-            out[name] = _tool_echo(field) if kind in _PLAIN_TOOLS else field
-    return out
+    def dumps(self, response: dict[str, Any], incomplete: str | None) -> bytes:
+        """``orjson.dumps(response)`` of an ``envelope`` of this frame's without ``error`` (``incomplete``
+        its reason), around the echo's bytes where they are made; raises ``orjson.JSONEncodeError``."""
+        rest = self._data
+        if rest is None:
+            return orjson.dumps(response)
+        # output and usage as deep as in the Response: refused where they would be there
+        tail = orjson.dumps({"output": response["output"], "usage": response["usage"]})
+        status = response["status"].encode()
+        return _BODY % (self.id.encode(), self.created_at, status, _DETAILS[incomplete], rest, tail[1:])
 
 
 def responses_usage(usage: Any, counts: TokenUsage | None = None) -> dict[str, Any] | None:
@@ -312,7 +276,7 @@ def response_from_chat(
         status, output, None if usage is None else responses_usage(chat_usage, usage), incomplete=incomplete
     )
     try:
-        body = orjson.dumps(response)
+        body = frame.dumps(response, incomplete)
     except orjson.JSONEncodeError:  # (an integer beyond 64 bits, nesting past orjson's levels)
         return CompletionResult(dumps_exact(response, backend), usage, answer=response), response
     return CompletionResult(body, usage, answer=response, dumped=True), response

@@ -11,6 +11,8 @@ or as Responses events (:mod:`backends.responses.events`). An error that names a
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from backends.base import Backend, BridgeChatCall, CompletionResult, CompletionStream, ResponsesCall, ResponsesTable
 from backends.chat_capabilities import ChatCapabilities
 from backends.responses.answer import ResponseFrame, response_from_chat
@@ -22,6 +24,14 @@ from schemas.errors import GatewayError
 
 __all__ = ["bridged_responses", "bridged_responses_stream", "chat_call_of", "responses_table"]
 
+# A BridgeChatCall made without its dataclass __init__, which sets each field of the frozen class
+# through object.__setattr__ (half of chat_call_of's instructions): each slot set through its own
+# descriptor, in the fields' order (tests/backends/responses/test_bridge.py: all of them, equal).
+_new_call = object.__new__
+_set_request, _set_upstream, _set_public, _set_id, _set_trace = (
+    getattr(BridgeChatCall, field.name).__set__ for field in fields(BridgeChatCall)
+)
+
 
 def chat_call_of(call: ResponsesCall) -> tuple[BridgeChatCall, ResponseFrame]:
     """The chat attempt a Responses attempt becomes, and the frame its answer is built in."""
@@ -29,9 +39,15 @@ def chat_call_of(call: ResponsesCall) -> tuple[BridgeChatCall, ResponseFrame]:
     # less on every attempt); a request that comes here unchecked has it made now.
     state = call.request.__pydantic_private__
     chat_request, names = state["bridged"] if state and "bridged" in state else chat_request_of(call.request)
-    frame = ResponseFrame(call.request, call.public_model, names)
-    # The same attempt, so the same trace: its traceparent goes upstream with the chat request.
-    return BridgeChatCall(chat_request, call.upstream_model, call.public_model, call.request_id, call.trace), frame
+    public = call.public_model
+    frame = ResponseFrame(call.request, public, names)
+    chat_call = _new_call(BridgeChatCall)
+    _set_request(chat_call, chat_request)
+    _set_upstream(chat_call, call.upstream_model)
+    _set_public(chat_call, public)
+    _set_id(chat_call, call.request_id)
+    _set_trace(chat_call, call.trace)  # the same attempt, so the same trace: its traceparent goes upstream
+    return chat_call, frame
 
 
 def _renamed(exc: GatewayError) -> GatewayError:

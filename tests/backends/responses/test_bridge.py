@@ -3,19 +3,21 @@ streams as Responses (backends/responses: to_chat, capabilities, answer, events)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
 import orjson
 import pytest
 
-from backends.base import CompletionStream, TokenUsage
+from backends.base import BridgeChatCall, CompletionStream, ResponsesCall, TokenUsage
 from backends.errors import UpstreamProtocolError
 from backends.mock.capabilities import MOCK_RESPONSES
 from backends.native.ollama_capabilities import OLLAMA_RESPONSES
 from backends.native.tgi_capabilities import TGI_RESPONSES
 from backends.openai.capabilities import OPENAI_RESPONSES, OPENAI_RESPONSES_UPSTREAM_STORE
 from backends.responses.answer import ResponseFrame, response_from_chat
+from backends.responses.bridge import chat_call_of
 from backends.responses.capabilities import chat_request_of
 from backends.responses.events import ChatResponseEvents
 from backends.vllm.capabilities import vllm_responses_capabilities
@@ -244,6 +246,20 @@ def _chat_body(message: dict[str, Any], finish: str = "stop") -> bytes:
         "usage": {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12},
     }
     return orjson.dumps(body)
+
+
+def test_the_chat_attempt_is_the_dataclass_its_init_makes() -> None:
+    """chat_call_of sets BridgeChatCall's slots itself: every field (an unset one would raise), each the
+    attempt's own."""
+    request = req(input="x")
+    trace: Any = object()
+    for call in (ResponsesCall(request, "up", "public", "rid-1", trace), ResponsesCall(request, "u2", "p2", "rid-2")):
+        chat_call, frame = chat_call_of(call)
+        chat = chat_request_of(request)[0]
+        expected = BridgeChatCall(chat, call.upstream_model, call.public_model, call.request_id, call.trace)
+        assert type(chat_call) is BridgeChatCall and chat_call == expected
+        assert all(getattr(chat_call, f.name) is getattr(expected, f.name) for f in dataclasses.fields(expected))
+        assert frame.envelope("completed", [])["model"] == call.public_model
 
 
 def test_a_chat_answer_as_a_response() -> None:

@@ -49,7 +49,8 @@ def frame(logprobs: bool, summary: bool, long_int: bool) -> ResponseFrame:
     request = ResponsesRequest.model_validate(body)
     shared = ResponseFrame(request, "public", chat_request_of(request)[1])
     if long_int:  # (the schema refuses one: the general serialiser's way, in case)
-        shared._echo["metadata"] = {"n": 2**70}
+        shared._template = {**shared._template, "metadata": {"n": 2**70}}
+        shared._data = None
     return shared
 
 

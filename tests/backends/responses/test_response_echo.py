@@ -1,6 +1,8 @@
-"""The Response's echo of the request's tools (backends/responses/answer.py ``_tool_echo``): the same
+"""The Response's echo of the request (backends/responses/echo.py). Its tools (``_tool_echo``): the same
 dicts, and bytes, as pydantic's ``model_dump(mode="json", by_alias=True, exclude_none=True)`` of each
-tool, for Codex's recorded tools and every kind of tool and field."""
+tool, for Codex's recorded tools and every kind of tool and field. Every setting: the echo made from
+a public model's cached default is the one read from each setting, request after request, in dicts
+and in bytes."""
 
 from __future__ import annotations
 
@@ -10,10 +12,13 @@ from typing import Any, get_args
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from backends.responses.answer import _PLAIN_TOOLS, ResponseFrame
+from backends.responses.answer import ResponseFrame, response_from_chat
 from backends.responses.capabilities import chat_request_of
+from backends.responses.echo import _PLAIN_TOOLS
 from schemas.responses import ResponsesRequest
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "responses"
@@ -84,3 +89,165 @@ def test_a_plainly_echoed_tool_holds_no_model_but_plain_ones() -> None:
     for model in _PLAIN_TOOLS:
         for field in model.model_fields.values():
             assert _models_in(field.annotation) <= _PLAIN_TOOLS, (model, field)
+
+
+# --- the echo of every setting: made from a cached default, never leaking between requests ---------------
+
+
+def _reference_echo(request: ResponsesRequest, public_model: str) -> dict[str, Any]:
+    """The echo read from every setting, as the frame made it before it kept a default (session 8)."""
+    reasoning, text = request.reasoning, request.text
+    summary = None if reasoning is None else reasoning.summary or reasoning.generate_summary
+    return {
+        "background": False,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": request.instructions,
+        "max_output_tokens": request.max_output_tokens,
+        "max_tool_calls": request.max_tool_calls,
+        "model": public_model,
+        "parallel_tool_calls": request.parallel_tool_calls is not False,
+        "previous_response_id": request.previous_response_id,
+        "prompt_cache_key": request.prompt_cache_key,
+        "reasoning": {"effort": reasoning.effort if reasoning is not None else None, "summary": summary},
+        "safety_identifier": request.safety_identifier,
+        "service_tier": request.service_tier or "default",
+        "store": request.store is not False,
+        "temperature": request.temperature,
+        "text": {
+            "format": (
+                text.format.model_dump(by_alias=True, exclude_none=True)
+                if text is not None and text.format is not None
+                else {"type": "text"}
+            ),
+            "verbosity": (text.verbosity if text is not None else None) or "medium",
+        },
+        "tool_choice": (
+            request.tool_choice
+            if isinstance(request.tool_choice, str)
+            else request.tool_choice.model_dump(mode="json", by_alias=True, exclude_none=True)
+            if request.tool_choice is not None
+            else "auto"
+        ),
+        "tools": [tool.model_dump(mode="json", by_alias=True, exclude_none=True) for tool in request.tools or ()],
+        "top_logprobs": request.top_logprobs,
+        "top_p": request.top_p,
+        "truncation": request.truncation or "disabled",
+        "user": request.user,
+        "metadata": request.metadata or {},
+    }
+
+
+_TEXTS = st.text(max_size=12) | st.sampled_from(['"', "\\", "\u2028", "é", "%b", "\x00", ""])
+_COUNTS = st.integers(1, 2**63 - 1)
+_SETTINGS: dict[str, Any] = {
+    "instructions": _TEXTS,
+    "max_output_tokens": _COUNTS,
+    "max_tool_calls": _COUNTS,
+    "parallel_tool_calls": st.booleans(),
+    "previous_response_id": st.sampled_from(["resp_1", 'r"2']),
+    "prompt_cache_key": _TEXTS,
+    "reasoning": st.fixed_dictionaries(
+        {},
+        optional={
+            k: st.sampled_from(["low", "high"] if k == "effort" else ["auto", "detailed"]) | st.none()
+            for k in ("effort", "summary", "generate_summary")
+        },
+    ),
+    "safety_identifier": _TEXTS,
+    "service_tier": st.sampled_from(["auto", "default", "flex", "priority"]),
+    "store": st.booleans(),
+    "temperature": st.sampled_from([0, 1, 2, 0.0, 0.5, 1.25, 2.0]),
+    "text": st.sampled_from(
+        [
+            {},
+            {"verbosity": "low"},
+            {"format": {"type": "json_object"}},
+            {"format": {"type": "json_schema", "name": "s", "schema": {"type": "object"}}, "verbosity": "high"},
+        ]
+    ),
+    "tool_choice": st.sampled_from(["auto", "none", "required"]),
+    "tools": st.sampled_from([[], [{"type": "function", "name": "f"}], _TOOLS[2]]),
+    "top_logprobs": st.integers(0, 20),
+    "top_p": st.sampled_from([0, 1, 0.0, 0.25, 1.0]),
+    "truncation": st.sampled_from(["auto", "disabled"]),
+    "user": _TEXTS,
+    "metadata": st.sampled_from([{}, {"k": "v"}, {"a": '"', "b": ""}]),
+    "include": st.sampled_from([[], ["message.output_text.logprobs"], ["reasoning.encrypted_content"]]),
+    "stream": st.booleans(),  # not echoed
+}
+_MAYBE_NULL = {name: values | st.none() for name, values in _SETTINGS.items()}
+_BODIES = st.fixed_dictionaries({}, optional=_MAYBE_NULL).map(lambda settings: {"model": "m", "input": "x", **settings})
+
+
+def _frame(body: dict[str, Any], public_model: str) -> tuple[ResponsesRequest, ResponseFrame] | None:
+    try:
+        request = ResponsesRequest.model_validate_json(orjson.dumps(body))
+    except ValueError:  # (a cross-field rule: not a request the frame sees)
+        return None
+    return request, ResponseFrame(request, public_model, chat_request_of(request)[1])
+
+
+def _check(request: ResponsesRequest, frame: ResponseFrame, public_model: str) -> None:
+    echo = _reference_echo(request, public_model)
+    response = frame.envelope("in_progress", [])
+    head = {"id": frame.id, "object": "response", "created_at": frame.created_at, "status": "in_progress"}
+    expected = {**head, **echo, "output": [], "usage": None}
+    assert response == expected and list(response) == list(expected)
+    assert orjson.dumps(response) == orjson.dumps(expected)  # the same values, key by key
+    around = frame.around_status()
+    assert around is not None
+    start, members = around
+    assert start + b'in_progress",' + members + b',"output":[],"usage":null}' == orjson.dumps(expected)
+    assert frame.logprobs == ("message.output_text.logprobs" in (request.include or ()))
+    assert frame.summarises == (echo["reasoning"]["summary"] is not None)
+
+
+@settings(max_examples=300, deadline=None)
+@given(first=_BODIES, second=_BODIES, models=st.sampled_from([("p", "p"), ("p", "q")]))
+def test_each_request_gets_its_own_echo_whatever_came_before(
+    first: dict[str, Any], second: dict[str, Any], models: tuple[str, str]
+) -> None:
+    """Two requests' echoes, in either order, with a default one between and after, are each the one
+    read from its own settings: no setting of one request shows in another's Response."""
+    default = {"model": "m", "input": "x"}
+    for body, model in ((first, models[0]), (default, models[0]), (second, models[1]), (first, models[0]),
+                        (default, models[1])):  # fmt: skip
+        made = _frame(body, model)
+        if made is not None:
+            _check(*made, model)
+
+
+def test_a_settings_change_in_one_response_is_not_in_the_next() -> None:
+    """Settings that differ from the default and from each other, both ways round."""
+    one = {"model": "m", "input": "x", "temperature": 0.5, "max_output_tokens": 9, "instructions": "be brief",
+           "store": False, "metadata": {"k": "v"}, "reasoning": {"summary": "auto"}}  # fmt: skip
+    two = {"model": "m", "input": "x", "temperature": 1, "top_p": 0.5, "tools": _TOOLS[0], "service_tier": "flex"}
+    for bodies in ((one, two), (two, one)):
+        for body in (*bodies, {"model": "m", "input": "x"}):
+            made = _frame(body, "public")
+            assert made is not None
+            _check(*made, "public")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    body=_BODIES,
+    finish=st.sampled_from(["stop", "length", "content_filter", "tool_calls", None]),
+    text=_TEXTS | st.none(),
+    usage=st.booleans(),
+)
+def test_a_non_stream_answers_bytes_are_its_dicts(body: dict[str, Any], finish: Any, text: Any, usage: bool) -> None:
+    """The body written around the echo's bytes is ``orjson.dumps`` of the Response (what the store cuts
+    its record from: ``dumped``), completed or incomplete, with or without usage."""
+    made = _frame(body, "public")
+    if made is None:
+        return
+    message = {"role": "assistant", "content": text}
+    chat: dict[str, Any] = {"choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}]}
+    if usage:
+        chat["usage"] = {"prompt_tokens": 3, "completion_tokens": 2**40, "total_tokens": 2**40 + 3}
+    result, response = response_from_chat(orjson.dumps(chat), made[1], "b")
+    assert result.dumped and result.answer is response and result.body == orjson.dumps(response)
+    reason = {"length": "max_output_tokens", "content_filter": "content_filter"}.get(finish)
+    assert response["incomplete_details"] == (None if reason is None else {"reason": reason})
