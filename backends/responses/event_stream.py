@@ -31,6 +31,10 @@ def failure_of(error: GatewayError) -> dict[str, Any]:
 class ResponseEventStream(CompletionStream):
     """A stream of Responses events: it can end itself with ``response.failed``, and say where it stands."""
 
+    # ``orjson.dumps`` of the final Response (``snapshot``'s once finished), where the last event was
+    # written from those bytes: the store's record is cut from them (records.encode's ``dumped``).
+    final_dumped: bytes | None = None
+
     def failed_event(self, error: GatewayError) -> bytes:
         """The last event after a failure midway: ``response.failed`` with ``error``."""
         raise NotImplementedError

@@ -140,7 +140,7 @@ class ChatResponseEvents(ResponseWriter):
         response = self.snapshot("failed")
         assert response is not None
         response["error"] = failure_of(error)
-        self.final = response
+        self.final, self.final_dumped = response, None  # (not the bytes of a Response before it failed)
         out: list[bytes] = []
         self._emit(out, {"type": "response.failed", "response": response})
         self._done = True

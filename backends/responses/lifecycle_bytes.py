@@ -19,6 +19,7 @@ __all__ = [
     "INPUT_DONE",
     "ITEM_DONE",
     "LAST_EVENT",
+    "LAST_RESPONSE",
     "NO_DETAILS",
     "NO_LOGPROBS",
     "OPEN_REASONING",
@@ -129,15 +130,15 @@ LAST_EVENT = b'event: %b\ndata: {"type":"%b","sequence_number":%d,"response":%b}
 # The last Response from the first one's bytes (ResponseFrame.around_status: up to its status's value, then
 # its echo's members; the echo with incomplete_details set where it is incomplete), its status, its output
 # items' JSON (comma-joined) and its usage's.
-_LAST_RESPONSE = b'%b%b",%b,"output":[%b],"usage":%b}'
+LAST_RESPONSE = b'%b%b",%b,"output":[%b],"usage":%b}'
 # A message holding one output_text part, closed (its id, status, text's JSON), as its dict serialises.
 TEXT_MESSAGE = (
     b'{"id":"%b","type":"message","role":"assistant","status":"%b","content":[{"type":"output_text","text":%b,'
     b'"annotations":[]}]}'
 )
 # The common end of a stream: its open text part's closing events (TEXT_DONE), its message's (ITEM_DONE),
-# and the last event (LAST_EVENT around _LAST_RESPONSE's fields).
-TEXT_END = TEXT_DONE + ITEM_DONE + LAST_EVENT.replace(b'"response":%b', b'"response":' + _LAST_RESPONSE)
+# and the last event (LAST_EVENT, its Response LAST_RESPONSE's bytes: the store's record is cut from them).
+TEXT_END = TEXT_DONE + ITEM_DONE + LAST_EVENT
 
 
 def delta_template(head: bytes, where: bytes) -> bytes:
@@ -161,6 +162,6 @@ def final_bytes(
         return None
     head, echo = frame
     if incomplete is None:
-        return _LAST_RESPONSE % (head, b"completed", echo, b",".join(item_bytes), counts)
+        return LAST_RESPONSE % (head, b"completed", echo, b",".join(item_bytes), counts)
     echo = echo.replace(NO_DETAILS, DETAILS[incomplete], 1)
-    return _LAST_RESPONSE % (head, b"incomplete", echo, b",".join(item_bytes), counts)
+    return LAST_RESPONSE % (head, b"incomplete", echo, b",".join(item_bytes), counts)

@@ -24,6 +24,7 @@ from backends.responses.lifecycle_bytes import (
     INPUT_DONE,
     ITEM_DONE,
     LAST_EVENT,
+    LAST_RESPONSE,
     NO_DETAILS,
     OPEN_REASONING,
     REASONING_DONE,
@@ -338,16 +339,17 @@ class ResponseWriter(ResponseEventStream):
                 outputs = b",".join([*earlier, message]) if earlier else message
                 at, seq = where[:-WHERE_DELTA], self._seq
                 self._seq = seq + 4
+                dumped = LAST_RESPONSE % (head, closed, echo, outputs, counts)
                 out.append(
                     TEXT_END % (
-                        seq, at, data, seq + 1, at, data, seq + 2, len(items) - 1, message,
-                        kind, kind, seq + 3, head, closed, echo, outputs, counts,
+                        seq, at, data, seq + 1, at, data, seq + 2, len(items) - 1, message, kind, kind, seq + 3, dumped,
                     )
                 )  # fmt: skip
                 item["content"].append({"type": "output_text", "text": text, "annotations": []})
                 item["status"] = status
                 self._open, self._part, self._texts, self._fast = None, None, [], None
                 self.final = self._frame.envelope(status, items, usage, incomplete=incomplete)
+                self.final_dumped = dumped
                 return
         self._close(out, status)
         self.final = self._frame.envelope(status, items, usage, incomplete=incomplete)
@@ -358,3 +360,4 @@ class ResponseWriter(ResponseEventStream):
             kind = b"response.completed" if incomplete is None else b"response.incomplete"
             out.append(LAST_EVENT % (kind, kind, self._seq, last))
             self._seq += 1
+            self.final_dumped = last

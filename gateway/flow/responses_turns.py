@@ -208,4 +208,5 @@ class StreamEnd:
         # isinstance: ResponseEventStream is an ABC, whose test is three calls on every stored stream.
         snapshot = getattr(stream, "snapshot", None)
         if snapshot is not None:
-            await self._turns.end(request, snapshot("cancelled"), store, key)
+            # (final_dumped: the finished Response's bytes, its last event's, where it was written from them)
+            await self._turns.end(request, snapshot("cancelled"), store, key, getattr(stream, "final_dumped", None))

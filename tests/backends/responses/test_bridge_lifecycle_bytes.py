@@ -26,6 +26,11 @@ from backends.responses import events as events_module
 from backends.responses.answer import ResponseFrame
 from backends.responses.capabilities import chat_request_of
 from backends.responses.events import ChatResponseEvents
+from gateway.conversations import ConversationStore
+from gateway.conversations.records import encode
+from gateway.flow.responses_turns import ResponsesTurns, StreamEnd
+from gateway.responses_state import NO_AUTH_TENANT
+from gateway.store import MemoryStore
 from schemas.responses import ResponsesRequest
 from tests.backends.responses.test_bridge_text_shape import Reads
 
@@ -97,7 +102,7 @@ STEP = st.one_of(
 
 async def written(
     cls: type[ChatResponseEvents], reads: list[bytes], shared: ResponseFrame, fail: bool
-) -> tuple[bytes, Any]:
+) -> tuple[bytes, Any, bytes | None]:
     ids = itertools.count()
     with pytest.MonkeyPatch.context() as patch:  # the same item ids in both runs
         for module in (events_module, answer_module):
@@ -109,7 +114,7 @@ async def written(
             if fail:
                 out += stream.failed_event(UpstreamProtocolError("upstream went away", backend="b"))
                 break
-        return out, stream.snapshot("cancelled")
+        return out, stream.snapshot("cancelled"), stream.final_dumped
 
 
 @settings(max_examples=120, deadline=None)
@@ -148,10 +153,13 @@ async def test_the_closing_events_from_bytes_are_those_of_their_dicts(
     chunks = [chunk(("text", "A")), *map(chunk, steps)]
     reads = [b"".join(chunks[at : at + cut]) for at in range(0, len(chunks), cut)]
     shared = frame(logprobs, summary, long_int)
-    fast, fast_final = await written(ChatResponseEvents, reads, shared, fail)
-    general, general_final = await written(General, reads, shared, fail)
+    fast, fast_final, dumped = await written(ChatResponseEvents, reads, shared, fail)
+    general, general_final, _ = await written(General, reads, shared, fail)
     assert fast == general
     assert fast_final == general_final
+    if dumped is not None:  # the store's bytes (StreamEnd): the last event's Response, the final's dumps
+        assert not fail and dumped == orjson.dumps(fast_final)
+        assert fast.endswith(b'"response":' + dumped + b"}\n\n")
 
 
 async def test_a_plain_answer_takes_the_byte_path() -> None:
@@ -209,3 +217,35 @@ async def test_reasoning_and_calls_open_and_close_from_bytes() -> None:
     assert kinds.count("response.output_item.done") == 3 and kinds[-1] == "response.completed"
     assert "response.reasoning_summary_part.done" in kinds and "response.custom_tool_call_input.done" in kinds
     assert "response.function_call_arguments.done" in kinds
+
+
+@pytest.mark.parametrize("finish", ["stop", "length"])
+async def test_a_streamed_turn_is_stored_from_its_last_events_bytes(finish: str) -> None:
+    """StreamEnd hands the last event's Response bytes (``final_dumped``) to the store, which cuts the
+    record from them (a byte marked in them shows in it): the record the Response dict gives."""
+    request = ResponsesRequest.model_validate({"model": "m", "input": "x", "stream": True})
+    reads = [b"".join(map(chunk, [("text", "A"), ("text", "b"), ("finish", finish), ("usage", 2)]))]
+    stream = ChatResponseEvents(Reads(reads), ResponseFrame(request, "public", chat_request_of(request)[1]), "b")
+    out = b"".join([piece async for piece in stream])
+    final = stream.snapshot("cancelled")
+    assert final is not None and stream.final_dumped == orjson.dumps(final)
+    assert out.endswith(b'"response":' + stream.final_dumped + b"}\n\n")
+    expected = encode(final, [], []).split(b"\n")
+    mark = (b'"object":"response"', b'"object":"RESPONSE"', 1)
+    stream.final_dumped = stream.final_dumped.replace(*mark)
+    memory = MemoryStore("responses", ttl=60, max_items=10, max_bytes=1 << 20)
+    await StreamEnd(ResponsesTurns(), request, stream, ConversationStore(memory), None)()
+    (blob,) = await memory.get(NO_AUTH_TENANT, [final["id"]])
+    assert blob is not None
+    assert blob.split(b"\n")[2:] == [expected[2], expected[3].replace(*mark)]
+
+
+async def test_a_failed_stream_hands_no_bytes_over() -> None:
+    """After response.failed the store's Response is the failed one: no last event's bytes go with it."""
+    reads = [b"".join(map(chunk, [("text", "A"), ("finish", "stop"), ("usage", 2)]))]
+    stream = ChatResponseEvents(Reads(reads), frame(False, False, False), "b")
+    async for _ in stream:
+        pass
+    assert stream.final_dumped is not None
+    stream.failed_event(UpstreamProtocolError("upstream went away", backend="b"))
+    assert stream.final_dumped is None
