@@ -43,6 +43,7 @@ from schemas.vllm_extras import VLLM_EXTRAS_NEUTRAL
 __all__ = [
     "CHAT_FIELDS",
     "CHAT_NEUTRAL_VALUES",
+    "FORMS_NOTE",
     "OPENAI_ONLY_FIELDS",
     "VLLM_CHAT_EXTRAS",
     "ChatCapabilities",
@@ -135,6 +136,13 @@ def _is_neutral(field: str, value: Any) -> bool:
 # in place; a copy with changed fields (``model_copy``, which copies the private slot) has a values
 # dict of its own, so the note never vouches for it.
 _PASSED = "chat_capabilities_passed"
+# A request's forms as the code that built it recorded them, in its private slot: (the request's field
+# values, the forms :func:`request_forms` yields, in its order, each once). The chat bridge records
+# them as it builds a translation (backends.responses.plain_chat), so the check reads the few forms
+# it made rather than walking the messages and tools again; the first refused form is the same
+# (tests/backends/responses/test_plain_chat.py holds the record to the walk). As for ``_PASSED``, a
+# copy with other values (its own values dict) is walked.
+FORMS_NOTE = "chat_capabilities_forms"
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,7 +247,9 @@ class ChatCapabilities:
                 if name in touched and not _is_neutral(name, getattr(request, name)):
                     return Refusal(name, name, self.reasons.get(name))
         if not self._refused_form_fields.isdisjoint(fields_set):  # else no form can be refused
-            for name, form in request_forms(request):
+            note = state.get(FORMS_NOTE) if state is not None else None
+            forms = note[1] if note is not None and note[0] is request.__dict__ else request_forms(request)
+            for name, form in forms:
                 key = f"{name}={form}"
                 if self.forms.get(key) is U:
                     return Refusal(name, key, self.reasons.get(key))

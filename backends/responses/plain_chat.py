@@ -26,7 +26,9 @@ The tools' declarations are chat's (``Name``, ``JsonObject``, ``StrictBool``: th
 was chat's own; a JSON Schema's dict is copied at the top, as validation copies it).
 :func:`plain_chat_request` builds it as validation would: the same values, the same fields set
 (``model_construct`` would do it too, but walks all ~90 declared fields: slower than validating).
-Anything else gets None, and is validated. ``tests/backends/responses/test_plain_chat.py`` holds
+It records the chat forms it made (:data:`~backends.chat_capabilities.FORMS_NOTE`), so the chat
+table's check reads them rather than walking the messages and tools again. Anything else gets None,
+and is validated. ``tests/backends/responses/test_plain_chat.py`` holds
 the result to validation's, field by field, for generated requests and recorded Codex turns.
 """
 
@@ -36,6 +38,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
+from backends.chat_capabilities import FORMS_NOTE
 from schemas import chat_messages as chat
 from schemas.chat import MAX_TOOLS, ChatCompletionRequest, ChatStreamOptions
 from schemas.responses import NAMESPACE_SEPARATOR, ResponsesRequest
@@ -119,6 +122,11 @@ _CUSTOM_TOOL, _CUSTOM = _Trusted(chat.CustomTool), _Trusted(chat.CustomDefinitio
 _GRAMMAR_FORMAT, _GRAMMAR = _Trusted(chat.GrammarFormat), _Trusted(chat.Grammar)
 _TEXT_FORMAT = _Trusted(chat.TextFormat)({"type": "text"})  # frozen, no fields but its type: one serves all
 _USAGE = ChatStreamOptions.model_validate({"include_usage": True})  # frozen: one instance serves every stream
+_REQUEST_DEFAULTS = _REQUEST._defaults
+# The chat forms a plain translation can take (chat_capabilities.request_forms' names).
+_TEXT_FORM, _USAGE_FORM = ("messages", "text"), ("stream_options", "include_usage")
+_FUNCTION_FORM, _CUSTOM_FORM, _STRICT_FORM = ("tools", "function"), ("tools", "custom"), ("tools", "strict")
+_PARALLEL_FORMS = {True: ("parallel_tool_calls", "true"), False: ("parallel_tool_calls", "false")}
 
 
 def _texts(content: list[Any]) -> list[Any] | None:
@@ -131,14 +139,16 @@ def _texts(content: list[Any]) -> list[Any] | None:
     return parts
 
 
-def _messages(request: ResponsesRequest) -> list[Any] | None:
+def _messages(request: ResponsesRequest) -> tuple[list[Any], bool] | None:
+    """The messages, and whether one has a list of (text) parts."""
     messages: list[Any] = []
+    parts = False
     if request.instructions is not None:
         messages.append(_MESSAGES["system"]({"role": "system", "content": request.instructions}))
     items = request.input
     if type(items) is str:
         messages.append(_USER({"role": "user", "content": items}))
-        return messages
+        return messages, False
     listed: list[Any] = items or []  # type: ignore[assignment]  # not a str (just above): a list, or None
     assistant: dict[str, Any] | None = None  # the open assistant message's values: the calls after it join it
     for item in listed:
@@ -171,6 +181,7 @@ def _messages(request: ResponsesRequest) -> list[Any] | None:
                 if output is None:
                     return None  # an image or file: to_chat names it
                 output = output or ""  # no parts: an empty output
+                parts = parts or bool(output)
             messages.append(_TOOL_MESSAGE({"role": "tool", "tool_call_id": item.call_id, "content": output}))
             continue
         if kind is not MessageItem:
@@ -182,6 +193,7 @@ def _messages(request: ResponsesRequest) -> list[Any] | None:
             content = _texts(content)
             if content is None:
                 return None
+            parts = True
         if item.role == "assistant":
             assistant = {"role": "assistant", "content": content}
             messages.append(assistant)
@@ -189,17 +201,20 @@ def _messages(request: ResponsesRequest) -> list[Any] | None:
             messages.append(_MESSAGES[item.role]({"role": item.role, "content": content}))
     if not messages:
         return None
-    return [_ASSISTANT(m) if type(m) is dict else m for m in messages]
+    return [_ASSISTANT(m) if type(m) is dict else m for m in messages], parts
 
 
 def _function(tool: FunctionTool, name: str) -> Any:
+    # The model's values read from its dict: a model's attribute read costs a Python-level lookup
+    # (pydantic's ``__getattr__`` hook), several times a dict's.
+    own = tool.__dict__
     values: dict[str, Any] = {"name": name}
-    if tool.description is not None:
-        values["description"] = tool.description
-    if tool.parameters is not None:
-        values["parameters"] = dict(tool.parameters)  # validation's copy (the schema's inside is shared)
-    if tool.strict is not None:
-        values["strict"] = tool.strict
+    if (description := own["description"]) is not None:
+        values["description"] = description
+    if (parameters := own["parameters"]) is not None:
+        values["parameters"] = dict(parameters)  # validation's copy (the schema's inside is shared)
+    if (strict := own["strict"]) is not None:
+        values["strict"] = strict
     return _FUNCTION_TOOL({"type": "function", "function": _FUNCTION(values)})
 
 
@@ -218,27 +233,45 @@ def _custom(tool: CustomTool, name: str) -> Any:
     return _CUSTOM_TOOL({"type": "custom", "custom": _CUSTOM(values)})
 
 
-def _tools(tools: list[Any]) -> list[Any] | None:
-    """The function, namespace and custom tools as chat's (built-in ones are never sent); None where
-    chat's schema could refuse them: a flattened name over 64 characters, a name twice, over 128."""
+def _tools(tools: list[Any], forms: list[tuple[str, str]]) -> tuple[list[Any], bool] | None:
+    """The function, namespace and custom tools as chat's (built-in ones are never sent), with their
+    types' forms added to ``forms`` (each once, in order) and whether one is strict; None where chat's
+    schema could refuse them: a flattened name over 64 characters, a name twice, over 128."""
     out: list[Any] = []
     names: set[str] = set()
+    strict = False
     for tool in tools:
         kind = type(tool)
         if kind is FunctionTool:
-            out.append(_function(tool, tool.name))
-            names.add(tool.name)
+            own = tool.__dict__
+            out.append(_function(tool, own["name"]))
+            names.add(own["name"])
+            strict = strict or bool(own["strict"])
+            if _FUNCTION_FORM not in forms:
+                forms.append(_FUNCTION_FORM)
         elif kind is NamespaceTool:
+            prefix = f"{tool.name}{NAMESPACE_SEPARATOR}"
             for inner in tool.tools:
-                flat = f"{tool.name}{NAMESPACE_SEPARATOR}{inner.name}"
+                own = inner.__dict__
+                flat = prefix + own["name"]
                 if len(flat) > CHAT_NAME_LENGTH:
                     return None
-                out.append(_function(inner, flat) if type(inner) is FunctionTool else _custom(inner, flat))
+                if type(inner) is FunctionTool:
+                    out.append(_function(inner, flat))
+                    strict = strict or bool(own["strict"])
+                    form = _FUNCTION_FORM
+                else:
+                    out.append(_custom(inner, flat))
+                    form = _CUSTOM_FORM
                 names.add(flat)
+                if form not in forms:
+                    forms.append(form)
         elif kind is CustomTool:
             out.append(_custom(tool, tool.name))
             names.add(tool.name)
-    return out if len(names) == len(out) <= MAX_TOOLS else None
+            if _CUSTOM_FORM not in forms:
+                forms.append(_CUSTOM_FORM)
+    return (out, strict) if len(names) == len(out) <= MAX_TOOLS else None
 
 
 def plain_chat_request(request: ResponsesRequest, *, stream: bool) -> ChatCompletionRequest | None:
@@ -250,11 +283,13 @@ def plain_chat_request(request: ResponsesRequest, *, stream: bool) -> ChatComple
     values = request.__dict__
     text = values["input"]
     if type(text) is str and values["instructions"] is None:  # the commonest request: one user message
-        messages: list[Any] | None = [_USER({"role": "user", "content": text})]  # (no walk: no _messages call)
+        messages = [_USER({"role": "user", "content": text})]  # (no walk: no _messages call)
+        parts = False
     else:
-        messages = _messages(request)
-        if messages is None:
+        made = _messages(request)
+        if made is None:
             return None
+        messages, parts = made
     fields: dict[str, Any] = {"model": values["model"], "messages": messages}
     for name in _SAME_SCALARS & fields_set:  # usually one or two (their order is the defaults')
         value = values[name]
@@ -266,25 +301,45 @@ def plain_chat_request(request: ResponsesRequest, *, stream: bool) -> ChatComple
     include = values["include"]
     if include is not None and LOGPROBS in include:
         return None
+    # The forms chat's check would read from the request (chat_capabilities.request_forms: its order,
+    # each once), recorded as they are made: no second walk over the messages and tools.
+    forms: list[tuple[str, str]] = [_TEXT_FORM] if parts else []
+    if stream:
+        forms.append(_USAGE_FORM)
     tools = values["tools"]
-    chat_tools = _tools(tools) if tools else None
+    strict = False
+    chat_tools = None
+    if tools:
+        made_tools = _tools(tools, forms)
+        if made_tools is None:
+            return None
+        chat_tools, strict = made_tools
     if chat_tools:
         fields["tools"] = chat_tools
-        parallel = values["parallel_tool_calls"]
-        if parallel is not None:
-            fields["parallel_tool_calls"] = parallel
-    elif tools and chat_tools is None:
-        return None
     choice = values["tool_choice"]
     if choice is not None:
         if type(choice) is not str:
             return None  # a named tool: resolved and checked by to_chat and validation
         if choice == "none" or chat_tools:
             fields["tool_choice"] = choice  # (another without tools: chat's default, as to_chat leaves it)
+            forms.append(("tool_choice", choice))
+    if chat_tools:
+        parallel = values["parallel_tool_calls"]
+        if parallel is not None:
+            fields["parallel_tool_calls"] = parallel
+            forms.append(_PARALLEL_FORMS[parallel])
+        if strict:
+            forms.append(_STRICT_FORM)
     reasoning = values["reasoning"]
     if reasoning is not None and reasoning.effort is not None:
         fields["reasoning_effort"] = reasoning.effort
     if stream:
         fields["stream"] = True
         fields["stream_options"] = _USAGE
-    return _REQUEST(fields)
+    chat_values = {**_REQUEST_DEFAULTS, **fields}
+    made_request: ChatCompletionRequest = _new(ChatCompletionRequest)
+    _set_dict(made_request, chat_values)
+    _set_fields_set(made_request, set(fields))
+    _set_extra(made_request, None)
+    _set_private(made_request, {FORMS_NOTE: (chat_values, tuple(forms))})
+    return made_request

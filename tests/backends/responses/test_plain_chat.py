@@ -13,9 +13,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
+from backends.chat_capabilities import FORMS_NOTE, request_forms
+from backends.mock.capabilities import MOCK_CHAT
+from backends.native.llamacpp_capabilities import LLAMACPP_CHAT
+from backends.native.ollama_capabilities import OLLAMA_CHAT
+from backends.native.tgi_capabilities import TGI_CHAT
 from backends.responses.capabilities import GATEWAY_FIELDS, RESPONSES_FIELDS, chat_request_of
 from backends.responses.plain_chat import PLAIN_FIELDS, SAME_SCALARS, UNREAD_FIELDS, plain_chat_request
 from backends.responses.to_chat import ToolNames, Untranslatable, chat_fields, to_chat
+from backends.vllm.capabilities import vllm_chat_capabilities
+from backends.vllm.versions import VLLMChatFeatures, parse_version
 from schemas.chat import ChatCompletionRequest
 from schemas.chat_messages import FunctionTool as ChatFunctionTool
 from schemas.responses import ResponsesRequest
@@ -28,7 +35,7 @@ def same(got: Any, want: Any, where: str = "request") -> None:
     assert type(got) is type(want), where
     if isinstance(want, BaseModel):
         assert got.__pydantic_fields_set__ == want.__pydantic_fields_set__, where
-        assert got.__pydantic_private__ == want.__pydantic_private__, where
+        assert _unnoted(got.__pydantic_private__) == _unnoted(want.__pydantic_private__), where
         assert got.__pydantic_extra__ == want.__pydantic_extra__, where
         assert list(got.__dict__) == list(want.__dict__), where
         for name, value in want.__dict__.items():
@@ -39,6 +46,36 @@ def same(got: Any, want: Any, where: str = "request") -> None:
             same(a, b, f"{where}[{i}]")
     else:
         assert got == want, where
+
+
+def _unnoted(private: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A private slot less the forms a plain translation records (checked apart: ``recorded_forms``)."""
+    if private is None or FORMS_NOTE not in private:
+        return private
+    return {key: value for key, value in private.items() if key != FORMS_NOTE} or None
+
+
+def recorded_forms(request: ResponsesRequest, stream: bool, plain: ChatCompletionRequest, want: Any) -> None:
+    """The forms plain_chat_request recorded are the ones the chat check's walk reads from the request
+    it built (and from validation's), in the walk's order, each once: a check that reads the record
+    refuses the first refused form the walk would have."""
+    state = plain.__pydantic_private__
+    assert state is not None
+    values, forms = state[FORMS_NOTE]
+    assert values is plain.__dict__
+    walked = list(dict.fromkeys(request_forms(want)))
+    assert list(forms) == walked == list(dict.fromkeys(request_forms(plain)))
+    for table in CHAT_TABLES:  # the check by the record refuses what the walk refuses (a copy is walked)
+        fresh = plain_chat_request(request, stream=stream)  # (a check notes a pass: each table its own)
+        assert fresh is not None
+        assert table.first_refusal(fresh) == table.first_refusal(fresh.model_copy()) == table.first_refusal(want)
+
+
+CHAT_TABLES = (
+    MOCK_CHAT, OLLAMA_CHAT, TGI_CHAT, LLAMACPP_CHAT,
+    *(vllm_chat_capabilities(VLLMChatFeatures.of(parse_version(version), parser))
+      for version in ("0.8.0", "0.11.0", "0.32.0") for parser in (None, "hermes")),
+)  # fmt: skip
 
 
 def validated(request: ResponsesRequest, stream: bool) -> ChatCompletionRequest:
@@ -63,6 +100,7 @@ def test_a_sdk_call_is_plain_and_built_as_validation_builds_it(stream: bool) -> 
     plain = plain_chat_request(request, stream=stream)
     assert plain is not None
     same(plain, validated(request, stream))
+    recorded_forms(request, stream, plain, validated(request, stream))
     chat, _ = chat_request_of(request)
     assert chat is plain or chat == plain  # the bridge uses it
     assert chat.upstream_fields()["messages"] == [
@@ -190,6 +228,7 @@ def _built_as_validation_builds(body: dict[str, Any], stream: bool, omit: bool) 
     if plain is None:
         return "validated"
     same(plain, want)
+    recorded_forms(request, stream, plain, want)
     assert plain.upstream_fields() == want.upstream_fields()
     # A tool's JSON Schema is copied at the top, as validation copies it (the Responses tool's own is never shared).
     given = [tool.parameters for tool in _function_tools(request.tools or ())]
@@ -284,6 +323,7 @@ def test_an_agents_turn_is_plain_and_built_as_validation_builds_it(name: str, st
     assert plain is not None
     want = validated(request, stream)
     same(plain, want)
+    recorded_forms(request, stream, plain, want)
     assert plain.upstream_fields() == want.upstream_fields()
     assert chat_request_of(request)[0] is plain or chat_request_of(request)[0] == plain
     assert {"tools", "parallel_tool_calls", "tool_choice"} <= plain.__pydantic_fields_set__
