@@ -156,6 +156,20 @@ def _write_pieces(
 _NULL_FINISH = b'"finish_reason":null'
 # The reasons a plain text event usually ends a stream with, and their bytes there.
 _FINISHES = (("stop", b'"finish_reason":"stop"'), ("length", b'"finish_reason":"length"'))
+# Each shape's ``after`` (what follows a plain text event's string: no id or time, so the same bytes for
+# every stream of an upstream) and the endings of its last event with each finish (finish_of): made once.
+_ENDINGS: dict[bytes, tuple[tuple[str, bytes], ...]] = {}
+_MAX_ENDINGS = 64  # (a bound: an upstream whose events vary there, continuous usage say, makes one each)
+
+
+def _endings(after: bytes) -> tuple[tuple[str, bytes], ...]:
+    if len(_ENDINGS) >= _MAX_ENDINGS:
+        _ENDINGS.clear()
+    endings: tuple[tuple[str, bytes], ...] = ()
+    if after.count(_NULL_FINISH) == 1:
+        endings = tuple((reason, after.replace(_NULL_FINISH, given, 1)) for reason, given in _FINISHES)
+    _ENDINGS[after] = endings
+    return endings
 
 
 def finish_of(chunk: bytes, pos: int, cut: int, shape: Shape) -> tuple[str, bytes, str] | None:
@@ -164,11 +178,10 @@ def finish_of(chunk: bytes, pos: int, cut: int, shape: Shape) -> tuple[str, byte
     differs, so it means what that event means with a finish, as the parse would read it): its text, its
     string as the upstream escaped it, and the finish reason; else None (the parse's way). A key is JSON
     structure (quotes in strings are escaped)."""
-    after = shape[1]
-    if after.count(_NULL_FINISH) != 1:
-        return None
-    for reason, given in _FINISHES:
-        ending = after.replace(_NULL_FINISH, given, 1)
+    endings = _ENDINGS.get(shape[1])
+    if endings is None:
+        endings = _endings(shape[1])
+    for reason, ending in endings:
         if chunk.endswith(ending, pos, cut):
             piece = chunk[pos + shape[2] : cut - len(ending)]
             try:

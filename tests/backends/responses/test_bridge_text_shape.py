@@ -361,3 +361,21 @@ async def test_a_run_of_broken_events_is_refused_as_the_parse_refuses_them(piece
     read += b"".join(texts[1:])
     with pytest.raises(UpstreamProtocolError, match="not JSON"):
         await written([read], frame())
+
+
+def test_a_finishs_endings_are_made_once_per_shape_end() -> None:
+    """finish_of's endings are made once per shape ``after`` (the bytes after a text event's string: no
+    id, so every stream of an upstream has the same) and kept in a bounded table: a second stream's shape
+    (its own id, new bytes) reads its finish from the first's entry."""
+    text_run._ENDINGS.clear()
+    found = []
+    for stream_id in ("chatcmpl-1", "chatcmpl-2"):
+        shape = text_run.learn(b"data: " + orjson.dumps({**text_event("a"), "id": stream_id}))
+        assert shape is not None
+        last = b"data: " + orjson.dumps({**text_event("z!", finish_reason="length"), "id": stream_id})
+        found.append(text_run.finish_of(last, 0, len(last), shape))
+    assert found == [("z!", b'"z!"', "length")] * 2
+    assert len(text_run._ENDINGS) == 1
+    for n in range(2 * text_run._MAX_ENDINGS):
+        text_run._endings(b"%d" % n)
+    assert len(text_run._ENDINGS) <= text_run._MAX_ENDINGS
