@@ -256,7 +256,7 @@ class ChatResponseEvents(ResponseWriter):
                         texts.append(text)
                         out.append(fast[0] + b"%d" % seq + fast[1] + orjson.dumps(text) + NO_LOGPROBS)
                         seq += 1
-                        shape = self._shape = learn(raw)  # (its bytes: the shape of those to come)
+                        shape = self._shape = learn(raw, text)  # (its bytes: the shape of those to come)
                         continue
                     if text:  # (_choice writes no empty piece)
                         texts.append(text)
@@ -328,7 +328,7 @@ class ChatResponseEvents(ResponseWriter):
                 seq, index, at = self._seq, len(self._items) - 1, item_id.encode()
                 self._seq = seq + 3
                 template = OPEN_TEXT_DELTA % (at, index)
-                out.append(OPEN_TEXT % (seq, index, at, seq + 1, at, index) + template % (seq + 2, orjson.dumps(text)))
+                out += (OPEN_TEXT % (seq, index, at, seq + 1, at, index), template % (seq + 2, orjson.dumps(text)))
                 fields = b',"item_id":"%b","output_index":%d,"content_index":0,"delta":' % (at, index)  # (_where's)
                 self._part, self._texts, self._logprobs, self._part_where = part, [text], [], fields
                 self._fast = (TEXT_HEAD, fields, template)

@@ -136,7 +136,7 @@ async def test_the_byte_path_gives_the_parsed_paths_events(
     shared = frame()
     fast, _ = await translate(reads, shared)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(events_module, "learn", lambda raw: None)  # no shape kept: every event parsed
+        patch.setattr(events_module, "learn", lambda raw, text=None: None)  # no shape kept: every event parsed
         parsed, _ = await translate(reads, shared)
     assert fast == parsed
 
@@ -190,7 +190,7 @@ async def test_the_finishing_text_event_takes_the_byte_path(delta_first: bool, f
             out = await written(reads, shared)
         assert len([data for data in parses if len(data) > 40]) == (1 if finish != "tool_calls" else 2)  # events'
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(events_module, "learn", lambda raw: None)
+            patch.setattr(events_module, "learn", lambda raw, text=None: None)
             parsed = parse(await written(reads, shared))
         assert parse(out) == parsed
         final = parsed[-1]["response"]
@@ -231,7 +231,7 @@ async def test_a_run_of_text_events_in_one_read_is_written_at_once(delta_first: 
     else:  # one that differs from a plain one before its text only (another id, another choice) ends
         assert calls == 22  # the run's check: the read is taken event by event
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(events_module, "learn", lambda raw: None)
+        patch.setattr(events_module, "learn", lambda raw, text=None: None)
         parsed = parse(await written([read], shared))
     assert fast == parsed
     done = next(e for e in fast if e["type"] == "response.output_text.done")
@@ -344,7 +344,7 @@ async def test_a_stream_read_a_token_at_a_time_is_written_per_read() -> None:
         fast = await written(list(reads), shared)
     assert loops == 3  # the first event, the one the shape is learned from, the finish
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(events_module, "learn", lambda raw: None)
+        patch.setattr(events_module, "learn", lambda raw, text=None: None)
         assert parse(fast) == parse(await written(list(reads), shared))
     assert b'"delta":"\\u00e9"' in fast  # relayed as the upstream wrote it
 
@@ -379,3 +379,34 @@ def test_a_finishs_endings_are_made_once_per_shape_end() -> None:
     for n in range(2 * text_run._MAX_ENDINGS):
         text_run._endings(b"%d" % n)
     assert len(text_run._ENDINGS) <= text_run._MAX_ENDINGS
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    text=TEXTS,
+    given_text=st.one_of(st.none(), TEXTS, st.just(0)),
+    ascii_escapes=st.booleans(),
+    blank=st.booleans(),
+    role=st.booleans(),
+)
+@example(text="a\\", given_text="a\\", ascii_escapes=False, blank=False, role=False)  # the string ends in an escape
+@example(text="é", given_text="é", ascii_escapes=True, blank=False, role=False)  # escaped as orjson does not
+def test_a_shape_learned_with_its_text_is_the_patterns(
+    text: str, given_text: str | int | None, ascii_escapes: bool, blank: bool, role: bool
+) -> None:
+    """learn given the event's text (its string found as orjson writes it, without the pattern) learns
+    the shape it learns without: for any text, escaped either way, after a blank or not, and for a text
+    given that is not the event's (another, or not a str): never another string's end."""
+    event = text_event(text)
+    if role:
+        event["choices"][0]["delta"] = {"role": "assistant", "content": text}
+    raw = serialised(event, ascii_escapes)[:-2]
+    if blank:
+        raw = raw.replace(b'"content":', b'"content": ', 1)
+    assert text_run.learn(raw, given_text) == text_run.learn(raw)
+    if role:  # opening_shape gives it its text: the shape of the events without the role
+        obj = orjson.loads(raw[5:])
+        plain = serialised(text_event(text), ascii_escapes)[:-2]
+        if blank:
+            plain = plain.replace(b'"content":', b'"content": ', 1)
+        assert text_run.opening_shape(obj, raw) == text_run.learn(plain) is not None
