@@ -58,6 +58,7 @@ class FinishedTurn:
     input_items: list[dict[str, Any]]  # this request's own input, as items with ids
     previous_response_id: str | None  # the turn it continues, if any
     dumped: bytes | None = None  # ``orjson.dumps(response)``, where it was made so (records.encode's ``dumped``)
+    output_at: int = 0  # where ``dumped``'s output and usage keys start (encode's ``output_at``)
 
 
 class ResponsesState(Protocol):

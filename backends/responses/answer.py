@@ -31,7 +31,7 @@ from backends.responses.echo import FIXED, echo_of
 from backends.responses.to_chat import ToolNames
 from schemas.responses import ResponsesRequest
 
-__all__ = ["ResponseFrame", "new_id", "output_items", "response_from_chat", "responses_usage"]
+__all__ = ["OUTPUT_AT", "ResponseFrame", "new_id", "output_items", "response_from_chat", "responses_usage"]
 
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
@@ -73,6 +73,11 @@ _TEMPLATE_TAIL = -len(b',"output":null,"usage":null}]')
 # The non-stream Response as orjson.dumps writes its dict: id, time, status, incomplete_details, the
 # echo's members after it, then the bytes of {"output": ..., "usage": ...} less their opening brace.
 _BODY = _HEAD + b'%b",' + FIXED + b"%b,%b,%b"
+# The request's private note (ResponsesRequest.__pydantic_private__) a non-stream answer written around
+# the echo leaves: (its body, where its ``,"output":`` starts), so that the store cuts the record from
+# that body (gateway.conversations.records.encode's ``output_at``) without dumping the output again to
+# find it; read by identity (``is`` the body it is handed).
+OUTPUT_AT = "output_at"
 _DETAILS: dict[str | None, bytes] = {reason: orjson.dumps({"reason": reason}) for reason in _INCOMPLETE.values()}
 _DETAILS[None] = b"null"
 
@@ -131,16 +136,18 @@ class ResponseFrame:
             out["error"] = error
         return out
 
-    def dumps(self, response: dict[str, Any], incomplete: str | None) -> bytes:
+    def dumps(self, response: dict[str, Any], incomplete: str | None) -> tuple[bytes, int]:
         """``orjson.dumps(response)`` of an ``envelope`` of this frame's without ``error`` (``incomplete``
-        its reason), around the echo's bytes where they are made; raises ``orjson.JSONEncodeError``."""
+        its reason), around the echo's bytes where they are made, and then where its ``,"output":``
+        starts (0 otherwise); raises ``orjson.JSONEncodeError``."""
         rest = self._data
         if rest is None:
-            return orjson.dumps(response)
+            return orjson.dumps(response), 0
         # output and usage as deep as in the Response: refused where they would be there
         tail = orjson.dumps({"output": response["output"], "usage": response["usage"]})
         status = response["status"].encode()
-        return _BODY % (self.id.encode(), self.created_at, status, _DETAILS[incomplete], rest, tail[1:])
+        body = _BODY % (self.id.encode(), self.created_at, status, _DETAILS[incomplete], rest, tail[1:])
+        return body, len(body) - len(tail)
 
 
 def responses_usage(usage: Any, counts: TokenUsage | None = None) -> dict[str, Any] | None:
@@ -276,7 +283,14 @@ def response_from_chat(
         status, output, None if usage is None else responses_usage(chat_usage, usage), incomplete=incomplete
     )
     try:
-        body = frame.dumps(response, incomplete)
+        body, output_at = frame.dumps(response, incomplete)
     except orjson.JSONEncodeError:  # (an integer beyond 64 bits, nesting past orjson's levels)
         return CompletionResult(dumps_exact(response, backend), usage, answer=response), response
+    if output_at:  # (the request's private slot: a dict wherever the request was checked)
+        request = frame.request
+        state = request.__pydantic_private__
+        if state is None:
+            state = {}
+            object.__setattr__(request, "__pydantic_private__", state)  # a slot: settable on a frozen model
+        state[OUTPUT_AT] = (body, output_at)
     return CompletionResult(body, usage, answer=response, dumped=True), response

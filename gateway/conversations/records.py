@@ -118,18 +118,29 @@ _NULL_OUTPUT = b',"output":null'
 
 
 def encode(
-    response: dict[str, Any], items: Sequence[Mapping[str, Any]], chain: Sequence[str], dumped: bytes | None = None
+    response: dict[str, Any],
+    items: Sequence[Mapping[str, Any]],
+    chain: Sequence[str],
+    dumped: bytes | None = None,
+    output_at: int = 0,
 ) -> bytes:
     """A record's bytes (module docstring). Raises ``TypeError`` for what JSON cannot hold.
     ``response`` is the same dict after (its ``output`` is null only while the last line is written).
     ``dumped``: ``orjson.dumps(response)``, where ``output`` then ``usage`` are its last keys (the
-    bridge's Response, ``CompletionResult.dumped``): the last line is cut from it, not dumped again."""
+    bridge's Response, ``CompletionResult.dumped``): the last line is cut from it, not dumped again.
+    ``output_at``: where in ``dumped`` its ``,"output":`` starts, where its writer says so
+    (``backends.responses.answer.OUTPUT_AT``; 0: not said): the output's line is cut there too."""
     # Written on every stored turn: no call but the dumps and the join (the lookup by ``in`` and
     # subscript, the list's test by ``type``: as quick, without a call each), and a first turn's
     # empty chain (the usual one) without its dumps.
+    head = orjson.dumps(chain) if chain else b"[]"
+    if output_at and dumped is not None:
+        # usage's key is the last (its value: integers; rfind, as its writer said, from the end)
+        usage_at = dumped.rfind(_USAGE_KEY)
+        out, rest = dumped[output_at + _OUTPUT_KEY_LEN : usage_at], dumped[usage_at:]
+        return b"".join((head, b"\n", orjson.dumps(items), b"\n", out, b"\n", dumped[:output_at], _NULL_OUTPUT, rest))
     had = "output" in response
     output = response["output"] if had else None
-    head = orjson.dumps(chain) if chain else b"[]"
     if dumped is not None and type(output) is list:
         # orjson writes a dict member by member: the Response with "output": null is its bytes with
         # the output's value (its own dumps, found between its key and usage's, the last) as null.

@@ -158,15 +158,15 @@ class ConversationStore:
     async def save(self, tenant: str, turn: FinishedTurn) -> None:
         """Keep a turn after the one it continues; never raises (a store that failed or a turn over
         the byte bound leaves it unstored: logged, and counted in the store's metrics)."""
-        response, previous, dumped = turn.response, turn.previous_response_id, turn.dumped
+        response, previous, dumped, output_at = turn.response, turn.previous_response_id, turn.dumped, turn.output_at
         items = named(turn.input_items)
-        if self.save_now(tenant, response, items, previous, dumped):
+        if self.save_now(tenant, response, items, previous, dumped, output_at):
             return
         response_id = str(response["id"])
         try:
             store = self._backing("store")
             chain = await self._chain(store, tenant, previous) if previous is not None else []
-            record = self._record(response_id, response, items, chain, dumped)
+            record = self._record(response_id, response, items, chain, dumped, output_at)
             if record is not None:
                 await store.put(tenant, response_id, record)  # (Redis: no byte bound of its own)
         except (StoreUnavailableError, InvalidRequestError) as exc:
@@ -174,13 +174,13 @@ class ConversationStore:
 
     def save_now(
         self, tenant: str, response: dict[str, Any], items: list[dict[str, Any]], previous: str | None,
-        dumped: bytes | None,
+        dumped: bytes | None, output_at: int = 0,
     ) -> bool:  # fmt: skip
         """:meth:`save` of a :class:`FinishedTurn`'s fields, without awaiting, where nothing is to
         be awaited (a memory store, and a first turn or a continuation whose chain :meth:`history`
         just loaded): what the handler's hooks call on every stored turn, without a turn object or a
-        coroutine. ``items``: each with its ``id`` (``own_items``'s). False when there is something to
-        await (then :meth:`save` keeps it)."""
+        coroutine. ``items``: each with its ``id`` (``own_items``'s); ``output_at``: encode's. False
+        when there is something to await (then :meth:`save` keeps it)."""
         store = self.store
         if type(store) is not MemoryStore or self.unshared:
             return False
@@ -192,21 +192,22 @@ class ConversationStore:
                 return False
             chain = remembered
         response_id = str(response["id"])
-        record = self._record(response_id, response, items, chain, dumped)
+        record = self._record(response_id, response, items, chain, dumped, output_at)
         if record is not None and not store.put_now(tenant, response_id, record):
             log.warning("response %s was not stored: larger than responses.max_bytes", response_id)
         return True
 
     @staticmethod
     def _record(
-        response_id: str, response: dict[str, Any], items: list[dict[str, Any]], chain: list[str], dumped: bytes | None
-    ) -> bytes | None:
+        response_id: str, response: dict[str, Any], items: list[dict[str, Any]], chain: list[str],
+        dumped: bytes | None, output_at: int,
+    ) -> bytes | None:  # fmt: skip
         """The turn's record (:func:`~gateway.conversations.records.encode`); None, logged, when it cannot be kept."""
         if response_id in chain:  # an upstream that reuses ids: storing it would loop the conversation
             log.error("response %s was not stored: its conversation already holds that id", response_id)
             return None
         try:
-            return encode(response, items, chain, dumped)
+            return encode(response, items, chain, dumped, output_at)
         except TypeError as exc:  # orjson: an integer past 64 bits, say (the answer itself was exact)
             log.error("response %s was not stored: %s", response_id, exc)
             return None

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pydantic import TypeAdapter, ValidationError
 
 from backends.base import Backend, CompletionStream, ResponsesTable
-from backends.responses.answer import new_id
+from backends.responses.answer import OUTPUT_AT, new_id
 from backends.responses.bridge import responses_table
 from gateway.conversations.records import item_id
 from gateway.conversations.store import ConversationStore
@@ -173,10 +173,19 @@ class ResponsesTurns:
         # turn, the usual one, makes its items without reading it)
         items = own_items(request) if previous is None else request.stored_input or own_items(request)
         tenant = NO_AUTH_TENANT if key is None else key.name
+        # Where the bridge wrote ``dumped`` around its echo, it noted the output's place in it (OUTPUT_AT):
+        # used for these bytes alone (the same object), never for another answer's
+        output_at = 0
+        if dumped is not None:
+            state = request.__pydantic_private__
+            if state and OUTPUT_AT in state:
+                noted = state[OUTPUT_AT]
+                if noted[0] is dumped:
+                    output_at = noted[1]
         # The gateway's store keeps the turn from its fields, without a FinishedTurn or a coroutine, where it can
-        if type(store) is ConversationStore and store.save_now(tenant, answer, items, previous, dumped):
+        if type(store) is ConversationStore and store.save_now(tenant, answer, items, previous, dumped, output_at):
             return
-        await store.save(tenant, FinishedTurn(answer, items, previous, dumped))
+        await store.save(tenant, FinishedTurn(answer, items, previous, dumped, output_at))
 
 
 class StreamEnd:

@@ -12,10 +12,14 @@ from typing import Any
 import orjson
 import pytest
 
-from backends.responses.answer import ResponseFrame, response_from_chat
+from backends.responses.answer import OUTPUT_AT, ResponseFrame, response_from_chat
 from backends.responses.capabilities import chat_request_of
 from backends.responses.events import ChatResponseEvents
 from gateway.conversations.records import decode, encode
+from gateway.conversations.store import ConversationStore
+from gateway.flow.responses_turns import ResponsesTurns
+from gateway.responses_state import NO_AUTH_TENANT
+from gateway.store import MemoryStore
 from schemas.responses import ResponsesRequest
 from tests.fakes import Reads
 
@@ -62,11 +66,23 @@ def test_a_non_stream_answers_record_is_cut_from_its_body(
     logprobs = {"content": [{"token": "a", "logprob": -0.5, "bytes": [97], "top_logprobs": [], "output": [1]}]}
     choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
     chat = {"id": "c", "object": "chat.completion", "choices": [choice], **({"usage": usage} if usage else {})}
-    result, response = response_from_chat(orjson.dumps(chat), _frame(body), "b")
+    frame = _frame(body)
+    result, response = response_from_chat(orjson.dumps(chat), frame, "b")
     assert result.dumped and result.body == orjson.dumps(response)
     assert response["status"] == ("completed" if finish == "stop" else "incomplete")
     record = _same_record(response, result.body, ["resp_a", "resp_b"])
     assert decode(record).response == response
+    state = frame.request.__pydantic_private__
+    if state and OUTPUT_AT in state:  # the body written around the echo: the output's place noted
+        noted, output_at = state[OUTPUT_AT]
+        assert noted is result.body
+        assert result.body[output_at:].startswith(b',"output":' + orjson.dumps(response["output"]) + b',"usage":')
+        assert encode(response, ITEMS, ["resp_a", "resp_b"], result.body, output_at) == record
+        marked = result.body.replace(b'"object":"response"', b'"object":"RESPONSE"', 1)  # (before the output)
+        cut = record.replace(b'"object":"response"', b'"object":"RESPONSE"', 1)
+        assert encode(response, ITEMS, ["resp_a", "resp_b"], marked, output_at) == cut
+    else:
+        assert body is not REQUESTS[0]  # the plain request's body is always written around the echo
 
 
 def _chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
@@ -115,3 +131,21 @@ def test_bytes_that_are_not_the_responses_are_not_used() -> None:
     other = dict(response, output=[{"type": "message", "content": []}])
     for dumped in (b"", b"{}", orjson.dumps(other), result.body.replace(b'"usage"', b'"usagE"'), result.body[:40]):
         assert encode(response, ITEMS, [], dumped) == expected
+
+
+async def test_the_stored_record_uses_the_noted_output_place_of_those_bytes_alone() -> None:
+    """ResponsesTurns.end cuts the record at the bridge's noted place only for the body it noted."""
+    chat = {"choices": [{"message": {"role": "assistant", "content": 'x ,"output":[1]'}, "finish_reason": "stop"}]}
+    for same in (True, False):
+        frame = _frame({"model": "m", "input": "hi"})
+        result, response = response_from_chat(orjson.dumps(chat), frame, "b")
+        state = frame.request.__pydantic_private__
+        assert state is not None and state[OUTPUT_AT][0] is result.body
+        dumped = result.body if same else bytes(bytearray(result.body))  # equal bytes, another object
+        if not same:
+            state[OUTPUT_AT] = (result.body, 3)  # a place that would cut a wrong record from these bytes
+        store = ConversationStore(MemoryStore("responses", ttl=60, max_items=10, max_bytes=1 << 20))
+        await ResponsesTurns().end(frame.request, response, store, None, dumped)
+        record = await store.get(NO_AUTH_TENANT, response["id"])
+        assert record.response == response and record.output == response["output"]
+        assert [item["content"] for item in record.input] == [ITEMS[0]["content"]]
