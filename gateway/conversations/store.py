@@ -167,8 +167,9 @@ class ConversationStore:
             store = self._backing("store")
             chain = await self._chain(store, tenant, previous) if previous is not None else []
             record = self._record(response_id, response, items, chain, dumped, output_at)
-            if record is not None:
-                await store.put(tenant, response_id, record)  # (Redis: no byte bound of its own)
+            # (a memory store whose chain had to be read comes here too: its byte bound refuses as save_now's)
+            if record is not None and not await store.put(tenant, response_id, record):
+                log.warning("response %s was not stored: larger than responses.max_bytes", response_id)
         except (StoreUnavailableError, InvalidRequestError) as exc:
             log.error("response %s was not stored: %s", response_id, exc.message)
 

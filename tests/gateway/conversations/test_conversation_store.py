@@ -131,6 +131,19 @@ async def test_the_chain_is_read_when_history_was_not_loaded_in_this_process() -
     assert (await store.conversation("a", rid)).chain == [*ids, rid]
 
 
+async def test_a_turn_over_the_byte_bound_is_logged_on_either_save_path(caplog: pytest.LogCaptureFixture) -> None:
+    """A first turn (written without awaiting) and a continuation whose chain this process never
+    loaded (read, then written through the awaited path) alike: over max_bytes, not kept, and said."""
+    store = ConversationStore(MemoryStore("responses", ttl=60, max_items=100, max_bytes=2048))
+    (first,) = await _turns(store, "a", 1)
+    for previous in (None, first):
+        rid = new_id("resp")
+        await store.save("a", FinishedTurn(_response(rid, "x" * 4096), input_items("q"), previous))
+        assert f"response {rid} was not stored: larger than responses.max_bytes" in caplog.text
+        with pytest.raises(NotFoundError):
+            await store.get("a", rid)
+
+
 async def test_a_store_that_fails_leaves_the_turn_unstored_without_raising(caplog: pytest.LogCaptureFixture) -> None:
     store = ConversationStore(None, unshared=2)
     await store.save("a", FinishedTurn(_response("resp_x", "hi"), [], None))
