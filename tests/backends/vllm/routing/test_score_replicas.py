@@ -5,7 +5,6 @@ their back goes to that server from either replica (no replica-local learning)."
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -90,6 +90,36 @@ async def ask(session: aiohttp.ClientSession, url: str, prompt: str) -> str:
         return text.split()[0]  # w<port> of the server that answered
 
 
+def held(backend: Any) -> int:
+    """The KV-cache blocks this replica has learned its servers hold."""
+    return sum(len(ep.blocks) for ep in backend.dispatcher.endpoints)
+
+
+async def learned(backends: list[Any], before: list[int], what: str, within: float = 10.0) -> None:
+    """Wait until every replica has read the servers' events for blocks stored since ``before``: a
+    server publishes them before its first token, but they reach each replica on their own socket."""
+    await wait_for(lambda: all(held(b) > n for b, n in zip(backends, before, strict=True)), within, what)
+
+
+async def subscribed(session: aiohttp.ClientSession, urls: list[str], backends: list[Any]) -> None:
+    """Wait until every replica reads every server's events. A ZMQ subscriber misses what is published
+    before it has connected, so each server is sent warm-up prompts (their own prefixes, which no test
+    prompt shares) until each replica has learned the blocks of one."""
+    for n, url in enumerate(urls):
+        for attempt in range(50):
+            before = [held(b) for b in backends]
+            body = {"model": "m", "prompt": prompt(200 + 50 * n + attempt), "max_tokens": 1}
+            async with session.post(url + "/v1/completions", json=body) as r:
+                assert r.status == 200
+            try:
+                await learned(backends, before, f"{url}'s events", within=0.5)
+                break
+            except AssertionError:
+                continue
+        else:
+            raise AssertionError(f"the replicas never read {url}'s events")
+
+
 def prompt(tenant: int, n: int = 60) -> str:
     return " ".join(word((tenant * 37 + i * 11) % 512) for i in range(n))
 
@@ -105,20 +135,23 @@ async def test_replicas_score_alike_and_follow_the_servers_events(engines: tuple
         await wait_for(
             lambda: all(ep.load.block_size == 16 for b in backends for ep in b.dispatcher.endpoints), 10, "scraped"
         )
-        await asyncio.sleep(0.3)  # the subscriptions connect
         async with aiohttp.ClientSession() as session:
+            await subscribed(session, urls, backends)
             # 1. Fresh prompts, one replica after the other: the same server each time.
             for tenant in range(6):
+                before = [held(b) for b in backends]
                 a = await ask(session, served[0][1], prompt(tenant))
+                await learned(backends, before, f"tenant {tenant}'s blocks")
                 b = await ask(session, served[1][1], prompt(tenant) + " w1 w2")
                 assert a == b, tenant
             # 2. A prompt cached on the second server behind the gateways' backs goes there from both.
             target = urls[1]
             body = {"model": "m", "prompt": prompt(99), "max_tokens": 1}
+            before = [held(b) for b in backends]
             async with session.post(target + "/v1/completions", json=body) as r:
                 assert r.status == 200
             port = target.rsplit(":", 1)[1]
-            await asyncio.sleep(0.3)
+            await learned(backends, before, "the blocks cached behind the gateways' backs")
             for _, url in served:
                 assert await ask(session, url, prompt(99) + " w7") == f"w{port}"
         statuses = [b.pool_status() for b in backends]
