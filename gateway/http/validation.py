@@ -11,6 +11,7 @@ completions option; for chat the whole path, as OpenAI writes it (``messages[1].
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -156,10 +157,7 @@ def _chat_param(loc: tuple[int | str, ...], body: bytes) -> str | None:
     """
     if not loc:
         return None
-    try:
-        node: Any = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        node = None
+    node: Any = _tree(body)
     path = ""
     tag_seen = False
     for part in loc:
@@ -179,6 +177,20 @@ def _chat_param(loc: tuple[int | str, ...], body: bytes) -> str | None:
     return path or None
 
 
+def _tree(body: bytes) -> Any:
+    """The body as JSON data, to tell a union's tag from a key (an error's path only). pydantic's parser
+    takes ``NaN`` and ``Infinity``, orjson refuses them: without this fallback one such number anywhere
+    in the body put every union tag of the path into ``param`` (``tools[0].function.parameters``)."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        return json.loads(body)  # the standard parser reads NaN, Infinity and -Infinity
+    except (ValueError, RecursionError):
+        return None
+
+
 # Union tags of the Responses schema that no node carries as a value: an untyped item is a
 # message or a reference (also when its type is null), the built-in tool choices share one tag, as
 # do allowed_tools' named refs.
@@ -194,10 +206,7 @@ def _responses_param(loc: tuple[int | str, ...], body: bytes) -> str | None:
     tags dropped, a key told from a tag by the body (a tag is the node's ``type``, never a key)."""
     if not loc:
         return None
-    try:
-        node: Any = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        node = None
+    node: Any = _tree(body)
     path = ""
     for part in loc:
         if isinstance(part, int):

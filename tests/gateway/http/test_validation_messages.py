@@ -29,3 +29,15 @@ def test_a_guided_json_of_the_wrong_shape_still_gets_the_shapes() -> None:
     with pytest.raises(InvalidRequestError) as info:
         parse_completion_request(b'{"model": "m", "prompt": "x", "guided_json": 5}')
     assert info.value.param == "guided_json" and "a JSON schema, as an object or a string" in str(info.value)
+
+
+def test_a_nan_in_the_body_leaves_the_tag_out_of_the_path() -> None:
+    """pydantic's parser reads NaN, orjson does not: the path was found without the body, and so kept
+    the union's tag (``tools[0].function.function.parameters``)."""
+    body = (
+        b'{"model": "m", "messages": [{"role": "user", "content": "x"}],'
+        b' "tools": [{"type": "function", "function": {"name": "f", "parameters": {"x": NaN}}}]}'
+    )
+    with pytest.raises(InvalidRequestError) as info:
+        parse_chat_request(body)
+    assert info.value.param == "tools[0].function.parameters"
