@@ -64,12 +64,20 @@ from schemas.responses_tools import (
     ToolChoice,
 )
 
-__all__ = ["MAX_TOP_LOGPROBS", "NAMESPACE_SEPARATOR", "UNSET_OUTPUT_ESTIMATE", "Includable", "ResponsesRequest"]
+__all__ = [
+    "DUPLICATE_ITEM",
+    "MAX_TOP_LOGPROBS",
+    "NAMESPACE_SEPARATOR",
+    "UNSET_OUTPUT_ESTIMATE",
+    "Includable",
+    "ResponsesRequest",
+]
 
 MAX_TOP_LOGPROBS = 20
 MAX_TOOLS = 128
 MAX_INPUT_ITEMS = 10_000  # a bound on the work one request can ask for; OpenAI's context limits come first
 UNSET_OUTPUT_ESTIMATE = 16  # an unset max_output_tokens, for rate limits and caps (as chat's)
+DUPLICATE_ITEM = "Duplicate item found with id {}. Remove duplicate items from your input and try again."  # OpenAI's
 NAMESPACE_SEPARATOR = "__"  # a namespace tool's function, flattened: <namespace>__<name> (as vLLM does)
 
 Includable = Literal[
@@ -180,7 +188,15 @@ class ResponsesRequest(_Strict):
         if not self.input and self.previous_response_id is None and self.prompt is None:
             raise FieldRuleError("input", "input is an empty array: give at least one item (or previous_response_id)")
         items: list[Any] = self.input  # type: ignore[assignment]  # a list: not a str, not None (above)
+        ids: set[str] = set()
         for i, item in enumerate(items):
+            # Every item type has an id. Two items with one id are OpenAI's 400; kept, their listing
+            # (``input_items``, paged by id) would hand out one cursor for both and never end.
+            item_id = item.id
+            if item_id:
+                if item_id in ids:
+                    raise FieldRuleError(f"input[{i}].id", DUPLICATE_ITEM.format(item_id))
+                ids.add(item_id)
             if type(item) in MESSAGE_ITEM_TYPES and type(item.content) is not str:
                 assistant = item.role == "assistant"
                 for j, part in enumerate(item.content):

@@ -34,7 +34,7 @@ from gateway.responses_state import NO_AUTH_TENANT, FinishedTurn, ResponsesState
 from gateway.served import ServedRequest
 from schemas.endpoints import Endpoint
 from schemas.errors import InvalidRequestError
-from schemas.responses import ResponsesRequest
+from schemas.responses import DUPLICATE_ITEM, ResponsesRequest
 from schemas.responses_items import InputItem, MessageItem
 from schemas.responses_tools import BUILTIN_TOOL_TYPES
 
@@ -85,6 +85,17 @@ def own_items(request: ResponsesRequest) -> list[dict[str, Any]]:
     return out
 
 
+def _check_not_repeated(own: Sequence[Any], history: list[dict[str, Any]]) -> None:
+    """An item of the request whose id an earlier turn of the conversation holds is OpenAI's 400
+    (the model would see it twice; an openai upstream, sent the history by value, refuses it)."""
+    if not any(item.id for item in own):
+        return
+    earlier = {item.get("id") for item in history}
+    for i, item in enumerate(own):
+        if item.id and item.id in earlier:
+            raise InvalidRequestError(DUPLICATE_ITEM.format(item.id), param=f"input[{i}].id")
+
+
 def _context(entry: ModelEntry) -> int | None:
     """The smallest known context window among the routes that may serve the request (failover
     included), so the conversation sent fits whichever answers; None when none is known."""
@@ -126,6 +137,9 @@ class ResponsesTurns:
             truncation=request.truncation,
         )
         history = [item for turn in turns for item in turn]
+        own = request.input
+        if own and not isinstance(own, str):
+            _check_not_repeated(own, history)
         try:
             earlier = _ITEMS.validate_python(history)
         except ValidationError:
@@ -133,7 +147,6 @@ class ResponsesTurns:
                 f"The stored conversation of '{previous}' holds an item this gateway cannot send again.",
                 param="previous_response_id",
             ) from None
-        own = request.input
         current = [MessageItem(role="user", content=own)] if isinstance(own, str) else list(own or ())
         expanded = request.with_input([*earlier, *current])
         expanded.keep_stored_input(own_items(request))

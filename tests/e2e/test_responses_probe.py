@@ -188,7 +188,37 @@ async def test_deep_nesting_is_a_400_not_a_crash(probe: Probe) -> None:
     assert "parse" in message
 
 
-# --- paging -------------------------------------------------------------------------------------
+# --- duplicate item ids -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", [MOCK_MODEL, OPENAI_MODEL])
+async def test_two_items_with_one_id_are_refused(probe: Probe, model: str) -> None:
+    """OpenAI's 400. Kept, the listing paged by id would repeat one page forever (the SDK's
+    auto-pagination never ended: ``after=msg_1`` always found the first of the two)."""
+    items = [
+        {"role": "user", "content": "a", "id": "msg_1"},
+        {"role": "user", "content": "b", "id": "msg_2"},
+        {"type": "function_call_output", "call_id": "c", "output": "x", "id": "msg_1"},
+    ]
+    message = refused(*await probe.post({"model": model, "input": items}), 400, "input[2].id")
+    assert message.startswith("Duplicate item found with id msg_1.")
+
+
+@pytest.mark.parametrize("model", [MOCK_MODEL, OPENAI_MODEL])
+async def test_an_item_the_conversation_already_holds_is_refused(probe: Probe, model: str) -> None:
+    """Sent back with ``previous_response_id``, an earlier output item would reach the model twice
+    (the bridge sent the assistant message twice; OpenAI, given the history by value, refuses it)."""
+    status, first = await probe.post({"model": model, "input": [{"role": "user", "content": "a", "id": "msg_q"}]})
+    assert status == 200, first
+    asked = len(probe.upstream.requests)
+    again = {"model": model, "previous_response_id": first["id"]}
+    output = first["output"]
+    refused(*await probe.post({**again, "input": [*output, {"role": "user", "content": "b"}]}), 400, "input[0].id")
+    repeated = [{"role": "user", "content": "b"}, {"role": "user", "content": "a", "id": "msg_q"}]
+    refused(*await probe.post({**again, "input": repeated}), 400, "input[1].id")
+    assert len(probe.upstream.requests) == asked
+    status, answer = await probe.post({**again, "input": [{"role": "user", "content": "b", "id": "msg_new"}]})
+    assert status == 200, answer
 
 
 async def test_the_sdk_pages_through_every_input_item_once(probe: Probe) -> None:
