@@ -173,17 +173,28 @@ class UpstreamStatusError(UpstreamError):
     - 400/413/422 (about the request itself): 400 (413 kept), the upstream's message passed on;
     - 429: 429 ``rate_limit_error``, ``Retry-After`` kept, retryable elsewhere;
     - 401/403: 502 (the gateway's own credentials were refused; the client's key is not the issue);
-    - 404: 502 ``upstream_model_not_found`` (the route names a model the upstream does not serve),
-      or ``upstream_misconfigured`` when the upstream's error names no model (no such path: a
-      ``base_url`` without ``/v1``); both config problems;
+    - 404 whose error names a field of the request (``about_request``: OpenAI's "Item with id ...
+      not found", ``param: input``): 404, the upstream's message passed on, as a 400 is;
+    - any other 404: 502 ``upstream_model_not_found`` (the route names a model the upstream does not
+      serve), or ``upstream_misconfigured`` when the upstream's error names no model (no such path:
+      a ``base_url`` without ``/v1``); both config problems;
     - 408 and 504: 504; 500/502/503: 502/502/503, retryable; other codes: 502.
     """
 
     def __init__(
-        self, upstream_status: int, upstream_message: str, *, retry_after: float | None = None, **kwargs: Any
+        self,
+        upstream_status: int,
+        upstream_message: str,
+        *,
+        retry_after: float | None = None,
+        about_request: bool = False,
+        **kwargs: Any,
     ) -> None:
         self.upstream_status = upstream_status
-        status, type_, code, retryable, message = _classify(upstream_status, upstream_message)
+        if upstream_status == 404 and about_request:
+            status, type_, code, retryable, message = 404, "invalid_request_error", None, False, upstream_message
+        else:
+            status, type_, code, retryable, message = _classify(upstream_status, upstream_message)
         kwargs.setdefault("reason", f"status_{upstream_status}")
         super().__init__(message, status=status, type=type_, code=code, retry_after=retry_after, **kwargs)
         self.retryable = retryable
@@ -404,12 +415,17 @@ def error_from_upstream_body(
     never a server-sounding code.
     """
     parsed = error_fields(body)
-    error = UpstreamStatusError(status, parsed.message, retry_after=parse_retry_after(retry_after), backend=backend)
+    param = parsed.param
+    if param is not None and rename is not None:
+        param = rename(param)
+    ours = param if param is not None and _ours(param, fields) else None
+    # A 404 naming a field (not the model: a route's) is about the request, not the configuration
+    about = ours is not None and ours != "model"
+    error = UpstreamStatusError(
+        status, parsed.message, retry_after=parse_retry_after(retry_after), about_request=about, backend=backend
+    )
     if error.type == "invalid_request_error":
-        param = parsed.param
-        if param is not None and rename is not None:
-            param = rename(param)
-        error.param = param if param is not None and _ours(param, fields) else None
+        error.param = ours
         if parsed.code is not None:
             error.code = parsed.code
         elif error.code == UpstreamStatusError.code:

@@ -321,3 +321,20 @@ async def test_a_stream_the_client_left_is_stored_cancelled(probe: Probe, model:
     await eventually(kept)
     status, answer = await probe.call("GET", f"/v1/responses/{rid}")
     assert status == 200 and answer["status"] == "cancelled"
+
+
+# --- what the openai upstream says about the request ---------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_openais_404_for_an_item_it_never_kept_is_relayed(probe: Probe, stream: bool) -> None:
+    """A reasoning item sent by id alone, which OpenAI (told ``store: false``) cannot resolve: its
+    404 and words reach the client, as docs/responses.md says (before: a 502 blaming the base_url),
+    and the backend stays in service."""
+    items = [{"type": "reasoning", "id": "rs_alone", "summary": []}, {"role": "user", "content": "hi"}]
+    for _ in range(6):  # more than the circuit's failure threshold
+        status, body = await probe.post({"model": OPENAI_MODEL, "input": items, "stream": stream})
+        message = refused(status, body, 404, "input")
+        assert message.startswith("Item with id 'rs_alone' not found.")
+    status, answer = await probe.post({"model": OPENAI_MODEL, "input": "still there?"})
+    assert status == 200, answer

@@ -287,3 +287,33 @@ async def test_the_first_done_event_ends_the_stream(reads: list[bytes], relayed:
     assert relay.relayed_events == len(relayed)
     for event in b"".join(out).split(b"\n\n")[:-1]:
         assert orjson.loads(event[len(b"data: ") :])["model"] == PUB
+
+
+@pytest.mark.parametrize(
+    ("param", "code"),
+    [("input", None), ("previous_response_id", "previous_response_not_found"), ("input[0].id", None)],
+)
+def test_a_404_about_a_field_of_the_request_is_relayed_as_a_404(param: str, code: str | None) -> None:
+    """OpenAI's "Item with id 'rs_1' not found" (``param: input``) is about the client's request:
+    its 404 and words, not a 502 blaming the base_url."""
+    message = "Item with id 'rs_1' not found. Items are not persisted when `store` is set to false."
+    body = orjson.dumps({"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}})
+    error = error_from_upstream_body(404, body, None, "b")
+    assert error.status == 404 and not error.retryable
+    assert error.envelope()["error"] == {
+        "message": message, "type": "invalid_request_error", "param": param, "code": code,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"detail": "Not Found"}',  # no such path (a base_url without /v1)
+        b'{"error": {"message": "Invalid URL (POST /responses)", "type": "invalid_request_error", "param": null}}',
+        b'{"error": {"message": "no such thing", "param": "sampling_params.x"}}',  # a param not ours
+        b'{"error": {"message": "The model `m` does not exist", "param": "model", "code": "model_not_found"}}',
+    ],
+)
+def test_a_404_about_no_field_of_the_request_stays_a_configuration_error(body: bytes) -> None:
+    error = error_from_upstream_body(404, body, None, "b")
+    assert error.status == 502 and error.code in ("upstream_misconfigured", "upstream_model_not_found")
