@@ -182,6 +182,21 @@ async def test_a_body_that_is_no_json_object_is_a_400(probe: Probe, body: bytes)
     refused(*await probe.post(body), 400, None)
 
 
+async def test_a_key_given_twice_counts_once_the_last(probe: Probe) -> None:
+    """As every JSON parser OpenAI's clients use: the last value wins, and is checked as any other."""
+    refused(*await probe.post(b'{"model": "mock-test", "input": "hi", "input": 5}'), 400, "input")
+    status, answer = await probe.post(b'{"model": "mock-test", "input": 5, "input": "hi"}')
+    assert status == 200, answer
+
+
+async def test_nul_and_astral_characters_are_kept_as_sent(probe: Probe) -> None:
+    text = "a\u0000b \U0001f600 \u202e"
+    status, answer = await probe.post({"model": MOCK_MODEL, "input": text, "metadata": {"k\u0000": "\U0001f600" * 512}})
+    assert status == 200, answer
+    status, page = await probe.call("GET", f"/v1/responses/{answer['id']}/input_items")
+    assert status == 200 and page["data"][0]["content"][0]["text"] == text
+
+
 async def test_deep_nesting_is_a_400_not_a_crash(probe: Probe) -> None:
     deep = b'{"model": "mock-test", "input": "hi", "metadata": ' + b'{"a": ' * 5000 + b"1" + b"}" * 5001
     message = refused(*await probe.post(deep), 400, None)
