@@ -11,6 +11,7 @@ echo to the one read setting by setting, across requests in either order.
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import orjson
@@ -130,6 +131,21 @@ def _default(public_model: str) -> tuple[Echo, list[bytes]]:
     return default
 
 
+# Echoes of requests whose echoed settings are all JSON scalars (a client's settings repeat request
+# after request: an agent's temperature, its output limit), by the settings' key (echo_of's): made once,
+# then shared as a default is. Bounded: at most _SEEN_MAX echoes (cleared when full: a setting that
+# changes on every request makes an echo per request, as without them), none keyed by a string longer
+# than _KEY_CHARS, and none by ``instructions`` (long) or ``previous_response_id`` (a new one each turn):
+# a request that sets one of those has its echo made every time.
+_SEEN: dict[tuple[Any, ...], Echo] = {}
+_SEEN_MAX = 1024
+_KEY_CHARS = 128
+_UNKEYED = frozenset(("instructions", "previous_response_id"))
+# The scalars a key holds as themselves, their type beside them: 1, 1.0 and True are equal (one
+# hash) but three echoes. A float is keyed by its hex(): -0.0 equals 0.0 but is written "-0.0".
+_KEYED = frozenset((int, bool, type(None)))
+
+
 def echo_of(request: ResponsesRequest, public_model: str) -> Echo:
     """The request's echo (``Echo``), answered as ``public_model``."""
     # ``in`` and ``[]``, no call but the test of the set: on every bridged request
@@ -137,11 +153,37 @@ def echo_of(request: ResponsesRequest, public_model: str) -> Echo:
     fields = request.__pydantic_fields_set__
     if _READ.isdisjoint(fields):
         return default[0]
+    values = request.__dict__  # (one attribute read: a pydantic model's each cost a __getattr__ hook's lookups)
+    names = _READ.intersection(fields)
+    # The settings' key: each name, then its value's type and the value. No call but a string's len()
+    # and a float's hex().
+    key: list[Any] = [public_model]
+    for name in names:
+        value = values[name]
+        kind = type(value)
+        if kind is str:
+            if len(value) > _KEY_CHARS or name in _UNKEYED:
+                return _made(default, values, names)
+        elif kind is float:
+            value = value.hex()
+        elif kind not in _KEYED:  # a list, a dict, a model: not keyed
+            return _made(default, values, names)
+        key += (name, kind, value)
+    seen = tuple(key)
+    if seen in _SEEN:
+        return _SEEN[seen]
+    if len(_SEEN) >= _SEEN_MAX:
+        _SEEN.clear()
+    echo = _SEEN[seen] = _made(default, values, names)
+    return echo
+
+
+def _made(default: tuple[Echo, list[bytes]], values: dict[str, Any], names: AbstractSet[str]) -> Echo:
+    """The echo of a request whose ``values`` set ``names`` (those of ``_READ``), from its model's ``default``."""
     template = default[0][0].copy()
     parts: list[bytes] | None = default[1].copy()
-    values = request.__dict__  # (one attribute read: a pydantic model's each cost a __getattr__ hook's lookups)
     logprobs = summarises = False
-    for name in _READ.intersection(fields):
+    for name in names:
         value = values[name]
         if value is None:  # set to null: the default's (made of None)
             continue

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from backends.responses.answer import ResponseFrame, response_from_chat
 from backends.responses.capabilities import chat_request_of
+from backends.responses import echo
 from backends.responses.echo import _PLAIN_TOOLS
 from schemas.responses import ResponsesRequest
 
@@ -251,3 +252,65 @@ def test_a_non_stream_answers_bytes_are_its_dicts(body: dict[str, Any], finish: 
     assert result.dumped and result.answer is response and result.body == orjson.dumps(response)
     reason = {"length": "max_output_tokens", "content_filter": "content_filter"}.get(finish)
     assert response["incomplete_details"] == (None if reason is None else {"reason": reason})
+
+
+# --- echoes kept by their settings (echo._SEEN): the same echo for the same scalar settings --------------
+
+
+def test_the_same_scalar_settings_are_echoed_from_one_kept_echo() -> None:
+    """A second request with the same scalar settings gets the echo the first made (the same objects),
+    and a request that differs in one of them its own."""
+    body = {"model": "m", "input": "x", "temperature": 0.25, "max_output_tokens": 7, "store": False, "user": "u1"}
+    first, second = _frame(body, "kept"), _frame({**body, "input": "other words"}, "kept")
+    assert first is not None and second is not None
+    assert second[1]._template is first[1]._template and second[1]._data is first[1]._data
+    other = _frame({**body, "max_output_tokens": 8}, "kept")
+    assert other is not None and other[1]._template is not first[1]._template
+    for made in (first, second, other):
+        _check(*made, "kept")
+    elsewhere = _frame(body, "another-model")  # keyed by the public model too
+    assert elsewhere is not None and elsewhere[1]._template["model"] == "another-model"
+    _check(*elsewhere, "another-model")
+
+
+@pytest.mark.parametrize(
+    ("one", "two"),
+    [("-0.0", "0.0"), ("0.0", "-0.0"), ("0", "0.0"), ("1", "1.0")],
+)
+def test_settings_equal_in_python_but_written_apart_are_echoed_apart(one: str, two: str) -> None:
+    """-0.0 == 0.0 (one hash) but orjson writes "-0.0": each request's echo writes its own value."""
+    for raw in (one, two, one):
+        request = ResponsesRequest.model_validate_json(f'{{"model":"m","input":"x","temperature":{raw}}}')
+        frame = ResponseFrame(request, "signs", chat_request_of(request)[1])
+        _check(request, frame, "signs")
+        around = frame.around_status()
+        assert around is not None and orjson.dumps(request.temperature) in around[1]
+
+
+def test_long_or_per_turn_settings_are_not_kept() -> None:
+    """instructions, previous_response_id and strings over _KEY_CHARS: echoed, never kept."""
+    echo._SEEN.clear()
+    bodies = [
+        {"model": "m", "input": "x", "instructions": "short"},
+        {"model": "m", "input": "x", "previous_response_id": "resp_1", "store": True},
+        {"model": "m", "input": "x", "user": "u" * (echo._KEY_CHARS + 1)},
+        {"model": "m", "input": "x", "metadata": {"k": "v"}},  # not a scalar
+    ]
+    for body in bodies:
+        made = _frame(body, "unkept")
+        assert made is not None
+        _check(*made, "unkept")
+    assert echo._SEEN == {}
+    made = _frame({"model": "m", "input": "x", "user": "u" * echo._KEY_CHARS}, "unkept")
+    assert made is not None and len(echo._SEEN) == 1
+
+
+def test_the_kept_echoes_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A setting that changes on every request never keeps more than _SEEN_MAX echoes."""
+    monkeypatch.setattr(echo, "_SEEN_MAX", 8)
+    echo._SEEN.clear()
+    for tokens in range(1, 30):
+        made = _frame({"model": "m", "input": "x", "max_output_tokens": tokens}, "bounded")
+        assert made is not None
+        assert len(echo._SEEN) <= 8
+        _check(*made, "bounded")
