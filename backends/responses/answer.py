@@ -31,7 +31,16 @@ from backends.responses.echo import FIXED, echo_of
 from backends.responses.to_chat import ToolNames
 from schemas.responses import ResponsesRequest
 
-__all__ = ["OUTPUT_AT", "ResponseFrame", "new_id", "output_items", "response_from_chat", "responses_usage"]
+__all__ = [
+    "ID_DIGITS",
+    "OUTPUT_AT",
+    "ResponseFrame",
+    "more_id_digits",
+    "new_id",
+    "output_items",
+    "response_from_chat",
+    "responses_usage",
+]
 
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
@@ -39,30 +48,29 @@ _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"
 _ID_BYTES = 24
 _ID_CHARS = _ID_BYTES * 2
 _POOL_BYTES = _ID_BYTES * 256
-_POOL_CHARS = _POOL_BYTES * 2
-_pool = ""  # 256 ids' random bytes, in hex
-_at = _POOL_CHARS  # where the next id's digits start in _pool; at the end: read a new pool
+# The hex digits of ids not yet handed out (48 each), taken from the end: ``ID_DIGITS.pop() if
+# ID_DIGITS else more_id_digits()`` is an id's digits with one C call (no Python frame), which is how
+# the hot paths mint theirs (a Response's id, its message's, a stored turn's input's); new_id elsewhere.
+# Emptied in place in a forked child (the same list object wherever it was imported), which never
+# hands out its parent's.
+ID_DIGITS: list[str] = []
 
 
-def _fresh_pool() -> None:
-    global _at
-    _at = _POOL_CHARS
+def more_id_digits() -> str:
+    """An id's digits, once ``ID_DIGITS`` is empty: it is filled from one ``getrandom`` call and one
+    ``hex`` of 256 ids' bytes (24 bytes of the OS's randomness each), and one is taken."""
+    ID_DIGITS[:] = os.urandom(_POOL_BYTES).hex(" ", _ID_BYTES).split(" ")  # (cut in C: no slice per id)
+    return ID_DIGITS.pop()
 
 
-os.register_at_fork(after_in_child=_fresh_pool)  # a forked child never reuses its parent's bytes
+os.register_at_fork(after_in_child=ID_DIGITS.clear)  # a forked child never reuses its parent's bytes
 
 
 def new_id(prefix: str) -> str:
     """An id in OpenAI's style (``resp_``, ``msg_``, ``fc_``, ``rs_`` + 48 hex digits): 24 bytes of the
-    OS's randomness, read 256 ids at a time (one ``getrandom`` call and one ``hex``, not one per id: a
-    Response has two or more ids, a stream's items more)."""
-    global _pool, _at
-    at = _at
-    if at == _POOL_CHARS:
-        _pool = os.urandom(_POOL_BYTES).hex()
-        at = 0
-    _at = at + _ID_CHARS
-    return f"{prefix}_{_pool[at : at + _ID_CHARS]}"
+    OS's randomness, read 256 ids at a time (``ID_DIGITS``: a Response has two or more ids, a stream's
+    items more)."""
+    return f"{prefix}_{ID_DIGITS.pop() if ID_DIGITS else more_id_digits()}"
 
 
 # The Response's bytes up to its status's value (its id, its time), and the echo's members cut from the
@@ -93,7 +101,7 @@ class ResponseFrame:
     def __init__(self, request: ResponsesRequest, public_model: str, names: ToolNames) -> None:
         self.request = request
         self.names = names
-        self.id = new_id("resp")
+        self.id = "resp_" + (ID_DIGITS.pop() if ID_DIGITS else more_id_digits())  # new_id("resp"), inline
         self.created_at = int(time.time())
         # logprobs: each output_text part carries its tokens' (ResponsesRequest.wants_logprobs);
         # summarises: the reasoning text is given as summary too
@@ -213,7 +221,8 @@ def output_items(frame: ResponseFrame, message: dict[str, Any], logprobs: Any, s
             parts = [part]
         if refusal and type(refusal) is str:
             parts.append({"type": "refusal", "refusal": refusal})
-        items.append({"id": new_id("msg"), "type": "message", "role": "assistant", "status": status, "content": parts})
+        msg_id = "msg_" + (ID_DIGITS.pop() if ID_DIGITS else more_id_digits())  # new_id("msg"), inline
+        items.append({"id": msg_id, "type": "message", "role": "assistant", "status": status, "content": parts})
     if calls:
         for call in calls:
             items.append(call_item(frame, call))

@@ -30,3 +30,22 @@ def test_a_forked_child_never_takes_its_parents_next_id() -> None:
     os.close(read)
     os.waitpid(pid, 0)
     assert re.fullmatch(r"resp_[0-9a-f]{48}", child) and child != new_id("resp")
+
+
+def test_the_inline_mints_share_the_pool_and_never_repeat() -> None:
+    """A Response's id, its message's and a stored turn's input's (taken from ID_DIGITS inline) with
+    new_id's, across the pools' ends: OpenAI-shaped, all distinct."""
+    from backends.responses.answer import ResponseFrame, output_items
+    from backends.responses.capabilities import chat_request_of
+    from gateway.flow.responses_turns import own_items
+    from schemas.responses import ResponsesRequest
+
+    request = ResponsesRequest.model_validate({"model": "m", "input": "hi"})
+    names = chat_request_of(request)[1]
+    ids: list[str] = []
+    for _ in range(300):  # more than a pool: each kind crosses a refill
+        frame = ResponseFrame(request, "m", names)
+        ids += [frame.id, output_items(frame, {"content": "x"}, None, "completed")[0]["id"]]
+        ids += [own_items(request)[0]["id"], new_id("fc")]
+    assert all(re.fullmatch(r"(resp|msg|fc)_[0-9a-f]{48}", i) for i in ids)
+    assert len({i.split("_", 1)[1] for i in ids}) == len(ids)
