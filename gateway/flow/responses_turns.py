@@ -19,13 +19,13 @@ The tenant is the caller's key name (one tenant without auth: ``NO_AUTH_TENANT``
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import TypeAdapter, ValidationError
 
 from backends.base import Backend, CompletionStream, ResponsesTable
-from backends.responses.answer import OUTPUT_AT, new_id
+from backends.responses.answer import ID_DIGITS, OUTPUT_AT, more_id_digits
 from backends.responses.bridge import responses_table
 from gateway.conversations.records import item_id
 from gateway.conversations.store import ConversationStore
@@ -75,7 +75,8 @@ def own_items(request: ResponsesRequest) -> list[dict[str, Any]]:
         return []
     if isinstance(items, str):
         text = {"type": "input_text", "text": items}
-        return [{"id": new_id("msg"), "type": "message", "role": "user", "content": [text]}]
+        msg_id = "msg_" + (ID_DIGITS.pop() if ID_DIGITS else more_id_digits())  # new_id("msg"), inline
+        return [{"id": msg_id, "type": "message", "role": "user", "content": [text]}]
     out = []
     for item in items:
         data = item.model_dump(mode="json", by_alias=True, exclude_none=True)
@@ -176,11 +177,28 @@ class ResponsesTurns:
         key: ApiKey | None,
         dumped: bytes | None = None,
     ) -> None:
-        """``dumped``: ``orjson.dumps(answer)``, where its producer says so (``CompletionResult.dumped``)."""
+        """The turn's save (:meth:`end_now`), awaited where it must be."""
+        saving = self.end_now(served, answer, store, key, dumped)
+        if saving is not None:
+            await saving
+
+    def end_now(
+        self,
+        served: ServedRequest,
+        answer: dict[str, Any] | None,
+        store: ResponsesState,
+        key: ApiKey | None,
+        dumped: bytes | None = None,
+    ) -> Coroutine[Any, Any, None] | None:
+        """Save the turn when ``store`` allows: done now where nothing is to be awaited (the gateway's
+        memory store, :meth:`ConversationStore.save_now`), else the save to await (None: nothing to
+        await). Not a coroutine itself: the handler awaits only where there is something to wait for
+        (a coroutine object and its frame less on every stored turn). ``dumped``: ``orjson.dumps(answer)``,
+        where its producer says so (``CompletionResult.dumped``)."""
         request: ResponsesRequest = served  # type: ignore[assignment]  # (not cast(): a call per use)
         # ResponsesRequest.stores and tenant_of, read inline: on every stored turn
         if request.store is False or answer is None or "id" not in answer:
-            return
+            return None
         previous = request.previous_response_id
         # (stored_input is set by begin only when previous_response_id expanded the input: a first
         # turn, the usual one, makes its items without reading it)
@@ -197,8 +215,8 @@ class ResponsesTurns:
                     output_at = noted[1]
         # The gateway's store keeps the turn from its fields, without a FinishedTurn or a coroutine, where it can
         if type(store) is ConversationStore and store.save_now(tenant, answer, items, previous, dumped, output_at):
-            return
-        await store.save(tenant, FinishedTurn(answer, items, previous, dumped, output_at))
+            return None
+        return store.save(tenant, FinishedTurn(answer, items, previous, dumped, output_at))
 
 
 class StreamEnd:

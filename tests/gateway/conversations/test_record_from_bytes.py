@@ -149,3 +149,34 @@ async def test_the_stored_record_uses_the_noted_output_place_of_those_bytes_alon
         record = await store.get(NO_AUTH_TENANT, response["id"])
         assert record.response == response and record.output == response["output"]
         assert [item["content"] for item in record.input] == [ITEMS[0]["content"]]
+
+
+class _WaitingStore(MemoryStore):
+    """A memory store by another type: the conversation store awaits its writes (as Redis's)."""
+
+
+async def test_end_now_saves_at_once_or_hands_back_the_save_to_await() -> None:
+    """The handler's hook: the gateway's memory store keeps the turn before end_now returns (nothing to
+    await); a store to wait for gets the save handed back, the turn kept once it is awaited; store: false
+    keeps nothing. The record is the same either way."""
+    chat = {"choices": [{"message": {"role": "assistant", "content": "x"}, "finish_reason": "stop"}]}
+    for kind in (MemoryStore, _WaitingStore):
+        frame = _frame({"model": "m", "input": "hi"})
+        result, response = response_from_chat(orjson.dumps(chat), frame, "b")
+        memory = kind("responses", ttl=60, max_items=10, max_bytes=1 << 20)
+        store = ConversationStore(memory)
+        saving = ResponsesTurns().end_now(frame.request, response, store, None, result.body)
+        assert (saving is None) == (kind is MemoryStore)
+        if saving is not None:
+            assert memory.get_now(NO_AUTH_TENANT, [response["id"]]) == [None]  # not yet
+            await saving
+        (blob,) = memory.get_now(NO_AUTH_TENANT, [response["id"]])
+        assert blob is not None
+        record = decode(blob)
+        assert record.response == response and record.chain == [] and record.output == response["output"]
+        assert [item["content"] for item in record.input] == [ITEMS[0]["content"]]
+    unstored = _frame({"model": "m", "input": "hi", "store": False})
+    result, response = response_from_chat(orjson.dumps(chat), unstored, "b")
+    memory = MemoryStore("responses", ttl=60, max_items=10, max_bytes=1 << 20)
+    assert ResponsesTurns().end_now(unstored.request, response, ConversationStore(memory), None, result.body) is None
+    assert memory.stats().items == 0
