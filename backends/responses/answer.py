@@ -165,18 +165,22 @@ def responses_usage(usage: Any, counts: TokenUsage | None = None) -> dict[str, A
         counts = usage_of(usage)
         if counts is None:
             return None
-    fields = usage if type(usage) is dict else {}
-    # ``in`` and ``[]``, not ``get``: no call for the usage without details (most upstreams')
-    prompt_details = fields["prompt_tokens_details"] if "prompt_tokens_details" in fields else None
-    completion_details = fields["completion_tokens_details"] if "completion_tokens_details" in fields else None
-    cached = prompt_details.get("cached_tokens") if type(prompt_details) is dict else None
-    reasoning = completion_details.get("reasoning_tokens") if type(completion_details) is dict else None
     prompt, completion = counts.prompt_tokens, counts.completion_tokens
+    cached = reasoning = 0
+    # ``in`` and ``[]``, not ``get``: no call for the usage without details (most upstreams': their
+    # usage is read for nothing else)
+    if type(usage) is dict and ("prompt_tokens_details" in usage or "completion_tokens_details" in usage):
+        prompt_details = usage["prompt_tokens_details"] if "prompt_tokens_details" in usage else None
+        completion_details = usage["completion_tokens_details"] if "completion_tokens_details" in usage else None
+        said = prompt_details.get("cached_tokens") if type(prompt_details) is dict else None
+        cached = said if type(said) is int else 0
+        said = completion_details.get("reasoning_tokens") if type(completion_details) is dict else None
+        reasoning = said if type(said) is int else 0
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": cached if type(cached) is int else 0},
+        "input_tokens_details": {"cached_tokens": cached},
         "output_tokens": completion,
-        "output_tokens_details": {"reasoning_tokens": reasoning if type(reasoning) is int else 0},
+        "output_tokens_details": {"reasoning_tokens": reasoning},
         "total_tokens": prompt + completion,
     }
 
@@ -302,4 +306,5 @@ def response_from_chat(
             state = {}
             object.__setattr__(request, "__pydantic_private__", state)  # a slot: settable on a frozen model
         state[OUTPUT_AT] = (body, output_at)
-    return CompletionResult(body, usage, answer=response, dumped=True), response
+    # (positional: a dataclass's __init__ called by keyword parses its names on every answer)
+    return CompletionResult(body, usage, "application/json", None, response, True), response
