@@ -26,9 +26,12 @@ from typing import Any
 
 import orjson
 
-from backends.responses.answer import new_id  # ``{prefix}_`` and 48 random hex digits (192 bits)
+from backends.responses.answer import ID_DIGITS, more_id_digits, new_id  # ``{prefix}_`` + 48 random hex digits
 
-__all__ = ["Record", "Turn", "decode", "encode", "input_items", "item_id", "listed", "named", "new_id", "turn_of"]
+__all__ = [
+    "Record", "Turn", "decode", "encode", "input_items", "item_id", "listed", "named", "new_id", "text_input_line",
+    "turn_of",
+]  # fmt: skip
 
 # Id prefixes of the items the gateway names when a client sent them without an id.
 _PREFIXES = {
@@ -117,9 +120,21 @@ _OUTPUT_KEY_LEN = len(_OUTPUT_KEY)
 _NULL_OUTPUT = b',"output":null'
 
 
+# A request's input given as a string, as its record's input line: its one user message, named
+# (``orjson.dumps`` of what gateway.flow.responses_turns.own_items makes of it, written without the dicts)
+_TEXT_INPUT = b'[{"id":"msg_%b","type":"message","role":"user","content":[{"type":"input_text","text":%b}]}]'
+
+
+def text_input_line(text: str) -> bytes:
+    """The input line of a turn whose request's ``input`` is the string ``text`` (a new ``msg_`` id):
+    what :func:`encode` writes of that turn's items, for it to write as they are (``items`` as bytes)."""
+    digits = ID_DIGITS.pop() if ID_DIGITS else more_id_digits()  # new_id("msg")'s digits, inline
+    return _TEXT_INPUT % (digits.encode(), orjson.dumps(text))
+
+
 def encode(
     response: dict[str, Any],
-    items: Sequence[Mapping[str, Any]],
+    items: Sequence[Mapping[str, Any]] | bytes,
     chain: Sequence[str],
     dumped: bytes | None = None,
     output_at: int = 0,
@@ -129,16 +144,18 @@ def encode(
     ``dumped``: ``orjson.dumps(response)``, where ``output`` then ``usage`` are its last keys (the
     bridge's Response, ``CompletionResult.dumped``): the last line is cut from it, not dumped again.
     ``output_at``: where in ``dumped`` its ``,"output":`` starts, where its writer says so
-    (``backends.responses.answer.OUTPUT_AT``; 0: not said): the output's line is cut there too."""
+    (``backends.responses.answer.OUTPUT_AT``; 0: not said): the output's line is cut there too.
+    ``items`` as bytes: their line already written (:func:`text_input_line`)."""
     # Written on every stored turn: no call but the dumps and the join (the lookup by ``in`` and
     # subscript, the list's test by ``type``: as quick, without a call each), and a first turn's
     # empty chain (the usual one) without its dumps.
     head = orjson.dumps(chain) if chain else b"[]"
+    sent = items if type(items) is bytes else orjson.dumps(items)
     if output_at and dumped is not None:
         # usage's key is the last (its value: integers; rfind, as its writer said, from the end)
         usage_at = dumped.rfind(_USAGE_KEY)
         out, rest = dumped[output_at + _OUTPUT_KEY_LEN : usage_at], dumped[usage_at:]
-        return b"".join((head, b"\n", orjson.dumps(items), b"\n", out, b"\n", dumped[:output_at], _NULL_OUTPUT, rest))
+        return b"".join((head, b"\n", sent, b"\n", out, b"\n", dumped[:output_at], _NULL_OUTPUT, rest))
     had = "output" in response
     output = response["output"] if had else None
     if dumped is not None and type(output) is list:
@@ -149,7 +166,7 @@ def encode(
         usage_at = dumped.rfind(_USAGE_KEY)
         key_at = usage_at - len(out) - _OUTPUT_KEY_LEN
         if key_at > 0 and dumped[key_at:usage_at] == _OUTPUT_KEY + out:
-            sent, rest = orjson.dumps(items), dumped[usage_at:]
+            rest = dumped[usage_at:]
             return b"".join((head, b"\n", sent, b"\n", out, b"\n", dumped[:key_at], _NULL_OUTPUT, rest))
     # The last line is the Response itself with "output": null, not a copy of it with that key
     # changed (copying its thirty-odd keys cost more than its dumps). Nothing runs in between, the
@@ -163,9 +180,7 @@ def encode(
             response["output"] = output
         else:
             del response["output"]
-    return b"\n".join(
-        (head, orjson.dumps(items), orjson.dumps(output) if type(output) is list else b"[]", rest)
-    )  # fmt: skip
+    return b"\n".join((head, sent, orjson.dumps(output) if type(output) is list else b"[]", rest))
 
 
 def decode(blob: bytes) -> Record:

@@ -174,14 +174,15 @@ class ConversationStore:
             log.error("response %s was not stored: %s", response_id, exc.message)
 
     def save_now(
-        self, tenant: str, response: dict[str, Any], items: list[dict[str, Any]], previous: str | None,
+        self, tenant: str, response: dict[str, Any], items: list[dict[str, Any]] | bytes, previous: str | None,
         dumped: bytes | None, output_at: int = 0,
     ) -> bool:  # fmt: skip
         """:meth:`save` of a :class:`FinishedTurn`'s fields, without awaiting, where nothing is to
         be awaited (a memory store, and a first turn or a continuation whose chain :meth:`history`
         just loaded): what the handler's hooks call on every stored turn, without a turn object or a
-        coroutine. ``items``: each with its ``id`` (``own_items``'s); ``output_at``: encode's. False
-        when there is something to await (then :meth:`save` keeps it)."""
+        coroutine. ``items``: each with its ``id`` (``own_items``'s), or their line already written
+        (``records.text_input_line``); ``output_at``: encode's. False when there is something to await
+        (then :meth:`save` keeps it)."""
         store = self.store
         if type(store) is not MemoryStore or self.unshared:
             return False
@@ -200,7 +201,7 @@ class ConversationStore:
 
     @staticmethod
     def _record(
-        response_id: str, response: dict[str, Any], items: list[dict[str, Any]], chain: list[str],
+        response_id: str, response: dict[str, Any], items: list[dict[str, Any]] | bytes, chain: list[str],
         dumped: bytes | None, output_at: int,
     ) -> bytes | None:  # fmt: skip
         """The turn's record (:func:`~gateway.conversations.records.encode`); None, logged, when it cannot be kept."""

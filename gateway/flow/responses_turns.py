@@ -22,12 +22,13 @@ import logging
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+import orjson
 from pydantic import TypeAdapter, ValidationError
 
 from backends.base import Backend, CompletionStream, ResponsesTable
 from backends.responses.answer import ID_DIGITS, OUTPUT_AT, more_id_digits
 from backends.responses.bridge import responses_table
-from gateway.conversations.records import item_id
+from gateway.conversations.records import item_id, text_input_line
 from gateway.conversations.store import ConversationStore
 from gateway.conversations.window import fit
 from gateway.responses_state import NO_AUTH_TENANT, FinishedTurn, ResponsesState
@@ -201,8 +202,14 @@ class ResponsesTurns:
             return None
         previous = request.previous_response_id
         # (stored_input is set by begin only when previous_response_id expanded the input: a first
-        # turn, the usual one, makes its items without reading it)
-        items = own_items(request) if previous is None else request.stored_input or own_items(request)
+        # turn, the usual one, makes its items without reading it; and a first turn's string input is
+        # written as its record's line at once, without the dicts own_items makes of it)
+        items: list[dict[str, Any]] | bytes
+        if previous is None:
+            own = request.input
+            items = text_input_line(own) if isinstance(own, str) else own_items(request)
+        else:
+            items = request.stored_input or own_items(request)
         tenant = NO_AUTH_TENANT if key is None else key.name
         # Where the bridge wrote ``dumped`` around its echo, it noted the output's place in it (OUTPUT_AT):
         # used for these bytes alone (the same object), never for another answer's
@@ -216,7 +223,9 @@ class ResponsesTurns:
         # The gateway's store keeps the turn from its fields, without a FinishedTurn or a coroutine, where it can
         if type(store) is ConversationStore and store.save_now(tenant, answer, items, previous, dumped, output_at):
             return None
-        return store.save(tenant, FinishedTurn(answer, items, previous, dumped, output_at))
+        # a store to wait for keeps the items themselves (a written line read back: the same items)
+        kept: list[dict[str, Any]] = orjson.loads(items) if isinstance(items, bytes) else items
+        return store.save(tenant, FinishedTurn(answer, kept, previous, dumped, output_at))
 
 
 class StreamEnd:

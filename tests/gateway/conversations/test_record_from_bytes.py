@@ -6,18 +6,21 @@ and cut short, with tools, reasoning, calls and logprobs; bytes that are not the
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from backends.responses.answer import OUTPUT_AT, ResponseFrame, response_from_chat
 from backends.responses.capabilities import chat_request_of
 from backends.responses.events import ChatResponseEvents
-from gateway.conversations.records import decode, encode
+from gateway.conversations.records import decode, encode, text_input_line
 from gateway.conversations.store import ConversationStore
-from gateway.flow.responses_turns import ResponsesTurns
+from gateway.flow.responses_turns import ResponsesTurns, own_items
 from gateway.responses_state import NO_AUTH_TENANT
 from gateway.store import MemoryStore
 from schemas.responses import ResponsesRequest
@@ -180,3 +183,16 @@ async def test_end_now_saves_at_once_or_hands_back_the_save_to_await() -> None:
     memory = MemoryStore("responses", ttl=60, max_items=10, max_bytes=1 << 20)
     assert ResponsesTurns().end_now(unstored.request, response, ConversationStore(memory), None, result.body) is None
     assert memory.stats().items == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text() | st.sampled_from(['"', "\\", "\u2028", "%b", "\x00", "", "é" * 300]))
+def test_a_string_inputs_line_is_the_dumps_of_its_items(text: str) -> None:
+    """text_input_line writes what encode would of own_items' message for that input, byte for byte."""
+    line = text_input_line(text)
+    (item,) = orjson.loads(line)
+    assert re.fullmatch(r"msg_[0-9a-f]{48}", item["id"])
+    request = ResponsesRequest.model_validate({"model": "m", "input": text})
+    (own,) = own_items(request)
+    assert line == orjson.dumps([{**own, "id": item["id"]}])
+    assert encode({"id": "r", "output": []}, line, []) == encode({"id": "r", "output": []}, [item], [])
