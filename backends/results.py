@@ -84,6 +84,10 @@ class CompletionResult:
     # ``body`` is ``orjson.dumps(answer)`` exactly, ``output`` then ``usage`` its last keys (the
     # bridge's Response): the store's record is cut from it (gateway.conversations.records.encode).
     dumped: bool = False
+    # Where in a ``dumped`` body its ``,"output":`` starts, where its writer noted it (the bridge's
+    # Response written around its echo; 0: not noted): the record's output line is cut there (encode's
+    # ``output_at``), the body not searched.
+    output_at: int = 0
 
 
 class CompletionStream(ABC):

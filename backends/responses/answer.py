@@ -33,7 +33,6 @@ from schemas.responses import ResponsesRequest
 
 __all__ = [
     "ID_DIGITS",
-    "OUTPUT_AT",
     "ResponseFrame",
     "more_id_digits",
     "new_id",
@@ -81,11 +80,6 @@ _TEMPLATE_TAIL = -len(b',"output":null,"usage":null}]')
 # The non-stream Response as orjson.dumps writes its dict: id, time, status, incomplete_details, the
 # echo's members after it, then the bytes of {"output": ..., "usage": ...} less their opening brace.
 _BODY = _HEAD + b'%b",' + FIXED + b"%b,%b,%b"
-# The request's private note (ResponsesRequest.__pydantic_private__) a non-stream answer written around
-# the echo leaves: (its body, where its ``,"output":`` starts), so that the store cuts the record from
-# that body (gateway.conversations.records.encode's ``output_at``) without dumping the output again to
-# find it; read by identity (``is`` the body it is handed).
-OUTPUT_AT = "output_at"
 _DETAILS: dict[str | None, bytes] = {reason: orjson.dumps({"reason": reason}) for reason in _INCOMPLETE.values()}
 _DETAILS[None] = b"null"
 
@@ -299,12 +293,5 @@ def response_from_chat(
         body, output_at = frame.dumps(response, incomplete)
     except orjson.JSONEncodeError:  # (an integer beyond 64 bits, nesting past orjson's levels)
         return CompletionResult(dumps_exact(response, backend), usage, answer=response), response
-    if output_at:  # (the request's private slot: a dict wherever the request was checked)
-        request = frame.request
-        state = request.__pydantic_private__
-        if state is None:
-            state = {}
-            object.__setattr__(request, "__pydantic_private__", state)  # a slot: settable on a frozen model
-        state[OUTPUT_AT] = (body, output_at)
     # (positional: a dataclass's __init__ called by keyword parses its names on every answer)
-    return CompletionResult(body, usage, "application/json", None, response, True), response
+    return CompletionResult(body, usage, "application/json", None, response, True, output_at), response

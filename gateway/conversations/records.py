@@ -144,7 +144,7 @@ def encode(
     ``dumped``: ``orjson.dumps(response)``, where ``output`` then ``usage`` are its last keys (the
     bridge's Response, ``CompletionResult.dumped``): the last line is cut from it, not dumped again.
     ``output_at``: where in ``dumped`` its ``,"output":`` starts, where its writer says so
-    (``backends.responses.answer.OUTPUT_AT``; 0: not said): the output's line is cut there too.
+    (``CompletionResult.output_at``; 0: not said): the output's line is cut there too.
     ``items`` as bytes: their line already written (:func:`text_input_line`)."""
     # Written on every stored turn: no call but the dumps and the join (the lookup by ``in`` and
     # subscript, the list's test by ``type``: as quick, without a call each), and a first turn's

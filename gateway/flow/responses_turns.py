@@ -26,7 +26,7 @@ import orjson
 from pydantic import TypeAdapter, ValidationError
 
 from backends.base import Backend, CompletionStream, ResponsesTable
-from backends.responses.answer import ID_DIGITS, OUTPUT_AT, more_id_digits
+from backends.responses.answer import ID_DIGITS, more_id_digits
 from backends.responses.bridge import responses_table
 from gateway.conversations.records import item_id, text_input_line
 from gateway.conversations.store import ConversationStore
@@ -177,9 +177,10 @@ class ResponsesTurns:
         store: ResponsesState,
         key: ApiKey | None,
         dumped: bytes | None = None,
+        output_at: int = 0,
     ) -> None:
         """The turn's save (:meth:`end_now`), awaited where it must be."""
-        saving = self.end_now(served, answer, store, key, dumped)
+        saving = self.end_now(served, answer, store, key, dumped, output_at)
         if saving is not None:
             await saving
 
@@ -190,12 +191,14 @@ class ResponsesTurns:
         store: ResponsesState,
         key: ApiKey | None,
         dumped: bytes | None = None,
+        output_at: int = 0,
     ) -> Coroutine[Any, Any, None] | None:
         """Save the turn when ``store`` allows: done now where nothing is to be awaited (the gateway's
         memory store, :meth:`ConversationStore.save_now`), else the save to await (None: nothing to
         await). Not a coroutine itself: the handler awaits only where there is something to wait for
         (a coroutine object and its frame less on every stored turn). ``dumped``: ``orjson.dumps(answer)``,
-        where its producer says so (``CompletionResult.dumped``)."""
+        where its producer says so (``CompletionResult.dumped``); ``output_at``: where its output starts,
+        where the producer noted it (``CompletionResult.output_at``; 0: not noted)."""
         request: ResponsesRequest = served  # type: ignore[assignment]  # (not cast(): a call per use)
         # ResponsesRequest.stores and tenant_of, read inline: on every stored turn
         if request.store is False or answer is None or "id" not in answer:
@@ -211,15 +214,6 @@ class ResponsesTurns:
         else:
             items = request.stored_input or own_items(request)
         tenant = NO_AUTH_TENANT if key is None else key.name
-        # Where the bridge wrote ``dumped`` around its echo, it noted the output's place in it (OUTPUT_AT):
-        # used for these bytes alone (the same object), never for another answer's
-        output_at = 0
-        if dumped is not None:
-            state = request.__pydantic_private__
-            if state and OUTPUT_AT in state:
-                noted = state[OUTPUT_AT]
-                if noted[0] is dumped:
-                    output_at = noted[1]
         # The gateway's store keeps the turn from its fields, without a FinishedTurn or a coroutine, where it can
         if type(store) is ConversationStore and store.save_now(tenant, answer, items, previous, dumped, output_at):
             return None

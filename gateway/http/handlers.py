@@ -199,7 +199,9 @@ async def serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
                         if extra:  # most turns add none: no update call
                             headers.update(extra)
                         dumped = result.body if result.dumped else None  # the store's record is cut from it
-                        saving = turns.end_now(req, result.answer, state.responses_state, record.key, dumped)
+                        saving = turns.end_now(
+                            req, result.answer, state.responses_state, record.key, dumped, result.output_at
+                        )
                         if saving is not None:  # (the memory store saved it already: nothing to await)
                             await saving
                     response = web.Response(body=result.body, content_type=result.content_type, headers=headers)

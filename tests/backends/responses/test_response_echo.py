@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
+from backends.responses import echo
 from backends.responses.answer import ResponseFrame, response_from_chat
 from backends.responses.capabilities import chat_request_of
-from backends.responses import echo
 from backends.responses.echo import _PLAIN_TOOLS
 from schemas.responses import ResponsesRequest
 

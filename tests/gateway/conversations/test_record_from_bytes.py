@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends.responses.answer import OUTPUT_AT, ResponseFrame, response_from_chat
+from backends.responses.answer import ResponseFrame, response_from_chat
 from backends.responses.capabilities import chat_request_of
 from backends.responses.events import ChatResponseEvents
 from gateway.conversations.records import decode, encode, text_input_line
@@ -75,10 +75,8 @@ def test_a_non_stream_answers_record_is_cut_from_its_body(
     assert response["status"] == ("completed" if finish == "stop" else "incomplete")
     record = _same_record(response, result.body, ["resp_a", "resp_b"])
     assert decode(record).response == response
-    state = frame.request.__pydantic_private__
-    if state and OUTPUT_AT in state:  # the body written around the echo: the output's place noted
-        noted, output_at = state[OUTPUT_AT]
-        assert noted is result.body
+    output_at = result.output_at
+    if output_at:  # the body written around the echo: the output's place noted
         assert result.body[output_at:].startswith(b',"output":' + orjson.dumps(response["output"]) + b',"usage":')
         assert encode(response, ITEMS, ["resp_a", "resp_b"], result.body, output_at) == record
         marked = result.body.replace(b'"object":"response"', b'"object":"RESPONSE"', 1)  # (before the output)
@@ -136,22 +134,23 @@ def test_bytes_that_are_not_the_responses_are_not_used() -> None:
         assert encode(response, ITEMS, [], dumped) == expected
 
 
-async def test_the_stored_record_uses_the_noted_output_place_of_those_bytes_alone() -> None:
-    """ResponsesTurns.end cuts the record at the bridge's noted place only for the body it noted."""
+async def test_the_stored_record_is_cut_at_the_output_place_its_answer_noted() -> None:
+    """The handler's hook cuts the record at the place the answer noted (CompletionResult.output_at):
+    the record every other way would write, for an answer whose text holds ``,"output":`` itself."""
     chat = {"choices": [{"message": {"role": "assistant", "content": 'x ,"output":[1]'}, "finish_reason": "stop"}]}
-    for same in (True, False):
-        frame = _frame({"model": "m", "input": "hi"})
-        result, response = response_from_chat(orjson.dumps(chat), frame, "b")
-        state = frame.request.__pydantic_private__
-        assert state is not None and state[OUTPUT_AT][0] is result.body
-        dumped = result.body if same else bytes(bytearray(result.body))  # equal bytes, another object
-        if not same:
-            state[OUTPUT_AT] = (result.body, 3)  # a place that would cut a wrong record from these bytes
-        store = ConversationStore(MemoryStore("responses", ttl=60, max_items=10, max_bytes=1 << 20))
-        await ResponsesTurns().end(frame.request, response, store, None, dumped)
-        record = await store.get(NO_AUTH_TENANT, response["id"])
-        assert record.response == response and record.output == response["output"]
-        assert [item["content"] for item in record.input] == [ITEMS[0]["content"]]
+    frame = _frame({"model": "m", "input": "hi"})
+    result, response = response_from_chat(orjson.dumps(chat), frame, "b")
+    assert result.dumped and result.output_at and result.body[result.output_at :].startswith(b',"output":[')
+    store = ConversationStore(MemoryStore("responses", ttl=60, max_items=10, max_bytes=1 << 20))
+    await ResponsesTurns().end(frame.request, response, store, None, result.body, result.output_at)
+    assert store.store is not None
+    (blob,) = await store.store.get(NO_AUTH_TENANT, [response["id"]])
+    assert blob is not None
+    _, items, *_ = blob.split(b"\n", 3)
+    assert blob == encode(response, orjson.loads(items), [])  # as the Response's own dumps writes it
+    record = decode(blob)
+    assert record.response == response and record.output == response["output"]
+    assert [item["content"] for item in record.input] == [ITEMS[0]["content"]]
 
 
 class _WaitingStore(MemoryStore):
@@ -168,7 +167,7 @@ async def test_end_now_saves_at_once_or_hands_back_the_save_to_await() -> None:
         result, response = response_from_chat(orjson.dumps(chat), frame, "b")
         memory = kind("responses", ttl=60, max_items=10, max_bytes=1 << 20)
         store = ConversationStore(memory)
-        saving = ResponsesTurns().end_now(frame.request, response, store, None, result.body)
+        saving = ResponsesTurns().end_now(frame.request, response, store, None, result.body, result.output_at)
         assert (saving is None) == (kind is MemoryStore)
         if saving is not None:
             assert memory.get_now(NO_AUTH_TENANT, [response["id"]]) == [None]  # not yet
