@@ -3,15 +3,15 @@
 :class:`ResponsesTurns` is the Responses endpoint's hooks (``EndpointOps.turns``), called by
 the handler at three points:
 
-- :meth:`ResponsesTurns.begin`, after the model lookup and before the guard's check (so caps and
-  rate limits count the whole conversation): the model's built-in-tools choice
-  (``models[].responses.builtin_tools``) goes onto the request, and ``previous_response_id`` is
-  expanded: the stored turns (:class:`~gateway.responses_state.ResponsesState`) go upstream ahead
-  of the request's own ``input``, whichever backend served them;
+- :meth:`ResponsesTurns.begin_now` (or ``begin``, awaiting it), after the model lookup and before the
+  guard's check (so caps and rate limits count the whole conversation): the model's built-in-tools
+  choice (``models[].responses.builtin_tools``) goes onto the request, and ``previous_response_id`` is
+  expanded (the coroutine it hands back): the stored turns (:class:`~gateway.responses_state.ResponsesState`)
+  go upstream ahead of the request's own ``input``, whichever backend served them;
 - :meth:`ResponsesTurns.headers`: the answer's extra headers (``x-gateway-omitted-tools`` when the
   operator's ``omit`` left built-in tools out on this backend; the log says it too);
-- :meth:`ResponsesTurns.end` (a stream's through :class:`StreamEnd`), once the Response reached a terminal
-  status (a client that left mid-stream: ``cancelled``): the turn is saved when ``store`` allows.
+- :meth:`ResponsesTurns.end_now` (a stream's ``end``, through :class:`StreamEnd`), once the Response reached
+  a terminal status (a client that left mid-stream: ``cancelled``): the turn is saved when ``store`` allows.
 
 The tenant is the caller's key name (one tenant without auth: ``NO_AUTH_TENANT``).
 """
@@ -122,7 +122,17 @@ class ResponsesTurns:
     async def begin(
         self, served: ServedRequest, entry: ModelEntry, store: ResponsesState, key: ApiKey | None
     ) -> ResponsesRequest:
-        """``entry``: the model (its ``responses.builtin_tools`` choice, its routes' context windows)."""
+        """The request as it goes on (:meth:`begin_now`, its continuation awaited where there is one)."""
+        continuing = self.begin_now(served, entry, store, key)
+        return served if continuing is None else await continuing  # type: ignore[return-value]  # (the parse's)
+
+    def begin_now(
+        self, served: ServedRequest, entry: ModelEntry, store: ResponsesState, key: ApiKey | None
+    ) -> Coroutine[Any, Any, ResponsesRequest] | None:
+        """The request's built-in tools choice and its ``store`` check, done now; then None when it goes
+        on as it is (no ``previous_response_id``: the usual turn), else the conversation's expansion to
+        await (:meth:`continued`). Not a coroutine itself: a first turn makes none.
+        ``entry``: the model (its ``responses.builtin_tools`` choice, its routes' context windows)."""
         request: ResponsesRequest = served  # type: ignore[assignment]  # the Responses parse made it
         if entry.omit_builtin_tools and request.tools:
             request.omit_builtin_tools()
@@ -130,7 +140,13 @@ class ResponsesTurns:
             store.check_storable()  # refused by name before any upstream call when it cannot be kept
         previous = request.previous_response_id
         if previous is None:
-            return request
+            return None
+        return self.continued(request, previous, entry, store, key)
+
+    async def continued(
+        self, request: ResponsesRequest, previous: str, entry: ModelEntry, store: ResponsesState, key: ApiKey | None
+    ) -> ResponsesRequest:
+        """``request`` with the stored turns of ``previous`` before its own input (fitted to the context)."""
         turns = fit(
             await store.turns(tenant_of(key), previous),
             request.prompt_estimate(),

@@ -135,7 +135,9 @@ async def serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
             record.model = entry.name
             turns = ops.turns
             if turns is not None:  # Responses: the stored turns, the model's built-in tools policy
-                req = await turns.begin(req, entry, state.responses_state, record.key)
+                continuing = turns.begin_now(req, entry, state.responses_state, record.key)
+                if continuing is not None:  # previous_response_id: the stored turns read (a first turn has none)
+                    req = await continuing
             # The caps may give a request without max tokens the cap as its limit (a new request).
             if record.key is None:
                 req = guard.caps.check(req)  # no key: the deployment's caps alone
