@@ -121,8 +121,8 @@ class ResponseFrame:
         status: str,
         output: list[dict[str, Any]],
         usage: dict[str, Any] | None = None,
-        *,
         incomplete: str | None = None,
+        *,
         error: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """The Response object now: ``status``, its ``output`` items and ``usage`` (None until known)."""
@@ -286,9 +286,8 @@ def response_from_chat(
     chat_usage = obj["usage"] if "usage" in obj else None
     if usage is None:
         usage = usage_of(chat_usage)
-    response = frame.envelope(
-        status, output, None if usage is None else responses_usage(chat_usage, usage), incomplete=incomplete
-    )
+    # (incomplete by position: a call by keyword parses its name on every answer)
+    response = frame.envelope(status, output, None if usage is None else responses_usage(chat_usage, usage), incomplete)
     try:
         body, output_at = frame.dumps(response, incomplete)
     except orjson.JSONEncodeError:  # (an integer beyond 64 bits, nesting past orjson's levels)

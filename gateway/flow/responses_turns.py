@@ -216,16 +216,18 @@ class ResponsesTurns:
         where its producer says so (``CompletionResult.dumped``); ``output_at``: where its output starts,
         where the producer noted it (``CompletionResult.output_at``; 0: not noted)."""
         request: ResponsesRequest = served  # type: ignore[assignment]  # (not cast(): a call per use)
-        # ResponsesRequest.stores and tenant_of, read inline: on every stored turn
-        if request.store is False or answer is None or "id" not in answer:
+        # ResponsesRequest.stores and tenant_of, read inline, and the request's fields from its __dict__
+        # (each attribute of a pydantic model goes through its __getattr__ hook): on every turn
+        fields = request.__dict__
+        if fields["store"] is False or answer is None or "id" not in answer:
             return None
-        previous = request.previous_response_id
+        previous = fields["previous_response_id"]
         # (stored_input is set by begin only when previous_response_id expanded the input: a first
         # turn, the usual one, makes its items without reading it; and a first turn's string input is
         # written as its record's line at once, without the dicts own_items makes of it)
         items: list[dict[str, Any]] | bytes
         if previous is None:
-            own = request.input
+            own = fields["input"]
             items = text_input_line(own) if isinstance(own, str) else own_items(request)
         else:
             items = request.stored_input or own_items(request)
