@@ -187,14 +187,9 @@ class ResponsesTurns:
         return {OMITTED_HEADER: ", ".join(omitted)}
 
     async def end(
-        self,
-        served: ServedRequest,
-        answer: dict[str, Any] | None,
-        store: ResponsesState,
-        key: ApiKey | None,
-        dumped: bytes | None = None,
-        output_at: int = 0,
-    ) -> None:
+        self, served: ServedRequest, answer: dict[str, Any] | None, store: ResponsesState, key: ApiKey | None,
+        dumped: bytes | None = None, output_at: int = 0,
+    ) -> None:  # fmt: skip
         """The turn's save (:meth:`end_now`), awaited where it must be."""
         saving = self.end_now(served, answer, store, key, dumped, output_at)
         if saving is not None:
