@@ -357,13 +357,41 @@ def error_fields(body: bytes | dict[str, Any]) -> ErrorFields:
         }
         if isinstance(inner, dict):
             message = inner.get("message")
-            return ErrorFields(_clip(str(message or inner), _MAX_MESSAGE), **fields)
+            return ErrorFields(_clip(_text(message or inner), _MAX_MESSAGE), **fields)
         if isinstance(inner, str):
             return ErrorFields(_clip(inner, _MAX_MESSAGE))
         for key in ("message", "detail"):
             if isinstance(data.get(key), str):
                 return ErrorFields(_clip(data[key], _MAX_MESSAGE), **(fields if key == "message" else {}))
-    return ErrorFields(_clip(str(data), _MAX_TEXT))
+        detail = _validation_detail(data.get("detail"))
+        if detail is not None:
+            return ErrorFields(_clip(detail, _MAX_MESSAGE))
+    if isinstance(body, bytes):  # the upstream's own text, not a Python repr of what it parses to
+        return ErrorFields(_clip(body.decode("utf-8", "replace").strip(), _MAX_TEXT))
+    return ErrorFields(_clip(_text(data), _MAX_TEXT))
+
+
+def _text(value: Any) -> str:
+    """A message as words: a string as it is, anything else as its JSON (never Python's repr)."""
+    if isinstance(value, str):
+        return value
+    return orjson.dumps(value, default=str).decode()
+
+
+def _validation_detail(detail: Any) -> str | None:
+    """FastAPI's 422 ``{"detail": [{"loc": [...], "msg": ...}, ...]}`` (vLLM's request validation) as
+    one line, ``messages.0.content: Field required; ...`` (``body`` left out of each location), or
+    None when ``detail`` is not that list."""
+    if not isinstance(detail, list) or not detail:
+        return None
+    parts = []
+    for entry in detail:
+        if not isinstance(entry, dict) or not isinstance(entry.get("msg"), str):
+            return None
+        loc = entry.get("loc")
+        where = [str(x) for x in loc if x != "body"] if isinstance(loc, list) else []
+        parts.append(f"{'.'.join(where)}: {entry['msg']}" if where else entry["msg"])
+    return "; ".join(parts)
 
 
 # Every endpoint's fields: an upstream's param is kept when it names one of them.

@@ -12,6 +12,7 @@ from backends.errors import (
     UpstreamStatusError,
     UpstreamTimeoutError,
     UpstreamTooLargeError,
+    error_fields,
 )
 from backends.vllm.routing.dispatch import NoReadyWorkerError
 
@@ -37,3 +38,30 @@ def test_the_default_reason_is_the_kind_and_a_named_one_wins(kind: type[Upstream
 def test_a_status_error_is_labelled_by_its_status() -> None:
     assert UpstreamStatusError(503, "busy").reason == "status_503"
     assert UpstreamStatusError(503, "busy", reason="status_424").reason == "status_424"
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        # FastAPI's request validation (vLLM's 422): each location and message, without "body"
+        (
+            b'{"detail": [{"type": "missing", "loc": ["body", "messages", 0, "content"], "msg": "Field required"},'
+            b' {"loc": ["body", "n"], "msg": "Input should be a valid integer", "type": "int_parsing"}]}',
+            "messages.0.content: Field required; n: Input should be a valid integer",
+        ),
+        (b'{"detail": [{"msg": "bad"}]}', "bad"),
+        # Other shapes: the upstream's own text, never a Python repr
+        (b'{"detail": [{"no": "msg"}]}', '{"detail": [{"no": "msg"}]}'),
+        (b'[{"a": 1}, null, true]', '[{"a": 1}, null, true]'),
+        (b'{"error": {"message": {"why": ["x"]}}}', '{"why":["x"]}'),
+        (b'{"error": {"type": "oops", "inner": null}}', '{"type":"oops","inner":null}'),
+    ],
+)
+def test_an_error_body_reads_as_words_not_as_a_python_repr(body: bytes, message: str) -> None:
+    read = error_fields(body)
+    assert read.message == message
+    assert "'" not in read.message and "None" not in read.message and "True" not in read.message
+
+
+def test_a_parsed_error_that_is_not_a_known_shape_is_written_as_json() -> None:
+    assert error_fields({"weird": [1, None]}).message == '{"weird":[1,null]}'
