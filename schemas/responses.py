@@ -37,16 +37,7 @@ from schemas.common import (
     check_logit_bias_keys,
 )
 from schemas.errors import FieldRuleError
-from schemas.responses_items import (
-    MESSAGE_ITEM_TYPES,
-    FunctionCallItem,
-    FunctionCallOutputItem,
-    InputItem,
-    InputText,
-    OutputText,
-    ReasoningItem,
-    RefusalPart,
-)
+from schemas.responses_items import MESSAGE_ITEM_TYPES, InputItem, OutputText, RefusalPart, item_text
 from schemas.responses_tools import (
     AllowedToolsChoice,
     BuiltinTool,
@@ -378,28 +369,6 @@ class ResponsesRequest(_Strict):
         return head + "".join(f"<{getattr(item, 'role', item.type)}>{item_text(item)}" for item in items or ())
 
 
-def item_text(item: Any) -> str:
-    """An item's text, for estimates and routing: message text, call names and arguments, outputs, reasoning."""
-    kind = type(item)
-    if kind in MESSAGE_ITEM_TYPES:
-        content: Any = item.content
-        if type(content) is str:
-            return content
-        return "".join(
-            part.text if type(part) in _TEXT_PARTS else part.refusal if type(part) is RefusalPart else ""
-            for part in content
-        )
-    if kind is FunctionCallItem:
-        call: str = item.name + item.arguments
-        return call
-    if kind is FunctionCallOutputItem:
-        output = item.output
-        return output if type(output) is str else "".join(getattr(p, "text", "") for p in output)
-    if kind is ReasoningItem:
-        return "".join(p.text for p in item.content or ()) + "".join(p.text for p in item.summary)
-    return ""
-
-
 def _tool_names(tool: Any) -> list[str]:
     if type(tool) in _NAMED_TOOLS:
         return [tool.name]
@@ -439,7 +408,6 @@ def _local(name: str) -> str:
 # request's rules). Validation makes exactly these classes (the unions' members; none is subclassed
 # but the null-typed message, which MESSAGE_ITEM_TYPES holds).
 _ASSISTANT_PARTS = frozenset({OutputText, RefusalPart})
-_TEXT_PARTS = frozenset({InputText, OutputText})
 _NAMED_TOOLS = frozenset({FunctionTool, CustomTool})
 _NAMED_CHOICES = (FunctionChoice, CustomChoice)  # (isinstance: the error path only)
 

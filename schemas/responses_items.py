@@ -46,6 +46,7 @@ __all__ = [
     "ReasoningText",
     "RefusalPart",
     "SummaryText",
+    "item_text",
 ]
 
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
@@ -260,6 +261,31 @@ class _NullTypedReference(ItemReference):
 # A message item's classes (the null-typed one is a subclass): for checks by exact type, which cost
 # no ABCMeta call where isinstance of a model that is not the object's class does.
 MESSAGE_ITEM_TYPES: frozenset[type[MessageItem]] = frozenset({MessageItem, _NullTypedMessage})
+
+
+def item_text(item: Any) -> str:
+    """An item's text, for estimates and routing: message text, call names and arguments, outputs, reasoning."""
+    kind = type(item)
+    if kind in MESSAGE_ITEM_TYPES:
+        content: Any = item.content
+        if type(content) is str:
+            return content
+        return "".join(
+            part.text if type(part) in _TEXT_PARTS else part.refusal if type(part) is RefusalPart else ""
+            for part in content
+        )
+    if kind is FunctionCallItem:
+        call: str = item.name + item.arguments
+        return call
+    if kind is FunctionCallOutputItem:
+        output = item.output
+        return output if type(output) is str else "".join(getattr(p, "text", "") for p in output)
+    if kind is ReasoningItem:
+        return "".join(p.text for p in item.content or ()) + "".join(p.text for p in item.summary)
+    return ""
+
+
+_TEXT_PARTS = frozenset({InputText, OutputText})  # (by exact type: see MESSAGE_ITEM_TYPES)
 
 
 def _item_tag(value: Any) -> str | None:
