@@ -201,13 +201,11 @@ class ResponsesRequest(_Strict):
 
     def _check_tools(self) -> None:
         names: set[str] = set()
-        for i, tool in enumerate(self.tools or ()):
-            if type(tool) is FunctionTool or type(tool) is CustomTool:  # (the commonest: no list of names made)
-                if tool.name in names:
-                    raise _twice(i, tool, tool.name)
-                names.add(tool.name)
-                continue
-            for name in _tool_names(tool):
+        tools: list[Any] = self.tools or []  # (Any: the exact-type check below does not narrow for mypy)
+        for i, tool in enumerate(tools):
+            # A function or custom tool (the commonest) has its one name, with no call.
+            named = type(tool) is FunctionTool or type(tool) is CustomTool
+            for name in (tool.name,) if named else _namespace_names(tool):
                 if name in names:
                     raise _twice(i, tool, name)
                 names.add(name)
@@ -369,9 +367,9 @@ class ResponsesRequest(_Strict):
         return head + "".join(f"<{getattr(item, 'role', item.type)}>{item_text(item)}" for item in items or ())
 
 
-def _tool_names(tool: Any) -> list[str]:
-    if type(tool) in _NAMED_TOOLS:
-        return [tool.name]
+def _namespace_names(tool: Any) -> list[str]:
+    """The names a tool that is not a function or custom one takes: a namespace's own and its members'
+    flattened ones; none for a built-in tool."""
     if type(tool) is NamespaceTool:
         return [tool.name, *(f"{tool.name}{NAMESPACE_SEPARATOR}{t.name}" for t in tool.tools)]
     return []

@@ -179,6 +179,15 @@ def test_cross_field_rules_name_the_field(body: dict[str, Any], param: str) -> N
         ({"input": "x", "tools": [{"type": "namespace", "name": "ns", "description": "d", "tools": [
             {"type": "function", "name": "f"}, {"type": "custom", "name": "g"}, {"type": "function", "name": "f"}]}]},
          "tools[0].tools[2].name", "'f' is given twice in 'ns'"),
+        # A function or custom tool's name given twice, or a namespace member's flattened name taken: the later tool.
+        ({"input": "x", "tools": [{"type": "function", "name": "f"}, {"type": "custom", "name": "f"}]},
+         "tools[1]", "'f' is given twice"),
+        ({"input": "x", "tools": [{"type": "custom", "name": "g"}, {"type": "web_search"},
+                                  {"type": "custom", "name": "g"}]},
+         "tools[2]", "'g' is given twice"),
+        ({"input": "x", "tools": [{"type": "namespace", "name": "ns", "description": "d", "tools": [
+            {"type": "function", "name": "f"}]}, {"type": "function", "name": "ns__f"}]},
+         "tools[1]", "'ns__f' is given twice"),
         # Past its bound: the bound, not the shapes.
         ({"input": [{"role": "user", "content": "a"}] * 10_001}, "input", "at most 10000"),
     ],
