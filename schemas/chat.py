@@ -79,6 +79,7 @@ from schemas.vllm_extras import (
 
 __all__ = [
     "MAX_TOP_LOGPROBS",
+    "TOOLS_NOTE",
     "ChatCompletionRequest",
     "ChatStreamOptions",
     "ChatStructuredOutputs",
@@ -87,6 +88,14 @@ __all__ = [
 
 MAX_TOP_LOGPROBS = 20
 MAX_TOOLS = 128  # OpenAI's limit on tools (and deprecated functions) per request
+# A request's tools as the code that built them recorded their upstream form, in its private slot:
+# ``((tool, kind, spec), ...)``, one per tool in order, ``tool`` the model, ``spec`` what the field's
+# serializer makes of ``tool.<kind>`` (set, non-null fields in declared order; nested values the
+# tool's own, so equal). The chat bridge records it as it builds a translation
+# (backends.responses.chat_tools): :meth:`ChatCompletionRequest.upstream_fields` then copies the
+# specs rather than serializing every tool's JSON Schema again. Read only while each tool is still
+# the one recorded (a copy with other tools is serialized).
+TOOLS_NOTE = "chat_upstream_tools"
 
 
 class _Strict(BaseModel):
@@ -329,7 +338,8 @@ class ChatCompletionRequest(ChatServed, _Strict):
         declared order, but built from the set fields alone: the model's serializer walks all
         of its ~60 declared fields on every call (issue 14). A plain value (str, int, float,
         bool) is immutable and dumps as itself; anything else goes through its field's own
-        serializer, which copies it (callers edit the result) and drops nested nulls.
+        serializer, which copies it (callers edit the result) and drops nested nulls; tools whose
+        upstream form their builder recorded (:data:`TOOLS_NOTE`) are copied from the record.
         """
         values = self.__dict__
         out: dict[str, Any] = {}
@@ -343,6 +353,10 @@ class ChatCompletionRequest(ChatServed, _Strict):
                 out[name] = [message_upstream_fields(message) for message in value]
             elif type(value) is ChatStreamOptions:  # flags only: its serializer's result, without its call
                 out[name] = {key: flag for key, flag in value.__dict__.items() if flag is not None}
+            elif name == "tools":
+                state = self.__pydantic_private__  # (a translation's record; no call without one)
+                noted = _noted_tools(state[TOOLS_NOTE], value) if state is not None and TOOLS_NOTE in state else None
+                out[name] = noted if noted is not None else _FIELDS.serializer(name).to_python(value, **_DUMP)
             else:
                 out[name] = _FIELDS.serializer(name).to_python(value, **_DUMP)
         return out
@@ -368,6 +382,22 @@ _RULES: FieldRules[ChatCompletionRequest] = FieldRules(
         ChatCompletionRequest._check_one_constraint,
     ),
 )
+
+
+def _noted_tools(note: tuple[tuple[Any, str, dict[str, Any]], ...], tools: list[Any]) -> list[dict[str, Any]] | None:
+    """The tools' upstream form from their record (:data:`TOOLS_NOTE`), or None where the record is not
+    of these tools. Each tool's and spec's dict is a fresh copy (callers edit the result); a JSON Schema
+    inside is shared, which no caller edits (the serializer's copy of every node is what the record
+    saves: most of an agent's request)."""
+    if len(note) != len(tools):
+        return None
+    out = []
+    for tool, (made, kind, spec) in zip(tools, note, strict=True):
+        if tool is not made:
+            return None
+        out.append({"type": kind, kind: dict(spec)})
+    return out
+
 
 # upstream_fields' fast path: each field's place in the declared order, and its serializer.
 _FIELDS = FieldDumps(ChatCompletionRequest)

@@ -22,8 +22,8 @@ No chat rule can fail on such a request: the rule fields it sets are ``max_compl
 (never beside ``max_tokens``), ``stream_options`` (always with ``stream``), ``tools`` (unique
 names, checked here), ``tool_choice`` (``none``, or a string form with tools) and
 ``parallel_tool_calls`` (only with tools); an assistant message without content has its calls.
-The tools' declarations are chat's (``Name``, ``JsonObject``, ``StrictBool``: the Responses check
-was chat's own; a JSON Schema's dict is copied at the top, as validation copies it).
+The tools are made by :mod:`backends.responses.chat_tools` (their declarations are chat's: the
+Responses check was chat's own), which records their upstream form beside them.
 :func:`plain_chat_request` builds it as validation would: the same values, the same fields set
 (``model_construct`` would do it too, but walks all ~90 declared fields: slower than validating).
 It records the chat forms it made (:data:`~backends.chat_capabilities.FORMS_NOTE`), so the chat
@@ -39,8 +39,14 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel
 
 from backends.chat_capabilities import FORMS_NOTE
+from backends.responses.chat_tools import chat_tools
+from backends.responses.model_slots import new as _new
+from backends.responses.model_slots import set_dict as _set_dict
+from backends.responses.model_slots import set_extra as _set_extra
+from backends.responses.model_slots import set_fields_set as _set_fields_set
+from backends.responses.model_slots import set_private as _set_private
 from schemas import chat_messages as chat
-from schemas.chat import MAX_TOOLS, ChatCompletionRequest, ChatStreamOptions
+from schemas.chat import TOOLS_NOTE, ChatCompletionRequest, ChatStreamOptions
 from schemas.responses import NAMESPACE_SEPARATOR, ResponsesRequest
 from schemas.responses_items import (
     CustomToolCallItem,
@@ -52,19 +58,10 @@ from schemas.responses_items import (
     OutputText,
     ReasoningItem,
 )
-from schemas.responses_tools import CustomTool, FunctionTool, Grammar, NamespaceTool, PlainText
 
 __all__ = ["PLAIN_FIELDS", "SAME_SCALARS", "UNREAD_FIELDS", "plain_chat_request"]
 
 M = TypeVar("M", bound=BaseModel)
-# BaseModel's own slots, set through their descriptors: object.__setattr__ looks each name up in the
-# type first (a third of a small model's making; model_construct sets the same four).
-_SLOTS = BaseModel.__dict__
-_set_dict = _SLOTS["__dict__"].__set__
-_set_fields_set = _SLOTS["__pydantic_fields_set__"].__set__
-_set_extra = _SLOTS["__pydantic_extra__"].__set__
-_set_private = _SLOTS["__pydantic_private__"].__set__
-_new = object.__new__
 
 
 class _Trusted(Generic[M]):
@@ -101,7 +98,6 @@ PLAIN_FIELDS: frozenset[str] = frozenset(
     | {"tools", "tool_choice", "parallel_tool_calls", "reasoning", "include"}
     | UNREAD_FIELDS
 )
-CHAT_NAME_LENGTH = 64  # chat's Name: ^[a-zA-Z0-9_-]{1,64}$ (a flattened namespace function's may be longer)
 LOGPROBS = "message.output_text.logprobs"  # the one include value the translation reads
 
 _REQUEST: _Trusted[ChatCompletionRequest] = _Trusted(ChatCompletionRequest)
@@ -117,15 +113,11 @@ _MESSAGES: dict[str, _Trusted[Any]] = {
 _TOOL_MESSAGE = _Trusted(chat.ToolMessage)
 _FUNCTION_CALL, _CALLED = _Trusted(chat.FunctionToolCall), _Trusted(chat.FunctionCall)
 _CUSTOM_CALL, _CUSTOM_CALLED = _Trusted(chat.CustomToolCall), _Trusted(chat.CustomCall)
-_FUNCTION_TOOL, _FUNCTION = _Trusted(chat.FunctionTool), _Trusted(chat.FunctionDefinition)
-_CUSTOM_TOOL, _CUSTOM = _Trusted(chat.CustomTool), _Trusted(chat.CustomDefinition)
-_GRAMMAR_FORMAT, _GRAMMAR = _Trusted(chat.GrammarFormat), _Trusted(chat.Grammar)
-_TEXT_FORMAT = _Trusted(chat.TextFormat)({"type": "text"})  # frozen, no fields but its type: one serves all
 _USAGE = ChatStreamOptions.model_validate({"include_usage": True})  # frozen: one instance serves every stream
 _REQUEST_DEFAULTS = _REQUEST._defaults
 # The chat forms a plain translation can take (chat_capabilities.request_forms' names).
 _TEXT_FORM, _USAGE_FORM = ("messages", "text"), ("stream_options", "include_usage")
-_FUNCTION_FORM, _CUSTOM_FORM, _STRICT_FORM = ("tools", "function"), ("tools", "custom"), ("tools", "strict")
+_STRICT_FORM = ("tools", "strict")
 _PARALLEL_FORMS = {True: ("parallel_tool_calls", "true"), False: ("parallel_tool_calls", "false")}
 
 
@@ -204,76 +196,6 @@ def _messages(request: ResponsesRequest) -> tuple[list[Any], bool] | None:
     return [_ASSISTANT(m) if type(m) is dict else m for m in messages], parts
 
 
-def _function(tool: FunctionTool, name: str) -> Any:
-    # The model's values read from its dict: a model's attribute read costs a Python-level lookup
-    # (pydantic's ``__getattr__`` hook), several times a dict's.
-    own = tool.__dict__
-    values: dict[str, Any] = {"name": name}
-    if (description := own["description"]) is not None:
-        values["description"] = description
-    if (parameters := own["parameters"]) is not None:
-        values["parameters"] = dict(parameters)  # validation's copy (the schema's inside is shared)
-    if (strict := own["strict"]) is not None:
-        values["strict"] = strict
-    return _FUNCTION_TOOL({"type": "function", "function": _FUNCTION(values)})
-
-
-def _custom(tool: CustomTool, name: str) -> Any:
-    values: dict[str, Any] = {"name": name}
-    if tool.description is not None:
-        values["description"] = tool.description
-    form = tool.format
-    if form is not None:
-        if type(form) is PlainText:
-            values["format"] = _TEXT_FORMAT
-        else:
-            assert type(form) is Grammar  # (the union's other member)
-            grammar = _GRAMMAR({"syntax": form.syntax, "definition": form.definition})
-            values["format"] = _GRAMMAR_FORMAT({"type": "grammar", "grammar": grammar})
-    return _CUSTOM_TOOL({"type": "custom", "custom": _CUSTOM(values)})
-
-
-def _tools(tools: list[Any], forms: list[tuple[str, str]]) -> tuple[list[Any], bool] | None:
-    """The function, namespace and custom tools as chat's (built-in ones are never sent), with their
-    types' forms added to ``forms`` (each once, in order) and whether one is strict; None where chat's
-    schema could refuse them: a flattened name over 64 characters, a name twice, over 128."""
-    out: list[Any] = []
-    names: set[str] = set()
-    strict = False
-    for tool in tools:
-        kind = type(tool)
-        if kind is FunctionTool:
-            own = tool.__dict__
-            out.append(_function(tool, own["name"]))
-            names.add(own["name"])
-            strict = strict or bool(own["strict"])
-            if _FUNCTION_FORM not in forms:
-                forms.append(_FUNCTION_FORM)
-        elif kind is NamespaceTool:
-            prefix = f"{tool.name}{NAMESPACE_SEPARATOR}"
-            for inner in tool.tools:
-                own = inner.__dict__
-                flat = prefix + own["name"]
-                if len(flat) > CHAT_NAME_LENGTH:
-                    return None
-                if type(inner) is FunctionTool:
-                    out.append(_function(inner, flat))
-                    strict = strict or bool(own["strict"])
-                    form = _FUNCTION_FORM
-                else:
-                    out.append(_custom(inner, flat))
-                    form = _CUSTOM_FORM
-                names.add(flat)
-                if form not in forms:
-                    forms.append(form)
-        elif kind is CustomTool:
-            out.append(_custom(tool, tool.name))
-            names.add(tool.name)
-            if _CUSTOM_FORM not in forms:
-                forms.append(_CUSTOM_FORM)
-    return (out, strict) if len(names) == len(out) <= MAX_TOOLS else None
-
-
 def plain_chat_request(request: ResponsesRequest, *, stream: bool) -> ChatCompletionRequest | None:
     """The chat request of a plain ``request`` (module docstring), as validation would build it; None
     for any other request."""
@@ -308,22 +230,23 @@ def plain_chat_request(request: ResponsesRequest, *, stream: bool) -> ChatComple
         forms.append(_USAGE_FORM)
     tools = values["tools"]
     strict = False
-    chat_tools = None
+    made_tools = None
+    tools_note: tuple[Any, ...] = ()
     if tools:
-        made_tools = _tools(tools, forms)
-        if made_tools is None:
+        built = chat_tools(tools, forms)  # (backends.responses.chat_tools)
+        if built is None:
             return None
-        chat_tools, strict = made_tools
-    if chat_tools:
-        fields["tools"] = chat_tools
+        made_tools, strict, tools_note = built
+    if made_tools:
+        fields["tools"] = made_tools
     choice = values["tool_choice"]
     if choice is not None:
         if type(choice) is not str:
             return None  # a named tool: resolved and checked by to_chat and validation
-        if choice == "none" or chat_tools:
+        if choice == "none" or made_tools:
             fields["tool_choice"] = choice  # (another without tools: chat's default, as to_chat leaves it)
             forms.append(("tool_choice", choice))
-    if chat_tools:
+    if made_tools:
         parallel = values["parallel_tool_calls"]
         if parallel is not None:
             fields["parallel_tool_calls"] = parallel
@@ -341,5 +264,8 @@ def plain_chat_request(request: ResponsesRequest, *, stream: bool) -> ChatComple
     _set_dict(made_request, chat_values)
     _set_fields_set(made_request, set(fields))
     _set_extra(made_request, None)
-    _set_private(made_request, {FORMS_NOTE: (chat_values, tuple(forms))})
+    notes: dict[str, Any] = {FORMS_NOTE: (chat_values, tuple(forms))}
+    if tools_note:
+        notes[TOOLS_NOTE] = tools_note  # the tools' upstream form (schemas.chat.TOOLS_NOTE)
+    _set_private(made_request, notes)
     return made_request

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -23,7 +24,7 @@ from backends.responses.plain_chat import PLAIN_FIELDS, SAME_SCALARS, UNREAD_FIE
 from backends.responses.to_chat import ToolNames, Untranslatable, chat_fields, to_chat
 from backends.vllm.capabilities import vllm_chat_capabilities
 from backends.vllm.versions import VLLMChatFeatures, parse_version
-from schemas.chat import ChatCompletionRequest
+from schemas.chat import TOOLS_NOTE, ChatCompletionRequest
 from schemas.chat_messages import FunctionTool as ChatFunctionTool
 from schemas.responses import ResponsesRequest
 from schemas.responses_items import MessageItem
@@ -49,10 +50,33 @@ def same(got: Any, want: Any, where: str = "request") -> None:
 
 
 def _unnoted(private: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A private slot less the forms a plain translation records (checked apart: ``recorded_forms``)."""
-    if private is None or FORMS_NOTE not in private:
+    """A private slot less what a plain translation records: its forms (checked apart: ``recorded_forms``)
+    and its tools' upstream form (``same_upstream``)."""
+    if private is None:
         return private
-    return {key: value for key, value in private.items() if key != FORMS_NOTE} or None
+    return {key: value for key, value in private.items() if key not in (FORMS_NOTE, TOOLS_NOTE)} or None
+
+
+def same_upstream(plain: ChatCompletionRequest, want: ChatCompletionRequest) -> None:
+    """What goes upstream from the plain translation is what goes from validation's, byte for byte
+    (the tools from their record, validation's through the serializer); each call a fresh copy of
+    every tool and spec, so an edit to one body reaches neither the next nor the request."""
+    state = plain.__pydantic_private__ or {}
+    if plain.tools:
+        assert [made for made, _, _ in state[TOOLS_NOTE]] == plain.tools  # the record is of these tools
+        assert all(made is tool for (made, _, _), tool in zip(state[TOOLS_NOTE], plain.tools, strict=True))
+    else:
+        assert TOOLS_NOTE not in state
+    body, serialized = plain.upstream_fields(), want.upstream_fields()
+    assert orjson.dumps(body) == orjson.dumps(serialized)
+    assert orjson.dumps(plain.upstream_fields()) == orjson.dumps(serialized)
+    assert plain.model_dump(exclude_none=True, exclude_unset=True, by_alias=True) == serialized
+    for tool in body.get("tools", ()):
+        spec = tool[tool["type"]]
+        spec["name"] = "edited"
+        spec.pop("parameters", None)
+        tool["type"] = "edited"
+    assert orjson.dumps(plain.upstream_fields()) == orjson.dumps(serialized)
 
 
 def recorded_forms(request: ResponsesRequest, stream: bool, plain: ChatCompletionRequest, want: Any) -> None:
@@ -229,7 +253,7 @@ def _built_as_validation_builds(body: dict[str, Any], stream: bool, omit: bool) 
         return "validated"
     same(plain, want)
     recorded_forms(request, stream, plain, want)
-    assert plain.upstream_fields() == want.upstream_fields()
+    same_upstream(plain, want)
     # A tool's JSON Schema is copied at the top, as validation copies it (the Responses tool's own is never shared).
     given = [tool.parameters for tool in _function_tools(request.tools or ())]
     for got, made in zip(plain.tools or (), want.tools or (), strict=True):
@@ -324,7 +348,7 @@ def test_an_agents_turn_is_plain_and_built_as_validation_builds_it(name: str, st
     want = validated(request, stream)
     same(plain, want)
     recorded_forms(request, stream, plain, want)
-    assert plain.upstream_fields() == want.upstream_fields()
+    same_upstream(plain, want)
     assert chat_request_of(request)[0] is plain or chat_request_of(request)[0] == plain
     assert {"tools", "parallel_tool_calls", "tool_choice"} <= plain.__pydantic_fields_set__
 
@@ -413,3 +437,21 @@ def test_a_request_given_its_history_is_translated_again() -> None:
     assert "the first question" in str(again.messages[0].content)
     assert [m.role for m in first.messages] == ["user"] and chat_request_of(request)[0] is first
     assert expanded.omits_builtin_tools
+
+
+def test_the_tools_record_is_read_only_for_the_tools_it_was_made_for() -> None:
+    """A copy of the translation with other tools (or the same tools in another list that changed)
+    sends those tools, through the serializer: the record of the first ones is never sent for them."""
+    body = {"model": "m", "input": "x", "tools": [_TOOL, {**_TOOL, "name": "g", "strict": True}]}
+    plain = plain_chat_request(ResponsesRequest.model_validate(body), stream=False)
+    assert plain is not None and plain.tools is not None
+    other = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "x"}],
+         "tools": [{"type": "function", "function": {"name": "h", "description": "d"}}]}
+    ).tools  # fmt: skip
+    assert other is not None
+    for tools in (other, [plain.tools[1], plain.tools[0]], plain.tools[:1], [*plain.tools, *other]):
+        copy = plain.model_copy(update={"tools": tools})
+        assert (copy.__pydantic_private__ or {}).get(TOOLS_NOTE) is not None  # the record came along
+        assert copy.upstream_fields()["tools"] == [tool.model_dump(exclude_none=True) for tool in tools]
+    assert plain.model_copy().upstream_fields() == plain.upstream_fields()  # the same tools: the record
