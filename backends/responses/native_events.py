@@ -50,6 +50,7 @@ _OPENING = frozenset({b"response.created", b"response.in_progress", b"response.q
 # The events parsed: the terminal ones (the Response the store keeps, the usage) and the failures.
 _ENDING = frozenset({b"response.completed", b"response.incomplete", b"response.failed", b"error"})
 _OPENING_HEADS = tuple(b'{"type":"' + kind + b'"' for kind in _OPENING)
+_OPENS = (b'{"type":"response.created"', b'{"type": "response.created"')  # a stream's usual first data
 # Event types that hold no Response and no failure: relayed as they come (as is any ``*.delta``).
 # Any other type is searched for markers.
 _PLAIN = frozenset(
@@ -88,6 +89,7 @@ class NativeResponseEvents(UpstreamEvents[bytes], ResponseEventStream):
         self.usage = None
         self.relayed_events = 0
         self._delta: bytes | None = None  # the data line's head of this stream's deltas (_learn)
+        self._opened = False  # the stream's first event was seen to open a Response (_opening)
 
     __anext__ = UpstreamEvents._pull
 
@@ -96,6 +98,9 @@ class NativeResponseEvents(UpstreamEvents[bytes], ResponseEventStream):
         # as it came (_run); the few events before and after it are taken one by one (_edge). A
         # read that does not look like that is searched for markers (_scan). The number the next
         # event gets is read once, from what leaves.
+        if not self._opened and (refused := self._opening(block)) is not None:
+            self._pending = refused  # raised by the pull before a byte is relayed: the handler's 502
+            return b""
         self._reads.append(block)
         self._kept += len(block)
         if self._kept > _KEEP:
@@ -130,6 +135,30 @@ class NativeResponseEvents(UpstreamEvents[bytes], ResponseEventStream):
             out = b"".join(parts)
         self._numbered(out)
         return out
+
+    def _opening(self, block: bytes) -> UpstreamProtocolError | None:
+        """The refusal of a stream whose first event opens no Response (a bare delta, ``[DONE]``
+        alone, text), or None: it does (``response.created``; a lifecycle event or a failure is
+        taken as it is), or ``block`` holds no data line yet (a comment)."""
+        at = block.find(b"data:")
+        if at < 0:
+            return None
+        self._opened = True
+        end = block.find(b"\n", at)
+        data = block[at + 5 : end if end >= 0 else len(block)].strip()
+        if data.startswith(_OPENS):
+            return None
+        try:
+            kind = orjson.loads(data).get("type")
+        except (orjson.JSONDecodeError, AttributeError):
+            kind = None
+        if isinstance(kind, str) and (kind.encode() in _OPENING or kind in ("error", "response.failed")):
+            return None
+        return UpstreamProtocolError(
+            f"the upstream's Responses stream began with {kind or 'no Responses event'!s:.64}, not response.created",
+            backend=self._backend,
+            reason="stream_garbage",
+        )
 
     def _learn(self, block: bytes) -> tuple[bytes | None, int]:
         """The data line's head of the first delta in ``block`` (``data: {"type":"<...>.delta",``),

@@ -353,3 +353,18 @@ async def test_openais_404_for_an_item_it_never_kept_is_relayed(probe: Probe, st
         assert message.startswith("Item with id 'rs_alone' not found.")
     status, answer = await probe.post({"model": OPENAI_MODEL, "input": "still there?"})
     assert status == 200, answer
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b'data: {"type":"response.output_text.delta","delta":"x"}\n\ndata: [DONE]\n\n', b"data: [DONE]\n\n"],
+)
+async def test_a_relayed_stream_that_opens_no_response_is_a_502_before_a_byte(probe: Probe, body: bytes) -> None:
+    """An upstream whose Responses stream does not begin with ``response.created`` (a bare delta, ``[DONE]``
+    alone): a 502 naming it, not a 200 whose events no client can read; the backend still answers."""
+    probe.upstream.script.append(Behaviour(kind="raw", body=body))
+    status, answer = await probe.post({"model": OPENAI_MODEL, "input": "hi", "stream": True})
+    assert status == 502, answer
+    assert "not response.created" in answer["error"]["message"]
+    status, answer = await probe.post({"model": OPENAI_MODEL, "input": "still there?"})
+    assert status == 200, answer

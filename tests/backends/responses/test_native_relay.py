@@ -219,3 +219,42 @@ async def test_every_layout_relays_the_events_a_parse_would(
             ]
             == len(events) - 1
         )
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        b'data: {"type":"response.output_text.delta","delta":"x"}\n\n',  # a bare delta, no Response opened
+        b"data: [DONE]\n\n",
+        b'data: "hello"\n\n',
+        b"data: not json\n\n",
+        b'event: message\ndata: {"choices": []}\n\n',  # a chat chunk: a chat endpoint behind a Responses URL
+    ],
+)
+async def test_a_stream_that_opens_no_response_is_refused_before_a_byte(first: bytes) -> None:
+    relay = NativeResponseEvents(FakeResponse([first, *stream(["a"])]), CALL, "up")  # type: ignore[arg-type]
+    got = b""
+    with pytest.raises(UpstreamProtocolError, match=r"not response\.created") as err:
+        async for piece in relay:
+            got += piece
+    assert got == b"" and err.value.reason == "stream_garbage"
+
+
+@pytest.mark.parametrize(
+    "opening",
+    [
+        [b": keep-alive\n\n", *stream(["a", "b"])],  # a comment first: the next event decides
+        [
+            b'data: {"type": "response.created", "sequence_number": 0, "response": {"model": "up-model"}}\n\n',
+            *stream(["a"])[1:],
+        ],
+        stream(["a"])[1:],  # in_progress first: a lifecycle event is taken as the opening
+    ],
+)
+async def test_a_stream_that_opens_a_response_is_relayed(opening: list[bytes]) -> None:
+    relay = NativeResponseEvents(FakeResponse(opening), CALL, "up")  # type: ignore[arg-type]
+    got = b""
+    async for piece in relay:
+        got += piece
+    await relay.aclose()
+    assert relay.final is not None and b"response.completed" in got
