@@ -154,27 +154,30 @@ def echo_of(request: ResponsesRequest, public_model: str) -> Echo:
     if _READ.isdisjoint(fields):
         return default[0]
     values = request.__dict__  # (one attribute read: a pydantic model's each cost a __getattr__ hook's lookups)
-    names = _READ.intersection(fields)
     # The settings' key: each name, then its value's type and the value. No call but a string's len()
-    # and a float's hex().
+    # and a float's hex() (the fields set walked as they are, the few others skipped: no set made).
     key: list[Any] = [public_model]
-    for name in names:
+    for name in fields:
+        if name not in _READ:
+            continue
         value = values[name]
         kind = type(value)
         if kind is str:
             if len(value) > _KEY_CHARS or name in _UNKEYED:
-                return _made(default, values, names)
+                return _made(default, values, _READ.intersection(fields))
         elif kind is float:
             value = value.hex()
         elif kind not in _KEYED:  # a list, a dict, a model: not keyed
-            return _made(default, values, names)
+            return _made(default, values, _READ.intersection(fields))
         key += (name, kind, value)
     seen = tuple(key)
-    if seen in _SEEN:
+    try:  # (one lookup of the key, hashed once: a kept echo is the usual case)
         return _SEEN[seen]
+    except KeyError:
+        pass
     if len(_SEEN) >= _SEEN_MAX:
         _SEEN.clear()
-    echo = _SEEN[seen] = _made(default, values, names)
+    echo = _SEEN[seen] = _made(default, values, _READ.intersection(fields))
     return echo
 
 
