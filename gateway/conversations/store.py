@@ -30,6 +30,9 @@ log = logging.getLogger("gateway.conversations")
 
 NAMESPACE = "responses"
 _CHAINS = 4096  # chains remembered between a request's history() and its save() (saves a store read)
+# A full memory store evicts 1/64 of its bounds ahead (MemoryStore's ``ahead``): once every
+# max_items/64 turns, not on every stored turn, at the cost of keeping up to 1.6 % fewer of them.
+_EVICT_AHEAD = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,8 +101,9 @@ class ConversationStore:
             ttl=config.ttl,
             max_items=config.max_items,
             max_bytes=config.max_bytes,
-            # (a partial: no frame of its own, and a full store evicts on every save)
+            # (a partial: no frame of its own)
             on_evict=functools.partial(metrics.store_evicted, NAMESPACE),
+            ahead=_EVICT_AHEAD,
         )
         metrics.watch_store(NAMESPACE, memory.stats)
         return cls(memory)

@@ -31,6 +31,12 @@ class MemoryStore(TenantStore):
     at each write and each :meth:`stats`. ``on_evict(reason, count)`` hears every eviction:
     ``expired``, ``items``, ``bytes``, or ``too_large`` (a value over ``max_bytes`` on its own,
     never kept). Not thread-safe: one event loop; ``clock`` returns seconds (monotonic).
+
+    ``ahead``: a write that passes a bound evicts that many 64ths of it more (oldest first), so the
+    next writes have room (a full store of conversations does not evict, and report, on each one):
+    between ``max_items`` less ``max_items * ahead // 64`` and ``max_items`` values are kept, and the
+    same for bytes. 0 (the default): exactly down to the bound (a store of counters, whose eviction
+    forgets a count).
     """
 
     def __init__(
@@ -42,8 +48,10 @@ class MemoryStore(TenantStore):
         max_bytes: int,
         clock: Callable[[], float] = time.monotonic,
         on_evict: Callable[[str, int], None] | None = None,
+        ahead: int = 0,
     ) -> None:
         self.namespace = namespace
+        self.ahead = ahead
         self.ttl = ttl
         self.max_items = max_items
         self.max_bytes = max_bytes
@@ -186,15 +194,19 @@ class MemoryStore(TenantStore):
     def _enforce(self) -> None:
         entries = self._entries
         dropped = 0
-        while len(entries) > self.max_items:
-            self._bytes -= entries.popitem(last=False)[1][2]
-            dropped += 1
+        if len(entries) > self.max_items:
+            keep = self.max_items - self.max_items * self.ahead // 64  # (ahead: room for the next writes)
+            while len(entries) > keep:
+                self._bytes -= entries.popitem(last=False)[1][2]
+                dropped += 1
         if dropped and self._on_evict is not None:  # (_evicted, inline: a full store evicts on every write)
             self._on_evict("items", dropped)
         evicted, dropped = dropped, 0
-        while self._bytes > self.max_bytes and entries:
-            self._bytes -= entries.popitem(last=False)[1][2]
-            dropped += 1
+        if self._bytes > self.max_bytes:
+            keep = self.max_bytes - self.max_bytes * self.ahead // 64
+            while self._bytes > keep and entries:
+                self._bytes -= entries.popitem(last=False)[1][2]
+                dropped += 1
         if dropped:
             self._evicted("bytes", dropped)
         if evicted or dropped:  # a new oldest value: its expiry, read now (a full store evicts on every write)

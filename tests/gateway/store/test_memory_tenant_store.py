@@ -209,3 +209,37 @@ async def test_stored_entries_add_nothing_for_the_collector_to_walk() -> None:
         assert not gc.is_tracked(stored_key), key
         assert not gc.is_tracked(entries[key]), key
     assert store.get_now("team-a", ["resp_1", "spend", "resp_1999"]) == [b"turn 1", b"12", b"turn 1999"]
+
+
+@pytest.mark.parametrize("bound", ["items", "bytes"])
+async def test_a_store_that_evicts_ahead_makes_room_for_the_next_writes(bound: str) -> None:
+    """``ahead``: a write past a bound evicts that many 64ths of it more, oldest first, heard once;
+    the next writes evict nothing until the bound is passed again, and the bound always holds."""
+    evictions: list[tuple[str, int]] = []
+    one = 1 + len("a") + len("k000") + ENTRY_OVERHEAD
+    bounds = {"max_items": 128} if bound == "items" else {"max_bytes": 128 * one}
+    store = MemoryStore("t", ttl=60.0, clock=Clock(), on_evict=lambda r, n: evictions.append((r, n)), ahead=1,
+                        **{"max_items": 1000, "max_bytes": 1 << 20, **bounds})  # fmt: skip
+    for i in range(128):
+        await store.put("a", f"k{i:03}", b"v")
+    assert evictions == [] and store.stats().items == 128
+    await store.put("a", "k128", b"v")  # past the bound: down to 128 - 128 // 64 = 126
+    assert evictions == [(bound, 3)]
+    assert await store.get("a", ["k000", "k001", "k002", "k003"]) == [None, None, None, b"v"]
+    for i in range(129, 131):  # room for two
+        await store.put("a", f"k{i:03}", b"v")
+        assert store.stats().items <= 128
+    assert evictions == [(bound, 3)] and store.stats().items == 128
+    await store.put("a", "k131", b"v")
+    assert evictions == [(bound, 3), (bound, 3)] and store.stats().items == 126
+    assert await store.get("a", ["k005", "k006"]) == [None, b"v"]  # still the oldest first
+
+
+def test_the_conversation_store_evicts_ahead_and_the_other_stores_exactly() -> None:
+    from gateway.conversations import ConversationStore
+    from gateway.metrics import GatewayMetrics
+    from schemas.config import ResponsesConfig
+
+    conversations = ConversationStore.from_config(ResponsesConfig(), GatewayMetrics(["m"], ["b"]))
+    assert isinstance(conversations.store, MemoryStore) and conversations.store.ahead == 1
+    assert make(Clock(), []).ahead == 0
