@@ -318,6 +318,7 @@ async def test_reused_connection_dead_at_the_write_is_resent_fresh(client: FastH
     listener.listen()
     port = listener.getsockname()[1]
     first_answered = threading.Event()
+    first_reset = threading.Event()
 
     def serve() -> None:
         for n in range(2):
@@ -331,6 +332,8 @@ async def test_reused_connection_dead_at_the_write_is_resent_fresh(client: FastH
                 first_answered.wait(5)
                 conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             conn.close()  # the first one with a reset, while idle in our pool
+            if n == 0:
+                first_reset.set()
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -339,7 +342,9 @@ async def test_reused_connection_dead_at_the_write_is_resent_fresh(client: FastH
     assert await resp.read() == b"ok"
     resp.release()
     first_answered.set()
-    time.sleep(0.2)  # noqa: ASYNC251  # on purpose: the reset arrives while the loop cannot see it
+    # Blocking on purpose: the reset arrives while the loop cannot see it. Waited for, not slept
+    # into: a loaded machine could leave the server's thread asleep past any fixed sleep.
+    assert first_reset.wait(10)
     resp = await client.send("POST", url, body=b"{}", headers=JSON, stream=False)
     assert await resp.read() == b"ok"
     resp.release()
