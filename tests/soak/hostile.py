@@ -20,6 +20,7 @@ connection, so none of them shares a connection with the load whose answers are 
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import zlib
 from collections.abc import Callable
@@ -35,8 +36,12 @@ __all__ = ["CHAT_MODES", "MODES", "Probe", "chat_probes", "gzip_bomb", "probes",
 BIG = 2**70  # far past int64 and uint64
 
 
+@functools.cache
 def gzip_bomb(inflated_mb: int) -> bytes:
-    """A gzip body of zeros that inflates to ``inflated_mb`` MiB (about 1/1000 of that on the wire)."""
+    """A gzip body of zeros that inflates to ``inflated_mb`` MiB (about 1/1000 of that on the wire).
+
+    Made once per size and process: compressing 200 MiB takes about a second, and the hostile
+    chat tests ask for it once per case (the bytes are immutable, so every caller may share them)."""
     comp = zlib.compressobj(9, zlib.DEFLATED, 31)  # wbits 31: a gzip container
     zeros = bytes(1 << 20)
     parts = [comp.compress(zeros) for _ in range(inflated_mb)]
