@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
@@ -39,6 +39,9 @@ from gateway.app import create_app
 from gateway.configfile import parse_config
 from tests.conftest import free_port, serve_app
 from tests.gateway.tracing.receiver import GrpcReceiver
+
+if TYPE_CHECKING:
+    from tests.backends.vllm.real.pooling_server import PoolingPool
 
 HERE = Path(__file__).parent
 VENV = Path(os.environ.get("GATEWAY_VLLM_VENV") or Path.home() / ".cache" / "gateway-vllm-venv")
@@ -339,11 +342,18 @@ async def gw(recorder: Recorder) -> AsyncIterator[Gateway]:
 
 
 @pytest.fixture(scope="session")
-def pooling_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A vLLM pooling server for the session (the tiny model, ``--runner pooling``): its URL."""
+def pooling_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PoolingPool]:
+    """``gateway serve`` with a ``vllm-pool`` of one pooling worker, for the session (``pooling_server.py``)."""
     from tests.backends.vllm.real.pooling_server import serve_pooling
 
     yield from serve_pooling(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def pooling_server(pooling_pool: PoolingPool) -> str:
+    """A vLLM pooling server for the session (the tiny model, ``--runner pooling``): its URL.
+    It is ``pooling_pool``'s worker: one vLLM start-up for the pool's tests and the pooling tests."""
+    return pooling_pool.worker
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
 """A real vLLM 0.32 pooling server (the tiny model, ``--runner pooling --convert embed``) behind the gateway.
 
 The server and the gateway in front of it (model ``emb``) are ``pooling_server.py``'s fixtures:
-one server for the session, shared with ``test_vllm_own_pooling_tests.py``.
+one server for the session, shared with ``test_vllm_own_pooling_tests.py`` (it is the worker of the
+session's ``vllm-pool`` that ``test_real_vllm_pool_pooling.py`` tests).
 
 Each answer through the gateway is compared with the same request sent to vLLM directly: float
 and base64 vectors identical, token-id input, ``truncate_prompt_tokens``, usage equal, vLLM's
