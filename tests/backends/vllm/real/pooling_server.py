@@ -63,9 +63,14 @@ def serve_pooling(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PoolingP
     scratch.mkdir()
     # --chat-template: for chat-style embeddings (messages) and /tokenize of a conversation.
     args = (*POOLING, "--chat-template", str(HERE / "chat_template.jinja"))
-    text = config_text(model, SERVED, scratch, root / "logs", extra_args=args)
+    # The pool outlives the tests that use it (until the session ends): probed once a second and its
+    # metrics read every 10 s (no test here routes on load), so it costs the rest of the run little.
+    text = config_text(model, SERVED, scratch, root / "logs", "strategy: least-load, metrics_interval: 10", args)
+    text = text.replace("    workers: 2\n", "    workers: 1\n")
+    text = text.replace("probe: {interval: 0.5,", "probe: {interval: 1,")
+    assert "probe: {interval: 1," in text and "workers: 1\n" in text, text
     config = root / "gateway.yaml"
-    config.write_text(text.replace("    workers: 2\n", "    workers: 1\n"))
+    config.write_text(text)
     port = free_port()
     log = root / "gateway.log"
     with log.open("wb") as err:
