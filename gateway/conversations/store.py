@@ -51,6 +51,12 @@ class Conversation:
         return [item for turn in self.turns for item in turn.items]
 
 
+def _unkept(response_id: str, exc: TypeError) -> None:
+    """A turn whose record JSON cannot hold (orjson: an integer past 64 bits, say; the answer itself
+    was exact): logged, not stored."""
+    log.error("response %s was not stored: %s", response_id, exc)
+
+
 def not_found(response_id: str) -> NotFoundError:
     return NotFoundError(f"Response with id '{response_id}' not found.", param="response_id", code="not_found")
 
@@ -198,7 +204,14 @@ class ConversationStore:
                 return False
             chain = remembered
         response_id = str(response["id"])
-        record = self._record(response_id, response, items, chain, dumped, output_at)
+        if chain:
+            record = self._record(response_id, response, items, chain, dumped, output_at)
+        else:  # a first turn (the usual): _record less its chain's test, without its call
+            try:
+                record = encode(response, items, chain, dumped, output_at)
+            except TypeError as exc:
+                _unkept(response_id, exc)
+                return True
         if record is not None and not store.put_now(tenant, response_id, record):
             log.warning("response %s was not stored: larger than responses.max_bytes", response_id)
         return True
@@ -214,8 +227,8 @@ class ConversationStore:
             return None
         try:
             return encode(response, items, chain, dumped, output_at)
-        except TypeError as exc:  # orjson: an integer past 64 bits, say (the answer itself was exact)
-            log.error("response %s was not stored: %s", response_id, exc)
+        except TypeError as exc:
+            _unkept(response_id, exc)
             return None
 
     async def _chain(self, store: TenantStore, tenant: str, previous: str) -> list[str]:
