@@ -3,9 +3,9 @@
 A stream's plain text events (one choice, a piece of text, nothing else) differ only in their
 content string: :func:`learn` keeps the bytes around it, so later ones are known by their ends
 (and their string relayed as the upstream escaped it); :func:`write_run` writes a run of them in
-one read with one join; :func:`opening_shape` learns it from the event that opens a text part, and
-:func:`finish_of` reads a stream's last text event, the same bytes but for its finish. Used by
-:class:`~backends.responses.events.ChatResponseEvents`.
+one read as one list of pieces (the read's one join takes them); :func:`opening_shape` learns it
+from the event that opens a text part, and :func:`finish_of` reads a stream's last text event, the
+same bytes but for its finish. Used by :class:`~backends.responses.events.ChatResponseEvents`.
 """
 
 from __future__ import annotations
@@ -117,8 +117,9 @@ def _written(
         return 0, start, ""
     if len(texts) != taken:
         return 0, start, ""
-    # The events as one join of their pieces (head, sequence number, where, string; NO_LOGPROBS and the
-    # next head between two), laid out by slice assignments: no bytecode, and no format, per event.
+    # The events as their pieces (head, sequence number, where, string; NO_LOGPROBS and the next head
+    # between two), laid out by slice assignments: no bytecode, and no format, per event. They go into
+    # ``out`` as they are: the caller joins its read's once (no copy of the run's bytes of its own).
     numbers = (
         _NUMBERS[seq : seq + taken] if seq + taken <= _NUMBERED else list(map(b"%d".__mod__, range(seq, seq + taken)))
     )
@@ -126,7 +127,7 @@ def _written(
     pieces[0::4] = [head, *[NO_LOGPROBS + head] * (taken - 1), NO_LOGPROBS]
     pieces[1::4] = numbers
     pieces[3::4] = strings
-    out.append(b"".join(pieces))
+    out += pieces
     return taken, stop, text
 
 

@@ -262,7 +262,8 @@ def test_a_run_is_the_events_of_its_strings(
     seq: int,
 ) -> None:
     """write_run's usual way (the read's lines, one comparison) takes what the pieces' way takes (a
-    read with another event among the plain ones included), and writes each string once, as the
+    read with another event among the plain ones included), and writes each string once (its
+    pieces added to the caller's list, nothing added when it takes none), as the
     template would, with its sequence number: whatever the strings, the model name, ``%`` in either,
     and the sequence numbers."""
     head = {**HEAD, "model": model}
@@ -286,9 +287,12 @@ def test_a_run_is_the_events_of_its_strings(
     pieces: list[bytes] = []
     assert text_run._write_pieces(read, start, shape, TEXT_HEAD, where, seq, pieces) == (taken, stop, text)
     assert usual == pieces
+    if not taken:
+        assert usual == []
     if taken:
         strings = [read[at + shape[2] : read.index(b"\n\n", at) - shape[3]] for at in _starts(read, start, stop)]
-        assert usual == [b"".join(template % (seq + i, string) for i, string in enumerate(strings))]
+        # (the events' pieces, joined once by the caller with the rest of its read)
+        assert b"".join(usual) == b"".join(template % (seq + i, string) for i, string in enumerate(strings))
         assert text == "".join(orjson.loads(b"[" + b",".join(strings) + b"]"))
     if other is None and len(texts) >= 2:
         assert taken == len(texts)  # a read of plain text events is one run
