@@ -34,6 +34,9 @@ class ResponseEventStream(CompletionStream):
     # ``orjson.dumps`` of the final Response (``snapshot``'s once finished), where the last event was
     # written from those bytes: the store's record is cut from them (records.encode's ``dumped``).
     final_dumped: bytes | None = None
+    # Where ``,"output":`` starts in ``final_dumped`` (0: not said): the store cuts the record there
+    # (records.encode's ``output_at``) without dumping the output again to find it.
+    final_output_at = 0
 
     def failed_event(self, error: GatewayError) -> bytes:
         """The last event after a failure midway: ``response.failed`` with ``error``."""

@@ -140,7 +140,8 @@ class ChatResponseEvents(ResponseWriter):
         response = self.snapshot("failed")
         assert response is not None
         response["error"] = failure_of(error)
-        self.final, self.final_dumped = response, None  # (not the bytes of a Response before it failed)
+        # (not the bytes of a Response before it failed)
+        self.final, self.final_dumped, self.final_output_at = response, None, 0
         out: list[bytes] = []
         self._emit(out, {"type": "response.failed", "response": response})
         self._done = True

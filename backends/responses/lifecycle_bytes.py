@@ -38,6 +38,7 @@ __all__ = [
     "WHERE_DELTA",
     "delta_template",
     "final_bytes",
+    "output_at",
 ]
 
 # A chat finish_reason that leaves the Response incomplete, and the reason it gives.
@@ -150,10 +151,10 @@ def delta_template(head: bytes, where: bytes) -> bytes:
 def final_bytes(
     frame: tuple[bytes, bytes] | None, item_bytes: list[bytes], items: int, usage: dict[str, Any] | None,
     incomplete: str | None,
-) -> bytes | None:  # fmt: skip
+) -> tuple[bytes, int] | None:  # fmt: skip
     """The final Response's bytes from the first one's (``frame``) and the ``items`` closed items' (what
-    ``orjson.dumps`` of the whole gives, without serialising the echoed request and the texts again);
-    None: the general way."""
+    ``orjson.dumps`` of the whole gives, without serialising the echoed request and the texts again), and
+    where its ``,"output":`` starts (:func:`output_at`); None: the general way."""
     if frame is None or len(item_bytes) != items:
         return None
     try:
@@ -162,6 +163,12 @@ def final_bytes(
         return None
     head, echo = frame
     if incomplete is None:
-        return LAST_RESPONSE % (head, b"completed", echo, b",".join(item_bytes), counts)
+        return LAST_RESPONSE % (head, b"completed", echo, b",".join(item_bytes), counts), output_at(head, 9, echo)
     echo = echo.replace(NO_DETAILS, DETAILS[incomplete], 1)
-    return LAST_RESPONSE % (head, b"incomplete", echo, b",".join(item_bytes), counts)
+    return LAST_RESPONSE % (head, b"incomplete", echo, b",".join(item_bytes), counts), output_at(head, 10, echo)
+
+
+def output_at(head: bytes, status: int, echo: bytes) -> int:
+    """Where ``,"output":`` starts in :data:`LAST_RESPONSE`'s bytes from ``head``, a status ``status``
+    bytes long and ``echo`` (the store cuts the record there: ``final_output_at``)."""
+    return len(head) + status + 2 + len(echo)

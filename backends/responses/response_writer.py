@@ -38,6 +38,7 @@ from backends.responses.lifecycle_bytes import (
     TEXT_MESSAGE,
     WHERE_DELTA,
     final_bytes,
+    output_at,
 )
 
 __all__ = ["ResponseWriter"]
@@ -350,6 +351,7 @@ class ResponseWriter(ResponseEventStream):
                 self._open, self._part, self._texts, self._fast = None, None, [], None
                 self.final = self._frame.envelope(status, items, usage, incomplete=incomplete)
                 self.final_dumped = dumped
+                self.final_output_at = output_at(head, len(closed), echo)
                 return
         self._close(out, status)
         self.final = self._frame.envelope(status, items, usage, incomplete=incomplete)
@@ -358,6 +360,7 @@ class ResponseWriter(ResponseEventStream):
             self._emit(out, {"type": f"response.{status}", "response": self.final})
         else:
             kind = b"response.completed" if incomplete is None else b"response.incomplete"
-            out.append(LAST_EVENT % (kind, kind, self._seq, last))
+            dumped, offset = last
+            out.append(LAST_EVENT % (kind, kind, self._seq, dumped))
             self._seq += 1
-            self.final_dumped = last
+            self.final_dumped, self.final_output_at = dumped, offset

@@ -264,5 +264,7 @@ class StreamEnd:
         # isinstance: ResponseEventStream is an ABC, whose test is three calls on every stored stream.
         snapshot = getattr(stream, "snapshot", None)
         if snapshot is not None:
-            # (final_dumped: the finished Response's bytes, its last event's, where it was written from them)
-            await self._turns.end(request, snapshot("cancelled"), store, key, getattr(stream, "final_dumped", None))
+            # (final_dumped: the finished Response's bytes, its last event's, where it was written from them;
+            # final_output_at: where its output starts in them, where the stream says)
+            dumped, at = getattr(stream, "final_dumped", None), getattr(stream, "final_output_at", 0)
+            await self._turns.end(request, snapshot("cancelled"), store, key, dumped, at)

@@ -249,3 +249,36 @@ async def test_a_failed_stream_hands_no_bytes_over() -> None:
     assert stream.final_dumped is not None
     stream.failed_event(UpstreamProtocolError("upstream went away", backend="b"))
     assert stream.final_dumped is None
+
+
+@pytest.mark.parametrize(
+    "steps",
+    [
+        [("text", "A"), ("text", '"b"\\'), ("finish", "stop"), ("usage", 2)],  # the common end (TEXT_END)
+        [("text", "A"), ("finish", "length")],  # incomplete, no usage
+        [("reasoning_content", "r"), ("text", "é"), ("finish", "stop")],  # an item before the text
+        [("text", "A"), ("call", (0, "call_1", "{}")), ("finish", "tool_calls"), ("usage", 3)],  # final_bytes
+        [("reasoning_content", "r"), ("finish", "length"), ("usage", 3)],  # final_bytes, incomplete
+    ],
+)
+async def test_a_streamed_turn_says_where_its_output_is(steps: list[tuple[str, Any]]) -> None:
+    """The last Response's bytes (``final_dumped``) come with where their ``,"output":`` starts
+    (``final_output_at``), which StreamEnd hands to the store: the record cut there is the dict's, and
+    its output line is cut from those bytes (a byte marked in the output shows in it). After
+    response.failed: neither."""
+    request = ResponsesRequest.model_validate({"model": "m", "input": "x", "stream": True, "tools": TOOLS})
+    shared = ResponseFrame(request, "public", chat_request_of(request)[1])
+    stream = ChatResponseEvents(Reads([b"".join(map(chunk, steps))]), shared, "b")
+    [_ async for _ in stream]
+    final, dumped, at = stream.snapshot("cancelled"), stream.final_dumped, stream.final_output_at
+    assert final is not None and dumped == orjson.dumps(final)
+    output, usage = orjson.dumps(final["output"]), orjson.dumps(final["usage"])
+    assert dumped[at:] == b',"output":' + output + b',"usage":' + usage + b"}"
+    assert encode(final, [], [], dumped, at) == encode(final, [], [])
+    memory = MemoryStore("responses", ttl=60, max_items=10, max_bytes=1 << 20)
+    stream.final_dumped = dumped[:at] + dumped[at:].replace(b'"type":', b'"TYPE":', 1)
+    await StreamEnd(ResponsesTurns(), request, stream, ConversationStore(memory), None)()
+    (blob,) = await memory.get(NO_AUTH_TENANT, [final["id"]])
+    assert blob is not None and blob.split(b"\n")[2] == output.replace(b'"type":', b'"TYPE":', 1)
+    stream.failed_event(UpstreamProtocolError("upstream went away", backend="b"))
+    assert stream.final_dumped is None and stream.final_output_at == 0
