@@ -35,13 +35,19 @@ class AofRedis(RedisServer):
         args = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory), "--save", ""]
         args += ["--appendonly", "yes", "--appendfsync", "always", "--daemonize", "no", "--loglevel", "warning"]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # Until it answers a command, not only accepts connections: Redis listens before it has
+        # replayed the append-only file, and meanwhile refuses commands with LOADING (a loaded
+        # machine's restart was asked for a lease while it still loaded: BusyLoadingError).
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as conn:
+                    conn.sendall(b"PING\r\n")
+                    if conn.recv(64).startswith(b"+PONG"):
+                        return
             except OSError:
-                time.sleep(0.02)
+                pass
+            time.sleep(0.02)
         raise RuntimeError("redis-server did not start")
 
 
