@@ -41,17 +41,32 @@ async def test_two_stores_share_values_and_tenants_stay_apart(redis_server: Redi
 
 
 async def test_values_expire_and_a_touch_restarts_the_ttl(redis_server: RedisServer) -> None:
-    store = RedisStore(redis_server.url, "responses", ttl=0.6, prefix=_prefix())
+    """Read on Redis's clock (PTTL), not raced against sleeps: a touch sets the TTL anew, and a value
+    left alone is gone once its TTL has passed."""
+    import redis.asyncio as aioredis
+
+    store = RedisStore(redis_server.url, "responses", ttl=60, prefix=_prefix())
+    short = RedisStore(redis_server.url, "responses", ttl=0.2, prefix=_prefix())
+    raw = aioredis.from_url(redis_server.url)
     try:
         await store.put("a", "touched", b"1")
         await store.put("a", "left", b"2")
-        await asyncio.sleep(0.4)
+        await asyncio.sleep(0.05)
         assert await store.get("a", ["touched"], touch=True) == [b"1"]
-        await asyncio.sleep(0.4)  # 0.8 s after the writes, 0.4 s after the touch
-        assert await store.get("a", ["touched", "left"]) == [b"1", None]
+        touched, left = [await raw.pttl(store._key("a", key)) for key in ("touched", "left")]
+        assert 60_000 >= touched > left > 0, (touched, left)  # the touch restarted the TTL; left's runs on
+        assert await store.get("a", ["touched", "left"]) == [b"1", b"2"]  # a plain read touches nothing
+        assert await raw.pttl(store._key("a", "left")) <= left
+        await short.put("a", "soon", b"3")
+        deadline = time.monotonic() + 10
+        while await short.get("a", ["soon"]) != [None]:  # gone on Redis's clock, however slow this box
+            assert time.monotonic() < deadline, "the value outlived its TTL"
+            await asyncio.sleep(0.05)
         assert store.stats() is None  # Redis bounds itself (ttl, maxmemory): nothing counted here
     finally:
-        await store.close()
+        await raw.aclose()
+        for each in (store, short):
+            await each.close()
 
 
 async def test_counters_are_atomic_across_stores(redis_server: RedisServer) -> None:
