@@ -12,7 +12,7 @@ finishing chunk (TGI). Not tolerated (an upstream error, never dropped or guesse
 whole answer without ``finish_reason``, ``tool_calls`` or a ``delta`` that are not objects,
 ``content`` that is not a string, arguments that are neither text nor an object. A native
 error event (``{"error": ...}``) ends the stream with an error naming what the server said
-(redacted, bounded: ``backends.errors.error_fields``).
+(redacted, bounded: ``backends.error_bodies.error_fields``).
 """
 
 from __future__ import annotations

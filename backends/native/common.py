@@ -159,7 +159,7 @@ def no_logprobs(backend: str) -> UpstreamProtocolError:
 
 def upstream_failed(backend: str, obj: dict[str, Any]) -> UpstreamProtocolError:
     """A native error event in a stream (either endpoint, every server), as the error the gateway ends
-    the stream with; what the server said is redacted and bounded (``backends.errors.error_fields``)."""
+    the stream with; what the server said is redacted and bounded (``backends.error_bodies.error_fields``)."""
     message = error_fields(obj).message
     return UpstreamProtocolError(f"the upstream failed mid-stream: {message}", backend=backend, reason="stream_error")
 
