@@ -29,6 +29,10 @@ from backends.responses.native_events import NativeResponseEvents
 
 __all__ = ["NativeResponseEvents", "native_payload", "relay_response_body"]
 
+# A non-streamed Response's status: finished, or (``background: true``) also still queued or running.
+_ENDED = frozenset({"completed", "incomplete", "failed", "cancelled"})
+_RUNNING = _ENDED | {"queued", "in_progress"}
+
 
 def native_payload(call: ResponsesCall, *, upstream_store: bool = False) -> dict[str, Any]:
     """The upstream body for ``call`` (module docstring). ``upstream_store`` off (the backend's
@@ -66,6 +70,15 @@ def relay_response_body(data: bytes, call: ResponsesCall, backend: str) -> Compl
         raise UpstreamProtocolError("the upstream sent a body that is not JSON", backend=backend) from None
     if not isinstance(obj, dict) or not isinstance(obj.get("output"), list):
         raise UpstreamProtocolError("the upstream sent a body that is not a Response", backend=backend)
+    status = obj.get("status")
+    if status not in (_RUNNING if call.request.background else _ENDED):
+        # Stored as it came, a Response still running (or of no known status) would read so forever:
+        # the gateway does not follow a run upstream unless the client asked for one (background).
+        raise UpstreamProtocolError(
+            f"the upstream answered with a Response whose status is {orjson.dumps(status).decode()[:64]}, "
+            "not a finished one",
+            backend=backend,
+        )
     usage = usage_of(obj.get("usage"), "input_tokens", "output_tokens")
     upstream = obj.get("model")
     obj["model"] = call.public_model

@@ -258,3 +258,25 @@ async def test_a_stream_that_opens_a_response_is_relayed(opening: list[bytes]) -
         got += piece
     await relay.aclose()
     assert relay.final is not None and b"response.completed" in got
+
+
+@pytest.mark.parametrize("background", [False, True])
+@pytest.mark.parametrize(
+    "status", ["completed", "incomplete", "failed", "cancelled", "queued", "in_progress", None, "bogus", 1]
+)
+def test_a_non_streamed_response_must_be_finished_unless_it_runs_in_the_background(
+    status: Any, background: bool
+) -> None:
+    """A Response still running (or of no known status) would be stored so and read so forever: refused
+    (a 502), unless the client asked for a background run, whose Response is queued or in progress."""
+    obj = response("completed", "hi")
+    obj["status"] = status
+    call = ResponsesCall(
+        ResponsesRequest.model_validate({"model": PUB, "input": "hi", "background": background}), UP, PUB, "req-1"
+    )
+    finished = status in ("completed", "incomplete", "failed", "cancelled")
+    if finished or (background and status in ("queued", "in_progress")):
+        assert relay_response_body(orjson.dumps(obj), call, "up").answer is not None
+    else:
+        with pytest.raises(UpstreamProtocolError, match="not a finished one"):
+            relay_response_body(orjson.dumps(obj), call, "up")
