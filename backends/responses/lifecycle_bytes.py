@@ -11,10 +11,13 @@ from typing import Any
 
 import orjson
 
+from backends.responses.echo import FIXED
+
 __all__ = [
     "ARGUMENTS_DONE",
     "DELTA",
     "DETAILS",
+    "ENDS",
     "INCOMPLETE",
     "INPUT_DONE",
     "ITEM_DONE",
@@ -37,6 +40,7 @@ __all__ = [
     "TEXT_MESSAGE",
     "WHERE_DELTA",
     "delta_template",
+    "detailed",
     "final_bytes",
     "output_at",
 ]
@@ -140,6 +144,27 @@ TEXT_MESSAGE = (
 # The common end of a stream: its open text part's closing events (TEXT_DONE), its message's (ITEM_DONE),
 # and the last event (LAST_EVENT, its Response LAST_RESPONSE's bytes: the store's record is cut from them).
 TEXT_END = TEXT_DONE + ITEM_DONE + LAST_EVENT
+# TEXT_END with the last event's type written in, by the Response's incomplete reason (None: completed),
+# and that status: two %-arguments fewer per stream, made once.
+ENDS: dict[str | None, tuple[bytes, bytes]] = {
+    reason: (
+        status,
+        TEXT_DONE + ITEM_DONE + LAST_EVENT.replace(b"%b", b"response." + status, 2),
+    )
+    for reason, status in ((None, b"completed"), *((reason, b"incomplete") for reason in INCOMPLETE.values()))
+}
+# An echo made by ResponseFrame.around_status starts with its fixed members, incomplete_details null among
+# them: set by a slice there (no search through the echo), and by each reason's bytes.
+_NULL_ECHO = FIXED + b"null"
+_DETAILED_ECHO = {reason: FIXED + details[len(b'"incomplete_details":') :] for reason, details in DETAILS.items()}
+
+
+def detailed(echo: bytes, reason: str) -> bytes:
+    """``echo`` (ResponseFrame.around_status's) with its ``incomplete_details`` set to ``reason`` (an
+    :data:`INCOMPLETE` value): the first such key of the echo is the Response's own."""
+    if echo.startswith(_NULL_ECHO):  # (the usual: nothing can come before it that holds that key)
+        return _DETAILED_ECHO[reason] + echo[len(_NULL_ECHO) :]
+    return echo.replace(NO_DETAILS, DETAILS[reason], 1)
 
 
 def delta_template(head: bytes, where: bytes) -> bytes:
@@ -164,7 +189,7 @@ def final_bytes(
     head, echo = frame
     if incomplete is None:
         return LAST_RESPONSE % (head, b"completed", echo, b",".join(item_bytes), counts), output_at(head, 9, echo)
-    echo = echo.replace(NO_DETAILS, DETAILS[incomplete], 1)
+    echo = detailed(echo, incomplete)
     return LAST_RESPONSE % (head, b"incomplete", echo, b",".join(item_bytes), counts), output_at(head, 10, echo)
 
 

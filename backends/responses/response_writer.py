@@ -20,12 +20,11 @@ from backends.responses.event_stream import ResponseEventStream
 from backends.responses.lifecycle_bytes import (
     ARGUMENTS_DONE,
     DELTA,
-    DETAILS,
+    ENDS,
     INPUT_DONE,
     ITEM_DONE,
     LAST_EVENT,
     LAST_RESPONSE,
-    NO_DETAILS,
     OPEN_REASONING,
     REASONING_DONE,
     REASONING_ITEM,
@@ -34,11 +33,10 @@ from backends.responses.lifecycle_bytes import (
     SUMMARY_ADDED,
     SUMMARY_DONE,
     TEXT_DONE,
-    TEXT_END,
     TEXT_MESSAGE,
     WHERE_DELTA,
+    detailed,
     final_bytes,
-    output_at,
 )
 
 __all__ = ["ResponseWriter"]
@@ -330,11 +328,9 @@ class ResponseWriter(ResponseEventStream):
             if data:
                 item = items[-1]
                 head, echo = frame
-                if incomplete is None:
-                    kind, closed = b"response.completed", b"completed"
-                else:
-                    kind, closed = b"response.incomplete", b"incomplete"
-                    echo = echo.replace(NO_DETAILS, DETAILS[incomplete], 1)
+                closed, template = ENDS[incomplete]  # (TEXT_END, its last event's type written in)
+                if incomplete is not None:
+                    echo = detailed(echo, incomplete)
                 message = TEXT_MESSAGE % (item["id"].encode(), closed, data)
                 earlier = self._item_bytes
                 outputs = b",".join([*earlier, message]) if earlier else message
@@ -342,16 +338,14 @@ class ResponseWriter(ResponseEventStream):
                 self._seq = seq + 4
                 dumped = LAST_RESPONSE % (head, closed, echo, outputs, counts)
                 out.append(
-                    TEXT_END % (
-                        seq, at, data, seq + 1, at, data, seq + 2, len(items) - 1, message, kind, kind, seq + 3, dumped,
-                    )
-                )  # fmt: skip
+                    template % (seq, at, data, seq + 1, at, data, seq + 2, len(items) - 1, message, seq + 3, dumped)
+                )
                 item["content"].append({"type": "output_text", "text": text, "annotations": []})
                 item["status"] = status
                 self._open, self._part, self._texts, self._fast = None, None, [], None
                 self.final = self._frame.envelope(status, items, usage, incomplete=incomplete)
                 self.final_dumped = dumped
-                self.final_output_at = output_at(head, len(closed), echo)
+                self.final_output_at = len(head) + len(closed) + 2 + len(echo)  # (output_at's, inline)
                 return
         self._close(out, status)
         self.final = self._frame.envelope(status, items, usage, incomplete=incomplete)

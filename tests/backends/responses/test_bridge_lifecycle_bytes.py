@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from backends.errors import UpstreamProtocolError
 from backends.responses import answer as answer_module
 from backends.responses import events as events_module
+from backends.responses import lifecycle_bytes
 from backends.responses.answer import ResponseFrame
 from backends.responses.capabilities import chat_request_of
 from backends.responses.events import ChatResponseEvents
@@ -282,3 +283,35 @@ async def test_a_streamed_turn_says_where_its_output_is(steps: list[tuple[str, A
     assert blob is not None and blob.split(b"\n")[2] == output.replace(b'"type":', b'"TYPE":', 1)
     stream.failed_event(UpstreamProtocolError("upstream went away", backend="b"))
     assert stream.final_dumped is None and stream.final_output_at == 0
+
+
+@pytest.mark.parametrize("reason", sorted(lifecycle_bytes.INCOMPLETE.values()))
+def test_an_echo_takes_its_incomplete_reason_where_the_replace_would_put_it(reason: str) -> None:
+    """``detailed`` sets the echo's own incomplete_details (its fixed members' slice; else the first key's),
+    what a replace of the first ``null`` one gives, for the frame's echo and for one that does not start with
+    the fixed members."""
+    made = frame(logprobs=False, summary=False, long_int=False).around_status()
+    assert made is not None
+    echo = made[1]
+    assert echo.startswith(lifecycle_bytes.FIXED + b"null,")  # (the slice's way: the usual echo)
+    wanted = echo.replace(lifecycle_bytes.NO_DETAILS, lifecycle_bytes.DETAILS[reason], 1)
+    assert lifecycle_bytes.detailed(echo, reason) == wanted != echo
+    assert orjson.loads(b"{" + lifecycle_bytes.detailed(echo, reason) + b"}")["incomplete_details"] == {
+        "reason": reason
+    }
+    moved = b'"user":null,' + echo  # (the replace's way)
+    assert lifecycle_bytes.detailed(moved, reason) == moved.replace(
+        lifecycle_bytes.NO_DETAILS, lifecycle_bytes.DETAILS[reason], 1
+    )
+
+
+@pytest.mark.parametrize("reason", [None, *sorted(lifecycle_bytes.INCOMPLETE.values())])
+def test_each_end_template_is_text_end_with_its_own_last_event_type(reason: str | None) -> None:
+    """``ENDS``: per incomplete reason (None: completed), its status and TEXT_END with the last event's type
+    written in: the same bytes as TEXT_END given that type, and only a completed Response's says completed."""
+    status, template = lifecycle_bytes.ENDS[reason]
+    assert status == (b"completed" if reason is None else b"incomplete")
+    kind = b"response." + status
+    parts = (7, b',"item_id":"m","output_index":0,"content_index":0', b'"t%"', 8, b"x", b'"t%"', 9, 0, b"{}")
+    assert template % (*parts, 10, b"{%d}") == lifecycle_bytes.TEXT_END % (*parts, kind, kind, 10, b"{%d}")
+    assert (b"response.completed" in template) == (reason is None)
