@@ -49,7 +49,7 @@ _ID_CHARS = _ID_BYTES * 2
 _POOL_BYTES = _ID_BYTES * 256
 # The hex digits of ids not yet handed out (48 each), taken from the end: ``ID_DIGITS.pop() if
 # ID_DIGITS else more_id_digits()`` is an id's digits with one C call (no Python frame), which is how
-# the hot paths mint theirs (a Response's id, its message's, a stored turn's input's); new_id elsewhere.
+# the answer's hot path mints its own (a Response's id, its message's); new_id everywhere else.
 # Emptied in place in a forked child (the same list object wherever it was imported), which never
 # hands out its parent's.
 ID_DIGITS: list[str] = []

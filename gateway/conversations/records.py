@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from backends.responses.answer import ID_DIGITS, more_id_digits, new_id  # ``{prefix}_`` + 48 random hex digits
+from backends.responses.answer import new_id  # ``{prefix}_`` + 48 random hex digits
 
 __all__ = [
     "Record", "Turn", "decode", "encode", "input_items", "item_id", "listed", "named", "new_id", "text_input_line",
@@ -122,14 +122,13 @@ _NULL_OUTPUT = b',"output":null'
 
 # A request's input given as a string, as its record's input line: its one user message, named
 # (``orjson.dumps`` of what gateway.flow.responses_turns.own_items makes of it, written without the dicts)
-_TEXT_INPUT = b'[{"id":"msg_%b","type":"message","role":"user","content":[{"type":"input_text","text":%b}]}]'
+_TEXT_INPUT = b'[{"id":"%b","type":"message","role":"user","content":[{"type":"input_text","text":%b}]}]'
 
 
 def text_input_line(text: str) -> bytes:
     """The input line of a turn whose request's ``input`` is the string ``text`` (a new ``msg_`` id):
     what :func:`encode` writes of that turn's items, for it to write as they are (``items`` as bytes)."""
-    digits = ID_DIGITS.pop() if ID_DIGITS else more_id_digits()  # new_id("msg")'s digits, inline
-    return _TEXT_INPUT % (digits.encode(), orjson.dumps(text))
+    return _TEXT_INPUT % (new_id("msg").encode(), orjson.dumps(text))
 
 
 def encode(

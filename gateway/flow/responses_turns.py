@@ -26,7 +26,7 @@ import orjson
 from pydantic import TypeAdapter, ValidationError
 
 from backends.base import Backend, CompletionStream, ResponsesTable
-from backends.responses.answer import ID_DIGITS, more_id_digits
+from backends.responses.answer import new_id
 from backends.responses.bridge import responses_table
 from gateway.conversations.records import item_id, text_input_line
 from gateway.conversations.store import ConversationStore
@@ -76,8 +76,7 @@ def own_items(request: ResponsesRequest) -> list[dict[str, Any]]:
         return []
     if isinstance(items, str):
         text = {"type": "input_text", "text": items}
-        msg_id = "msg_" + (ID_DIGITS.pop() if ID_DIGITS else more_id_digits())  # new_id("msg"), inline
-        return [{"id": msg_id, "type": "message", "role": "user", "content": [text]}]
+        return [{"id": new_id("msg"), "type": "message", "role": "user", "content": [text]}]
     out = []
     for item in items:
         data = item.model_dump(mode="json", by_alias=True, exclude_none=True)
